@@ -11,9 +11,24 @@
 //! - [`units`]: block addresses, ids, time, line sizes, block masks.
 //! - [`event`]: events in, actions out.
 //! - [`lists`]: the shared intrusive lists eviction and cleaning keep lines on.
+//! - [`cache`]: the state machine ([`cache::Cache::apply`]).
+//! - [`map`], [`state`]: the mapping and per-line valid/dirty state.
+//! - [`mode`]: the cache modes as rules.
 //! - [`policy`]: eviction, promotion, sequential cutoff, IO classes, cleaning, rate control.
 
+pub mod cache;
+pub mod config;
 pub mod event;
+mod hash;
 pub mod lists;
+pub mod map;
+pub mod mode;
 pub mod policy;
+pub mod state;
+pub mod stats;
 pub mod units;
+
+pub use cache::Cache;
+pub use config::Config;
+pub use event::{Action, BufRef, Dev, Event, IoError, ReqError};
+pub use mode::CacheMode;

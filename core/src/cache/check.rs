@@ -1,0 +1,80 @@
+//! Invariants, checked after every event in tests and with `strict-asserts`. Each failure names
+//! the line and what is wrong. O(lines): meant for small test caches.
+
+use super::Cache;
+use crate::policy::IO_CLASSES_MAX;
+use crate::units::LineId;
+
+impl Cache {
+    /// Panics if any invariant is broken.
+    pub fn check_invariants(&self) {
+        let mut mapped = 0u32;
+        let mut dirty = 0u32;
+        let mut per_class = [0u32; IO_CLASSES_MAX];
+        for i in 0..self.cfg.lines {
+            let l = LineId(i);
+            let v = self.state.valid(l);
+            let d = self.state.dirty(l);
+            assert_eq!(d & !v, 0, "line {i}: dirty blocks that are not valid");
+            if !self.map.is_mapped(l) {
+                assert_eq!(v, 0, "line {i}: unmapped but has valid blocks");
+                assert!(self.lists.is_linked(i), "line {i}: unmapped but not on the free list");
+                continue;
+            }
+            mapped += 1;
+            per_class[self.state.class(l) as usize] += 1;
+            let (c, cl) = self.map.position(l);
+            assert_eq!(self.map.lookup(c, cl), Some(l), "line {i}: mapping not consistent");
+            assert!(self.core(c).is_some(), "line {i}: mapped to a missing core");
+            if d != 0 {
+                dirty += 1;
+                let in_wb = self
+                    .locks
+                    .get(super::lock::lock_key(c, cl))
+                    .is_some_and(|e| e.wb);
+                assert!(
+                    in_wb || self.lists.is_linked(i),
+                    "line {i}: dirty but neither on a cleaning list nor being written back"
+                );
+            } else {
+                assert!(self.lists.is_linked(i), "line {i}: clean and mapped but not evictable");
+            }
+        }
+        assert_eq!(mapped, self.map.mapped(), "mapped count");
+        assert!(mapped <= self.cfg.lines, "occupancy above capacity");
+        assert_eq!(dirty, self.dirty_lines, "dirty line count");
+        assert_eq!(per_class, self.class_lines, "per-class line counts");
+        for r in self.reqs.values() {
+            if r.locked {
+                assert!(
+                    self.locks.can_lock(r.core, r.first, r.last, super::lock::LockKind::Shared)
+                        || r.lock != super::lock::LockKind::Shared,
+                    "request {:?} holds a shared lock on a written line",
+                    r.id
+                );
+            }
+        }
+        let slots_in_use: usize = self.jobs.values().map(|j| j.slots()).sum();
+        assert_eq!(
+            slots_in_use + self.free_slots.len(),
+            self.cfg.pool_slots as usize,
+            "staging slots leaked"
+        );
+        for c in &self.cores {
+            if let Some(c) = c {
+                assert!(c.flush.durable_upto <= c.flush.writes_done, "core flush bookkeeping");
+            }
+        }
+        // Every IO in flight belongs to a live request or job.
+        for owner in self.ios.values() {
+            match owner {
+                super::IoOwner::Req { req, .. } => {
+                    assert!(self.reqs.contains_key(req), "IO of a finished request")
+                }
+                super::IoOwner::Wb { job, .. } => {
+                    assert!(self.jobs.contains_key(job), "IO of a finished job")
+                }
+            }
+        }
+    }
+}

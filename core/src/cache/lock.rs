@@ -1,0 +1,151 @@
+//! Line locks: the core's concurrency control between client requests and writeback.
+//!
+//! Keyed by (core, core line), not by cache line, because unmapped lines need ordering too
+//! (a pass-through write and a read miss of the same core line). Only lines that are locked or
+//! being written back have an entry, so this costs nothing per cache line.
+//!
+//! Rules (see docs/ARCHITECTURE.md, "Concurrency inside the core"):
+//! - A full-hit read takes the lines shared; every other request takes them exclusive.
+//! - Writeback does not take the lock. It marks the line `wb` and records in `wb_mask` the
+//!   dirty blocks it is copying to the core. A client write landing on the cache meanwhile
+//!   clears its blocks from `wb_mask` *when it is submitted*, so writeback never marks a block
+//!   clean whose cache copy may differ from what reached the core.
+//! - A request that writes the core (write-through, write-invalidate, trim, write-zeroes) waits
+//!   until no writeback is in flight on its lines, so an older writeback can never overtake it
+//!   on the core (SPEC durability point 4).
+
+use crate::hash::FxHashMap;
+use crate::units::{BlockMask, CoreId};
+
+/// Lock table key for (core, core line).
+#[inline]
+pub fn lock_key(core: CoreId, core_line: u64) -> u64 {
+    ((core.0 as u64) << 48) | core_line
+}
+
+/// The state of one locked or written-back core line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LockEntry {
+    /// Requests holding the line shared.
+    pub readers: u32,
+    /// A request holds the line exclusive.
+    pub writer: bool,
+    /// A writeback of this line is in flight.
+    pub wb: bool,
+    /// Blocks the in-flight writeback may mark clean.
+    pub wb_mask: BlockMask,
+}
+
+impl LockEntry {
+    fn unused(&self) -> bool {
+        self.readers == 0 && !self.writer && !self.wb
+    }
+}
+
+/// The lock table.
+#[derive(Default, Debug)]
+pub struct LockTable {
+    map: FxHashMap<u64, LockEntry>,
+}
+
+/// How a request wants its lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    /// Shared (full-hit reads).
+    Shared,
+    /// Exclusive, cache only: may overlap a writeback in flight.
+    Exclusive,
+    /// Exclusive and no writeback in flight (requests that write the core).
+    ExclusiveNoWb,
+}
+
+impl LockTable {
+    /// The entry for `key`, if any.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<&LockEntry> {
+        self.map.get(&key)
+    }
+
+    /// The entry for `key`, created if absent.
+    #[inline]
+    pub fn entry(&mut self, key: u64) -> &mut LockEntry {
+        self.map.entry(key).or_default()
+    }
+
+    /// Drops the entry for `key` if nothing holds it.
+    #[inline]
+    pub fn tidy(&mut self, key: u64) {
+        if self.map.get(&key).is_some_and(|e| e.unused()) {
+            self.map.remove(&key);
+        }
+    }
+
+    /// Whether core lines `first..=last` of `core` can be taken as `kind`.
+    pub fn can_lock(&self, core: CoreId, first: u64, last: u64, kind: LockKind) -> bool {
+        (first..=last).all(|cl| match self.map.get(&lock_key(core, cl)) {
+            None => true,
+            Some(e) => match kind {
+                LockKind::Shared => !e.writer,
+                LockKind::Exclusive => !e.writer && e.readers == 0,
+                LockKind::ExclusiveNoWb => !e.writer && e.readers == 0 && !e.wb,
+            },
+        })
+    }
+
+    /// Takes core lines `first..=last` of `core` as `kind`; `can_lock` must hold.
+    pub fn lock(&mut self, core: CoreId, first: u64, last: u64, kind: LockKind) {
+        for cl in first..=last {
+            let e = self.entry(lock_key(core, cl));
+            match kind {
+                LockKind::Shared => {
+                    assert!(!e.writer);
+                    e.readers += 1;
+                }
+                LockKind::Exclusive | LockKind::ExclusiveNoWb => {
+                    assert!(!e.writer && e.readers == 0);
+                    e.writer = true;
+                }
+            }
+        }
+    }
+
+    /// Releases core lines `first..=last` of `core` taken as `kind`.
+    pub fn unlock(&mut self, core: CoreId, first: u64, last: u64, kind: LockKind) {
+        for cl in first..=last {
+            let key = lock_key(core, cl);
+            let e = self.map.get_mut(&key).expect("unlock of a line not locked");
+            match kind {
+                LockKind::Shared => {
+                    assert!(e.readers > 0);
+                    e.readers -= 1;
+                }
+                LockKind::Exclusive | LockKind::ExclusiveNoWb => {
+                    assert!(e.writer);
+                    e.writer = false;
+                }
+            }
+            self.tidy(key);
+        }
+    }
+
+    /// Whether any writeback is in flight on core lines `first..=last` of `core`.
+    pub fn any_wb(&self, core: CoreId, first: u64, last: u64) -> bool {
+        (first..=last).any(|cl| self.map.get(&lock_key(core, cl)).is_some_and(|e| e.wb))
+    }
+
+    /// Whether the line is held or written back (a policy must not pick it).
+    #[inline]
+    pub fn busy(&self, key: u64) -> bool {
+        self.map.get(&key).is_some_and(|e| !e.unused())
+    }
+
+    /// Entries in the table.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}

@@ -1,0 +1,251 @@
+//! Management: cores, modes, IO classes, policy parameters, writeback and invalidation
+//! commands. Each call either changes what it says or returns an error and changes nothing.
+//! After a call that may start work (mode switch, writeback), the driver sends `Event::Tick`.
+
+use super::{Cache, CoreState, FlushState, View};
+use crate::mode::CacheMode;
+use crate::policy::cutoff::SeqCutoff;
+use crate::policy::ioclass::IoClassTable;
+use crate::policy::{
+    AcpParams, AlruParams, CleaningPolicy, CutoffParams, NhitParams, PromotionPolicy, RateParams,
+};
+use crate::stats::ReqCounters;
+use crate::units::{CoreId, LineId};
+
+/// Why a management call was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MgmtError {
+    /// The core id is in use.
+    CoreExists(CoreId),
+    /// No such core.
+    NoSuchCore(CoreId),
+    /// The core id is out of range.
+    BadCoreId(CoreId),
+    /// The core is too large for this line size.
+    CoreTooLarge {
+        /// Core size in blocks.
+        blocks: u64,
+        /// Line size in force.
+        line_size: crate::units::LineSize,
+    },
+    /// The core has requests in flight or dirty data.
+    Busy(String),
+    /// Lazy modes are refused on a volatile cache device.
+    VolatileLazy(CacheMode),
+}
+
+impl std::fmt::Display for MgmtError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MgmtError::CoreExists(c) => write!(f, "core {} already exists in this cache", c.0),
+            MgmtError::NoSuchCore(c) => write!(f, "no core {} in this cache", c.0),
+            MgmtError::BadCoreId(c) => {
+                write!(f, "core id {} is out of range (0-{})", c.0, crate::units::CORES_MAX - 2)
+            }
+            MgmtError::CoreTooLarge { blocks, line_size } => write!(
+                f,
+                "a core of {} bytes has more than 2^32 lines of {line_size}; use a larger line size",
+                blocks * crate::units::BLOCK_BYTES
+            ),
+            MgmtError::Busy(why) => f.write_str(why),
+            MgmtError::VolatileLazy(m) => write!(
+                f,
+                "mode {m} keeps dirty data and is refused on a volatile (ram:) cache device"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MgmtError {}
+
+impl Cache {
+    /// Attaches core `core` of `size_blocks` blocks.
+    pub fn add_core(&mut self, core: CoreId, size_blocks: u64) -> Result<(), MgmtError> {
+        if core.0 as usize >= crate::units::CORES_MAX - 1 {
+            return Err(MgmtError::BadCoreId(core));
+        }
+        if self.core(core).is_some() {
+            return Err(MgmtError::CoreExists(core));
+        }
+        if size_blocks.div_ceil(self.bpl as u64) > u32::MAX as u64 {
+            return Err(MgmtError::CoreTooLarge {
+                blocks: size_blocks,
+                line_size: self.cfg.line_size,
+            });
+        }
+        let i = core.0 as usize;
+        if self.cores.len() <= i {
+            self.cores.resize_with(i + 1, || None);
+        }
+        self.cores[i] = Some(CoreState {
+            size_blocks,
+            cutoff: SeqCutoff::new(CutoffParams::default()),
+            counters: ReqCounters::default(),
+            flush: FlushState::default(),
+        });
+        Ok(())
+    }
+
+    /// Whether `core` has requests or writeback in flight.
+    fn core_busy(&self, core: CoreId) -> bool {
+        self.reqs.values().any(|r| r.core == core) || !self.jobs.is_empty()
+    }
+
+    /// Lines mapped to `core`: (lines, dirty lines).
+    pub fn core_lines(&self, core: CoreId) -> (u32, u32) {
+        let mut n = 0;
+        let mut d = 0;
+        for l in 0..self.cfg.lines {
+            let l = LineId(l);
+            if self.map.is_mapped(l) && self.map.position(l).0 == core {
+                n += 1;
+                if self.state.dirty(l) != 0 {
+                    d += 1;
+                }
+            }
+        }
+        (n, d)
+    }
+
+    /// Detaches `core`. Refused while it has dirty data or IO in flight (write it back first).
+    pub fn remove_core(&mut self, core: CoreId) -> Result<(), MgmtError> {
+        if self.core(core).is_none() {
+            return Err(MgmtError::NoSuchCore(core));
+        }
+        if self.core_busy(core) {
+            return Err(MgmtError::Busy(format!("core {} has IO in flight; retry", core.0)));
+        }
+        let (_, dirty) = self.core_lines(core);
+        if dirty > 0 {
+            return Err(MgmtError::Busy(format!(
+                "core {} has {dirty} dirty lines; run writeback first",
+                core.0
+            )));
+        }
+        self.invalidate_core(core).expect("checked");
+        self.cores[core.0 as usize] = None;
+        Ok(())
+    }
+
+    /// Drops everything the cache holds for `core`, dirty data included. Returns (lines,
+    /// dirty blocks) dropped. Refused while the core has IO in flight.
+    pub fn invalidate_core(&mut self, core: CoreId) -> Result<(u32, u64), MgmtError> {
+        if self.core(core).is_none() {
+            return Err(MgmtError::NoSuchCore(core));
+        }
+        if self.core_busy(core) {
+            return Err(MgmtError::Busy(format!("core {} has IO in flight; retry", core.0)));
+        }
+        let mut lines = 0;
+        let mut dirty_blocks = 0u64;
+        for l in 0..self.cfg.lines {
+            let l = LineId(l);
+            if !self.map.is_mapped(l) || self.map.position(l).0 != core {
+                continue;
+            }
+            let d = self.state.dirty(l);
+            if d != 0 {
+                dirty_blocks += d.count_ones() as u64;
+                // Dropping dirty data is what the caller asked for.
+                self.cleaning.on_clean(&mut self.lists, l);
+                self.dirty_lines -= 1;
+                let v = self.state.valid(l);
+                self.state.set(l, v, 0);
+                let (c, cl) = self.map.position(l);
+                let class = self.state.class(l);
+                self.eviction.insert(
+                    &mut self.lists,
+                    l,
+                    class,
+                    crate::policy::position_key(c, cl),
+                );
+            }
+            self.free_line(l);
+            lines += 1;
+        }
+        Ok((lines, dirty_blocks))
+    }
+
+    /// Switches mode. Leaving a lazy mode with dirty data: writes follow the new mode at once,
+    /// every dirty line is written back, then the switch completes ([`Cache::target_mode`]).
+    pub fn set_mode(&mut self, mode: CacheMode) -> Result<(), MgmtError> {
+        if mode.is_lazy() && self.cfg.volatile {
+            return Err(MgmtError::VolatileLazy(mode));
+        }
+        let cur = self.target_mode.unwrap_or(self.mode);
+        if self.mode.is_lazy() && !mode.is_lazy() && (self.dirty_lines > 0 || !self.jobs.is_empty())
+        {
+            self.target_mode = Some(mode);
+        } else {
+            let _ = cur;
+            self.mode = mode;
+            self.target_mode = None;
+        }
+        Ok(())
+    }
+
+    /// Loads a new IO class table. Lines keep their class ids; a line whose class vanished is
+    /// treated as least important with no cap until it is reclassified by a hit.
+    pub fn load_io_classes(&mut self, table: IoClassTable) {
+        self.classes = table;
+        self.rebuild_evict_order();
+    }
+
+    /// Sequential cutoff parameters of `core`.
+    pub fn set_cutoff(&mut self, core: CoreId, p: CutoffParams) -> Result<(), MgmtError> {
+        let c = self
+            .cores
+            .get_mut(core.0 as usize)
+            .and_then(|c| c.as_mut())
+            .ok_or(MgmtError::NoSuchCore(core))?;
+        c.cutoff.set_params(p);
+        Ok(())
+    }
+
+    /// Replaces the promotion policy.
+    pub fn set_promotion(&mut self, which: PromotionPolicy, nhit: NhitParams) {
+        self.cfg.promotion = which;
+        self.cfg.nhit = nhit;
+        self.promotion = crate::policy::promotion::build(which, nhit, self.cfg.lines);
+    }
+
+    /// Replaces the cleaning policy (dirty lines move to the new policy's lists).
+    pub fn set_cleaning(&mut self, which: CleaningPolicy, alru: AlruParams, acp: AcpParams) {
+        let mut moved = Vec::new();
+        for l in 0..self.cfg.lines {
+            let l = LineId(l);
+            if self.state.dirty(l) != 0 && self.lists.is_linked(l.0) {
+                self.cleaning.on_clean(&mut self.lists, l);
+                moved.push(l);
+            }
+        }
+        self.cfg.cleaning = which;
+        self.cfg.alru = alru;
+        self.cfg.acp = acp;
+        self.cleaning = crate::policy::cleaning::build(which, alru, acp, &mut self.lists, self.bpl);
+        for l in moved {
+            let view = View { map: &self.map, locks: &self.locks };
+            self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
+        }
+        self.cleaner_next = self.now;
+    }
+
+    /// Rate controller parameters.
+    pub fn set_rate(&mut self, p: RateParams) {
+        self.cfg.rate = p;
+        self.rate.set_params(p);
+    }
+
+    /// Writes back every dirty line, regardless of the cleaning policy. Progress:
+    /// [`Cache::dirty_lines`] falls to 0; [`Cache::writeback_running`] turns false.
+    pub fn start_writeback(&mut self) {
+        if self.dirty_lines > 0 {
+            self.force_clean = true;
+        }
+    }
+
+    /// A `writeback` command is running.
+    pub fn writeback_running(&self) -> bool {
+        self.force_clean
+    }
+}

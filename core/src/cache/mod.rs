@@ -1,0 +1,410 @@
+//! The cache: one owner of all state, driven by [`Cache::apply`].
+//!
+//! `apply(now, event, actions)` handles one event, then runs *maintenance* (start throttled
+//! writes whose time has come, retry requests waiting for locks, run the cleaner, finish a mode
+//! switch), then, in test builds and with `strict-asserts`, checks every invariant. Nothing in
+//! here blocks or awaits: multi-step work (a request's IO phases, a writeback job) is an
+//! explicit state kept in [`request::Request`] and [`writeback::Job`].
+//!
+//! Files: `request.rs` (client reads, writes, trims, flushes), `writeback.rs` (the cleaner's
+//! jobs), `alloc.rs` (line allocation and eviction by IO class), `lock.rs` (line locks),
+//! `mgmt.rs` (cores, modes, parameters, IO classes), `check.rs` (invariants).
+//!
+//! Cost of the pattern: every multi-step operation is a hand-written state machine, and every
+//! IO completion must find its owner through [`Cache::ios`].
+
+mod alloc;
+mod check;
+pub mod lock;
+mod mgmt;
+mod request;
+mod writeback;
+
+use crate::config::Config;
+use crate::event::{Action, Dev, Event, IoError};
+use crate::hash::FxHashMap;
+use crate::lists::{ListArena, ListId};
+use crate::map::Mapping;
+use crate::mode::CacheMode;
+use crate::policy::cleaning::Cleaning;
+use crate::policy::cleaning::rate::RateController;
+use crate::policy::cutoff::SeqCutoff;
+use crate::policy::eviction::Eviction;
+use crate::policy::ioclass::IoClassTable;
+use crate::policy::promotion::Promotion;
+use crate::policy::{IO_CLASSES_MAX, LineView, position_key};
+use crate::state::LineStates;
+use crate::stats::{CacheCounters, ReqCounters};
+use crate::units::{CoreId, IoId, LineId, Nanos, ReqId};
+use lock::{LockTable, lock_key};
+use std::collections::VecDeque;
+
+pub use mgmt::MgmtError;
+pub use request::Request;
+
+/// A core attached to the cache.
+pub struct CoreState {
+    /// Size in blocks.
+    pub size_blocks: u64,
+    /// Sequential cutoff detector and parameters.
+    pub cutoff: SeqCutoff,
+    /// Request counters.
+    pub counters: ReqCounters,
+    /// Flush bookkeeping for this core's device.
+    pub flush: FlushState,
+}
+
+/// What a device has been asked to make durable.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlushState {
+    /// Writes completed on the device that a flush must cover (counted, not named).
+    pub writes_done: u64,
+    /// `writes_done` as of the last device flush that completed successfully.
+    pub durable_upto: u64,
+}
+
+impl FlushState {
+    /// Whether some completed write is not yet covered by a completed flush.
+    pub fn needs_flush(&self) -> bool {
+        self.writes_done > self.durable_upto
+    }
+}
+
+/// Who is waiting for a device IO.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum IoOwner {
+    /// A client request.
+    Req { req: ReqId, kind: IoKind },
+    /// A writeback job.
+    Wb { job: u32, kind: WbIo },
+}
+
+/// What a request's IO was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IoKind {
+    CacheRead,
+    CoreRead,
+    CacheWrite,
+    CoreWrite,
+    /// A device flush; `covers` is the device's `writes_done` when it was issued.
+    Flush { dev: Dev, covers: u64 },
+}
+
+/// What a writeback job's IO was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WbIo {
+    CacheRead { extent: u32 },
+    CoreWrite { extent: u32 },
+    CoreFlush { core: CoreId, covers: u64 },
+}
+
+/// The cache core. See the module docs.
+pub struct Cache {
+    pub(crate) cfg: Config,
+    pub(crate) bpl: u32,
+    pub(crate) shift: u32,
+    /// Current mode (reads follow it).
+    pub(crate) mode: CacheMode,
+    /// Set while leaving a lazy mode: writes already follow it; `mode` becomes it once every
+    /// dirty line is written back.
+    pub(crate) target_mode: Option<CacheMode>,
+    pub(crate) map: Mapping,
+    pub(crate) state: LineStates,
+    pub(crate) lists: ListArena,
+    /// Unmapped lines.
+    pub(crate) free: ListId,
+    pub(crate) eviction: Box<dyn Eviction>,
+    pub(crate) promotion: Box<dyn Promotion>,
+    pub(crate) cleaning: Box<dyn Cleaning>,
+    pub(crate) rate: RateController,
+    pub(crate) classes: IoClassTable,
+    /// Mapped lines per IO class.
+    pub(crate) class_lines: [u32; IO_CLASSES_MAX],
+    /// Counters per IO class.
+    pub(crate) class_counters: [ReqCounters; IO_CLASSES_MAX],
+    /// Eviction order of classes for a requester: least important first (pinned excluded).
+    pub(crate) evict_order: Vec<u8>,
+    pub(crate) cores: Vec<Option<CoreState>>,
+    pub(crate) locks: LockTable,
+    pub(crate) reqs: FxHashMap<ReqId, Request>,
+    /// Requests waiting for locks, in arrival order.
+    pub(crate) waiting: VecDeque<ReqId>,
+    /// Writes delayed by the rate controller: (release time, request), unsorted (few).
+    pub(crate) throttled: Vec<(Nanos, ReqId)>,
+    pub(crate) ios: FxHashMap<IoId, IoOwner>,
+    pub(crate) next_io: u64,
+    pub(crate) jobs: FxHashMap<u32, writeback::Job>,
+    pub(crate) next_job: u32,
+    pub(crate) free_slots: Vec<u32>,
+    /// When the cleaning policy wants to be asked again.
+    pub(crate) cleaner_next: Nanos,
+    /// A `writeback` command is running: clean everything.
+    pub(crate) force_clean: bool,
+    /// Lines to clean regardless of policy because an allocation failed.
+    pub(crate) ondemand_clean: u32,
+    /// No writeback before this time (after a writeback error).
+    pub(crate) wb_backoff_until: Nanos,
+    /// Mapped lines with at least one dirty block.
+    pub(crate) dirty_lines: u32,
+    /// Flush bookkeeping for the cache device.
+    pub(crate) cache_flush: FlushState,
+    /// A lock was released or a writeback finished since waiting requests were last retried.
+    pub(crate) wake_waiters: bool,
+    pub(crate) counters: CacheCounters,
+    pub(crate) now: Nanos,
+    /// Scratch for the cleaner's picks.
+    pub(crate) pick_buf: Vec<LineId>,
+    #[cfg(feature = "canary-broken-eviction")]
+    pub(crate) canary_hand: u32,
+}
+
+/// What the policies may see of the cache's lines.
+pub(crate) struct View<'a> {
+    pub(crate) map: &'a Mapping,
+    pub(crate) locks: &'a LockTable,
+}
+
+impl LineView for View<'_> {
+    #[inline]
+    fn busy(&self, line: LineId) -> bool {
+        if !self.map.is_mapped(line) {
+            return false;
+        }
+        let (c, cl) = self.map.position(line);
+        self.locks.busy(lock_key(c, cl))
+    }
+    #[inline]
+    fn position(&self, line: LineId) -> (CoreId, u64) {
+        self.map.position(line)
+    }
+    #[inline]
+    fn key(&self, line: LineId) -> u64 {
+        let (c, cl) = self.map.position(line);
+        position_key(c, cl)
+    }
+}
+
+impl Cache {
+    /// A new, empty cache with no cores.
+    pub fn new(cfg: Config) -> Result<Cache, String> {
+        cfg.validate()?;
+        let lines = cfg.lines;
+        let bpl = cfg.line_size.blocks();
+        let mut lists = ListArena::new(lines);
+        let free = lists.new_list();
+        for l in 0..lines {
+            lists.push_back(free, l);
+        }
+        let eviction = crate::policy::eviction::build(cfg.eviction, &mut lists, lines);
+        let cleaning =
+            crate::policy::cleaning::build(cfg.cleaning, cfg.alru, cfg.acp, &mut lists, bpl);
+        let promotion = crate::policy::promotion::build(cfg.promotion, cfg.nhit, lines);
+        let rate = RateController::new(cfg.rate);
+        let mut cache = Cache {
+            bpl,
+            shift: cfg.line_size.blocks_shift(),
+            mode: cfg.mode,
+            target_mode: None,
+            map: Mapping::new(lines),
+            state: LineStates::new(lines, bpl),
+            lists,
+            free,
+            eviction,
+            promotion,
+            cleaning,
+            rate,
+            classes: IoClassTable::default_table(),
+            class_lines: [0; IO_CLASSES_MAX],
+            class_counters: [ReqCounters::default(); IO_CLASSES_MAX],
+            evict_order: Vec::new(),
+            cores: Vec::new(),
+            locks: LockTable::default(),
+            reqs: FxHashMap::default(),
+            waiting: VecDeque::new(),
+            throttled: Vec::new(),
+            ios: FxHashMap::default(),
+            next_io: 0,
+            jobs: FxHashMap::default(),
+            next_job: 0,
+            free_slots: (0..cfg.pool_slots).rev().collect(),
+            cleaner_next: Nanos(0),
+            force_clean: false,
+            ondemand_clean: 0,
+            wb_backoff_until: Nanos(0),
+            dirty_lines: 0,
+            cache_flush: FlushState::default(),
+            wake_waiters: false,
+            counters: CacheCounters::default(),
+            now: Nanos(0),
+            pick_buf: Vec::new(),
+            #[cfg(feature = "canary-broken-eviction")]
+            canary_hand: 0,
+            cfg,
+        };
+        cache.rebuild_evict_order();
+        Ok(cache)
+    }
+
+    /// Handles one event at time `now`, appending what the driver must do to `actions`.
+    ///
+    /// `now` must not go backwards. Every [`Action`] that is an IO must later come back as
+    /// exactly one [`Event::IoDone`].
+    pub fn apply(&mut self, now: Nanos, event: Event, actions: &mut Vec<Action>) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+        match event {
+            Event::IoDone { io, result } => self.on_io_done(io, result, actions),
+            Event::Tick => {}
+            other => self.on_request(other, actions),
+        }
+        self.maintain(actions);
+        #[cfg(any(test, feature = "strict-asserts"))]
+        self.check_invariants();
+    }
+
+    /// The earliest time at which the cache wants an [`Event::Tick`] even if nothing else
+    /// happens (cleaner wake-up, throttled writes). `None`: only when something happens.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        let mut t: Option<Nanos> = self.throttled.iter().map(|&(t, _)| t).min();
+        if self.dirty_lines > 0 {
+            let c = self.cleaner_next.max(self.wb_backoff_until);
+            t = Some(t.map_or(c, |x| x.min(c)));
+        }
+        t
+    }
+
+    fn on_io_done(&mut self, io: IoId, result: Result<(), IoError>, actions: &mut Vec<Action>) {
+        let owner = self.ios.remove(&io).expect("completion for an IO the cache did not issue");
+        match owner {
+            IoOwner::Req { req, kind } => self.req_io_done(req, kind, result, actions),
+            IoOwner::Wb { job, kind } => self.wb_io_done(job, kind, result, actions),
+        }
+    }
+
+    /// A fresh IO id, registered to `owner`.
+    pub(crate) fn new_io(&mut self, owner: IoOwner) -> IoId {
+        let io = IoId(self.next_io);
+        self.next_io += 1;
+        self.ios.insert(io, owner);
+        io
+    }
+
+    /// Always-run upkeep after each event.
+    fn maintain(&mut self, actions: &mut Vec<Action>) {
+        self.rate.update(self.now, self.dirty_lines as u64, self.cfg.lines as u64);
+        if !self.throttled.is_empty() {
+            self.release_throttled(actions);
+        }
+        if self.wake_waiters && !self.waiting.is_empty() {
+            self.wake_waiters = false;
+            self.retry_waiting(actions);
+        }
+        self.wake_waiters = false;
+        self.run_cleaner(actions);
+        if let Some(target) = self.target_mode
+            && self.dirty_lines == 0
+            && self.jobs.is_empty()
+        {
+            self.mode = target;
+            self.target_mode = None;
+        }
+        if self.force_clean && self.dirty_lines == 0 && self.jobs.is_empty() {
+            self.force_clean = false;
+        }
+    }
+
+    /// The cache device block of block `offset` of `line`.
+    #[inline]
+    pub(crate) fn cache_lba(&self, line: LineId, offset: u32) -> crate::units::Lba {
+        crate::units::Lba(
+            self.cfg.data_offset.0 + ((line.0 as u64) << self.shift) + offset as u64,
+        )
+    }
+
+    // ----- read-only accessors -----
+
+    /// Configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    /// The current mode (reads follow it).
+    pub fn mode(&self) -> CacheMode {
+        self.mode
+    }
+    /// The mode being switched to while dirty data is written back, if any.
+    pub fn target_mode(&self) -> Option<CacheMode> {
+        self.target_mode
+    }
+    /// Mapped lines.
+    pub fn occupancy(&self) -> u32 {
+        self.map.mapped()
+    }
+    /// Lines with dirty data.
+    pub fn dirty_lines(&self) -> u32 {
+        self.dirty_lines
+    }
+    /// Dirty blocks across the cache (walks every line: for stats, not hot paths).
+    pub fn dirty_blocks(&self) -> u64 {
+        (0..self.cfg.lines).map(|l| self.state.dirty(LineId(l)).count_ones() as u64).sum()
+    }
+    /// Cache-wide counters.
+    pub fn counters(&self) -> &CacheCounters {
+        &self.counters
+    }
+    /// Counters of a core.
+    pub fn core_counters(&self, core: CoreId) -> Option<&ReqCounters> {
+        self.core(core).map(|c| &c.counters)
+    }
+    /// Counters of an IO class.
+    pub fn class_counters(&self, class: u8) -> Option<&ReqCounters> {
+        self.class_counters.get(class as usize)
+    }
+    /// Mapped lines of an IO class.
+    pub fn class_lines(&self, class: u8) -> u32 {
+        self.class_lines.get(class as usize).copied().unwrap_or(0)
+    }
+    /// The IO class table in force.
+    pub fn io_classes(&self) -> &IoClassTable {
+        &self.classes
+    }
+    /// A core, if attached.
+    pub fn core(&self, core: CoreId) -> Option<&CoreState> {
+        self.cores.get(core.0 as usize).and_then(|c| c.as_ref())
+    }
+    /// Requests in flight (accepted, not yet completed).
+    pub fn requests_in_flight(&self) -> usize {
+        self.reqs.len()
+    }
+    /// Device IOs in flight.
+    pub fn ios_in_flight(&self) -> usize {
+        self.ios.len()
+    }
+    /// Writeback jobs in flight.
+    pub fn writebacks_in_flight(&self) -> usize {
+        self.jobs.len()
+    }
+    /// Nothing in flight at all.
+    pub fn is_idle(&self) -> bool {
+        self.reqs.is_empty() && self.ios.is_empty() && self.jobs.is_empty()
+    }
+    /// Valid and dirty masks of the line holding `core_line` of `core`, if mapped (tests and
+    /// inspection).
+    pub fn line_state(&self, core: CoreId, core_line: u64) -> Option<(LineId, u128, u128)> {
+        let l = self.map.lookup(core, core_line)?;
+        Some((l, self.state.valid(l), self.state.dirty(l)))
+    }
+    /// Heap bytes of every per-line structure: mapping, state, lists, eviction, promotion,
+    /// cleaning (the RAM-per-line figure of SPEC P7).
+    pub fn metadata_heap_bytes(&self) -> usize {
+        self.map.heap_bytes()
+            + self.state.heap_bytes()
+            + self.lists.heap_bytes()
+            + self.eviction.heap_bytes()
+            + self.promotion.heap_bytes()
+            + self.cleaning.heap_bytes()
+    }
+    /// Names of the policies in force: (eviction, promotion, cleaning).
+    pub fn policy_names(&self) -> (&'static str, &'static str, &'static str) {
+        (self.eviction.name(), self.promotion.name(), self.cleaning.name())
+    }
+}

@@ -1,0 +1,1032 @@
+//! Client requests: read, write, write-zeroes, trim, flush.
+//!
+//! A request's life: *arrive* (validate, classify, sequential-cutoff check, maybe throttle) →
+//! *lock* its core lines (or wait in arrival order) → *plan* (which blocks come from or go to
+//! which device, which lines to map) → *IO* → optional second phase (backfill after a read miss;
+//! a core flush before dirty blocks are dropped) → *complete* (reply, unlock, wake waiters).
+//!
+//! Rules that keep the durability contract (docs/SAFETY.md):
+//! - Dirty blocks are always read from the cache; only writeback (after a core flush) makes a
+//!   dirty block clean, so an acknowledged lazy write is never lost while the cache lives.
+//! - Dirty blocks are dropped (write-invalidate, trim, write-zeroes, a failed cache write in
+//!   write-through) only after the core's newer copy is durable: a core flush comes first.
+//! - A failed write leaves each block with its old or its new data and keeps whichever the cache
+//!   will keep serving: clean copies of blocks a failed write touched are invalidated, dirty
+//!   blocks are kept.
+
+use super::lock::{LockKind, lock_key};
+use super::{Cache, IoKind, IoOwner};
+use crate::config::REQUEST_BLOCKS_MAX;
+use crate::event::{Action, BufRef, Dev, Event, IoError, ReqError};
+use crate::mode::WriteRule;
+use crate::policy::ioclass::IoInfo;
+use crate::policy::position_key;
+use crate::stats::Outcome;
+use crate::units::{BlockMask, CoreId, Lba, LineId, ReqId, block_range_mask, mask_runs};
+
+/// A request's operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Read,
+    Write { fua: bool },
+    WriteZeroes { fua: bool },
+    Trim,
+    Flush,
+}
+
+impl Op {
+    fn fua(self) -> bool {
+        matches!(self, Op::Write { fua: true } | Op::WriteZeroes { fua: true })
+    }
+}
+
+/// The part of a request inside one core line.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Part {
+    /// The cache line, if mapped.
+    line: Option<LineId>,
+    /// Blocks of the line the request covers.
+    mask: BlockMask,
+    /// Blocks to write into the cache after the read (backfill).
+    fill: BlockMask,
+    /// Mapped by this request (freed again if it ends up empty).
+    new: bool,
+}
+
+/// What the request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Not planned yet.
+    None,
+    /// Read; backfill `fill` blocks afterwards if `backfill`.
+    Read { backfill: bool },
+    /// Write to the cache only; lines become dirty.
+    WriteBack,
+    /// Write to cache and core.
+    WriteThrough,
+    /// Write (or zero, or trim) the core; drop the cache's copy.
+    Invalidate,
+    /// Flush devices.
+    Flush,
+}
+
+/// Where a request is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting for locks or throttled.
+    Queued,
+    /// Main IO in flight.
+    Io,
+    /// Backfill writes in flight.
+    Backfill,
+    /// A core flush in flight before dirty blocks are dropped.
+    FlushBeforeDrop,
+    /// Re-reading from the core after a cache read error.
+    ReadRetry,
+}
+
+/// A client request in flight.
+#[derive(Debug)]
+pub struct Request {
+    pub(crate) id: ReqId,
+    pub(crate) op: Op,
+    pub(crate) core: CoreId,
+    pub(crate) lba: u64,
+    pub(crate) blocks: u32,
+    pub(crate) class: u8,
+    /// First and last core line touched.
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    /// Sequential cutoff fired.
+    pub(crate) cut: bool,
+    pub(crate) lock: LockKind,
+    pub(crate) locked: bool,
+    pub(crate) phase: Phase,
+    pub(crate) plan: Plan,
+    pub(crate) pending: u32,
+    pub(crate) cache_err: Option<IoError>,
+    pub(crate) core_err: Option<IoError>,
+    pub(crate) parts: Vec<Part>,
+    pub(crate) outcome: Outcome,
+}
+
+/// A contiguous device IO being assembled from parts.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    dev: Dev,
+    lba: u64,
+    buf_off: u32,
+    blocks: u32,
+}
+
+/// Two run builders (cache and core) that merge contiguous pieces.
+#[derive(Default)]
+struct Runs {
+    cache: Option<Run>,
+    core: Option<Run>,
+    out: Vec<Run>,
+}
+
+impl Runs {
+    fn add(&mut self, run: Run) {
+        let slot = if run.dev == Dev::Cache { &mut self.cache } else { &mut self.core };
+        if let Some(cur) = slot
+            && cur.lba + cur.blocks as u64 == run.lba
+            && cur.buf_off + cur.blocks == run.buf_off
+        {
+            cur.blocks += run.blocks;
+            return;
+        }
+        if let Some(prev) = slot.replace(run) {
+            self.out.push(prev);
+        }
+    }
+    fn finish(mut self) -> Vec<Run> {
+        self.out.extend(self.cache.take());
+        self.out.extend(self.core.take());
+        self.out
+    }
+}
+
+impl Cache {
+    /// A client request arrived.
+    pub(crate) fn on_request(&mut self, event: Event, actions: &mut Vec<Action>) {
+        let (req, op, core, lba, blocks) = match event {
+            Event::Read { req, core, lba, blocks } => (req, Op::Read, core, lba, blocks),
+            Event::Write { req, core, lba, blocks, fua } => {
+                (req, Op::Write { fua }, core, lba, blocks)
+            }
+            Event::WriteZeroes { req, core, lba, blocks, fua } => {
+                (req, Op::WriteZeroes { fua }, core, lba, blocks)
+            }
+            Event::Trim { req, core, lba, blocks } => (req, Op::Trim, core, lba, blocks),
+            Event::Flush { req, core } => (req, Op::Flush, core, Lba(0), 0),
+            Event::IoDone { .. } | Event::Tick => unreachable!("not a request"),
+        };
+        assert!(!self.reqs.contains_key(&req), "request id {req:?} reused while in flight");
+        let Some(core_state) = self.core(core) else {
+            return Self::reply(actions, req, Err(ReqError::NoSuchCore));
+        };
+        let size = core_state.size_blocks;
+        let end = lba.0.checked_add(blocks as u64);
+        if op != Op::Flush {
+            if end.is_none_or(|e| e > size) || blocks > REQUEST_BLOCKS_MAX {
+                let e = match op {
+                    Op::Write { .. } | Op::WriteZeroes { .. } if blocks <= REQUEST_BLOCKS_MAX => {
+                        ReqError::PastEnd
+                    }
+                    _ => ReqError::OutOfRange,
+                };
+                return Self::reply(actions, req, Err(e));
+            }
+            if blocks == 0 {
+                return Self::reply(actions, req, Ok(()));
+            }
+        }
+        self.cleaning.on_client_io(self.now);
+        let is_write = !matches!(op, Op::Read);
+        let class = if op == Op::Flush {
+            0
+        } else {
+            self.classes.classify(&IoInfo {
+                core,
+                is_write,
+                lba,
+                bytes: blocks as u64 * crate::units::BLOCK_BYTES,
+            })
+        };
+        let (first, last) = if op == Op::Flush {
+            (0, 0)
+        } else {
+            (lba.0 >> self.shift, (lba.0 + blocks as u64 - 1) >> self.shift)
+        };
+        let cut = if matches!(op, Op::Read | Op::Write { .. }) {
+            let lines_needed = (last - first + 1) as u32;
+            let free = self.cfg.lines - self.map.mapped();
+            let full = free <= 512 + lines_needed;
+            let cs = self.cores[core.0 as usize].as_mut().expect("checked");
+            cs.cutoff.check(is_write, lba, blocks, full)
+        } else {
+            false
+        };
+        let mut r = Request {
+            id: req,
+            op,
+            core,
+            lba: lba.0,
+            blocks,
+            class,
+            first,
+            last,
+            cut,
+            lock: LockKind::Exclusive,
+            locked: false,
+            phase: Phase::Queued,
+            plan: Plan::None,
+            pending: 0,
+            cache_err: None,
+            core_err: None,
+            parts: Vec::new(),
+            outcome: Outcome::Miss,
+        };
+        if op == Op::Flush {
+            self.start_flush(r, actions);
+            return;
+        }
+        r.lock = self.initial_lock_kind(&r);
+        // Throttle writes that would create new dirty lines.
+        let lazy_write = matches!(op, Op::Write { .. })
+            && !cut
+            && self.write_rules().write == WriteRule::Back;
+        let new_dirty = if lazy_write { self.new_dirty_lines(core, first, last) } else { 0 };
+        self.reqs.insert(req, r);
+        if new_dirty > 0 {
+            let delay = self.rate.throttle_delay(self.now, new_dirty);
+            if delay.0 > 0 {
+                self.counters.throttled_writes += 1;
+                self.counters.throttle_ns += delay.0;
+                self.throttled.push((self.now.plus(delay), req));
+                return;
+            }
+        }
+        self.admit(req, actions);
+    }
+
+    /// Lines of `first..=last` that are not dirty now (a write there makes them newly dirty).
+    fn new_dirty_lines(&self, core: CoreId, first: u64, last: u64) -> u32 {
+        (first..=last)
+            .filter(|&cl| self.map.lookup(core, cl).is_none_or(|l| self.state.dirty(l) == 0))
+            .count() as u32
+    }
+
+    /// The rules writes follow now (the target's while leaving a lazy mode).
+    pub(crate) fn write_rules(&self) -> &'static crate::mode::ModeRules {
+        self.target_mode.unwrap_or(self.mode).rules()
+    }
+
+    /// Lock kind chosen at arrival; re-checked when the plan is made.
+    fn initial_lock_kind(&self, r: &Request) -> LockKind {
+        match r.op {
+            Op::Read => {
+                let full_hit = (r.first..=r.last).all(|cl| {
+                    let mask = self.part_mask(r, cl);
+                    self.map.lookup(r.core, cl).is_some_and(|l| self.state.valid(l) & mask == mask)
+                });
+                if full_hit { LockKind::Shared } else { LockKind::Exclusive }
+            }
+            Op::Write { .. } if !r.cut && self.write_rules().write == WriteRule::Back => {
+                LockKind::Exclusive
+            }
+            _ => LockKind::ExclusiveNoWb,
+        }
+    }
+
+    /// Blocks of core line `cl` that request `r` covers.
+    #[inline]
+    pub(crate) fn part_mask(&self, r: &Request, cl: u64) -> BlockMask {
+        let line_start = cl << self.shift;
+        let s = r.lba.max(line_start) - line_start;
+        let e = (r.lba + r.blocks as u64).min(line_start + self.bpl as u64) - line_start;
+        block_range_mask(s as u32, (e - s) as u32)
+    }
+
+    /// Starts a request if its lines are free and no earlier waiting request overlaps it;
+    /// otherwise queues it.
+    pub(crate) fn admit(&mut self, id: ReqId, actions: &mut Vec<Action>) {
+        let r = &self.reqs[&id];
+        let overlaps = self.waiting.iter().any(|w| {
+            let o = &self.reqs[w];
+            o.core == r.core && o.first <= r.last && r.first <= o.last
+        });
+        if !overlaps && self.locks.can_lock(r.core, r.first, r.last, r.lock) {
+            self.start_locked(id, actions);
+        } else {
+            self.counters.deferred += 1;
+            self.waiting.push_back(id);
+        }
+    }
+
+    /// Retries waiting requests in arrival order; a request never passes an earlier waiting
+    /// request it overlaps.
+    pub(crate) fn retry_waiting(&mut self, actions: &mut Vec<Action>) {
+        let mut blocked: Vec<(CoreId, u64, u64)> = Vec::new();
+        let mut i = 0;
+        let mut budget = self.waiting.len();
+        while i < self.waiting.len() && budget > 0 {
+            budget -= 1;
+            let id = self.waiting[i];
+            let r = &self.reqs[&id];
+            let ovl = blocked.iter().any(|&(c, f, l)| c == r.core && f <= r.last && r.first <= l);
+            if ovl || !self.locks.can_lock(r.core, r.first, r.last, r.lock) {
+                blocked.push((r.core, r.first, r.last));
+                i += 1;
+                continue;
+            }
+            self.waiting.remove(i);
+            self.start_locked(id, actions);
+        }
+    }
+
+    /// Releases throttled writes whose time has come, oldest first.
+    pub(crate) fn release_throttled(&mut self, actions: &mut Vec<Action>) {
+        let now = self.now;
+        let mut due: Vec<(crate::units::Nanos, ReqId)> =
+            self.throttled.iter().copied().filter(|&(t, _)| t <= now).collect();
+        if due.is_empty() {
+            return;
+        }
+        self.throttled.retain(|&(t, _)| t > now);
+        due.sort();
+        for (_, id) in due {
+            self.admit(id, actions);
+        }
+    }
+
+    /// Locks the request's lines and plans it.
+    fn start_locked(&mut self, id: ReqId, actions: &mut Vec<Action>) {
+        let mut r = self.reqs.remove(&id).expect("request exists");
+        self.locks.lock(r.core, r.first, r.last, r.lock);
+        r.locked = true;
+        match r.op {
+            Op::Read => self.plan_read(r, actions),
+            _ => self.plan_write(r, actions),
+        }
+    }
+
+    /// Builds the parts of `r` from the current mapping.
+    fn build_parts(&self, r: &mut Request) {
+        r.parts.clear();
+        for cl in r.first..=r.last {
+            let mask = self.part_mask(r, cl);
+            r.parts.push(Part { line: self.map.lookup(r.core, cl), mask, fill: 0, new: false });
+        }
+    }
+
+    /// Valid blocks of the request: (valid, total).
+    fn count_valid(&self, r: &Request) -> (u32, u32) {
+        let mut v = 0;
+        let mut t = 0;
+        for p in &r.parts {
+            t += p.mask.count_ones();
+            if let Some(l) = p.line {
+                v += (self.state.valid(l) & p.mask).count_ones();
+            }
+        }
+        (v, t)
+    }
+
+    fn outcome_of(valid: u32, total: u32) -> Outcome {
+        if valid == total {
+            Outcome::FullHit
+        } else if valid > 0 {
+            Outcome::PartialHit
+        } else {
+            Outcome::Miss
+        }
+    }
+
+    /// Maps every unmapped part of `r` (asking promotion unless some part is mapped). On
+    /// failure, unmaps what it mapped and returns false.
+    fn map_all(&mut self, r: &mut Request) -> bool {
+        let unmapped = r.parts.iter().filter(|p| p.line.is_none()).count() as u32;
+        if unmapped == 0 {
+            return true;
+        }
+        let any_mapped = unmapped < r.parts.len() as u32;
+        if !any_mapped
+            && !self.promotion.admit(
+                r.core,
+                r.first,
+                r.parts.len() as u32,
+                self.map.mapped(),
+                self.cfg.lines,
+            )
+        {
+            return false;
+        }
+        for i in 0..r.parts.len() {
+            if r.parts[i].line.is_some() {
+                continue;
+            }
+            let cl = r.first + i as u64;
+            match self.alloc_line(r.class, r.core, cl) {
+                Some(l) => {
+                    r.parts[i].line = Some(l);
+                    r.parts[i].new = true;
+                }
+                None => {
+                    self.unmap_new(r);
+                    return false;
+                }
+            }
+        }
+        self.promotion.on_inserted(r.core, r.first, r.parts.len() as u32);
+        true
+    }
+
+    /// Frees lines this request mapped that hold no valid block.
+    fn unmap_new(&mut self, r: &mut Request) {
+        for p in r.parts.iter_mut() {
+            if p.new
+                && let Some(l) = p.line
+            {
+                p.new = false;
+                if self.state.valid(l) == 0 {
+                    self.free_line(l);
+                    p.line = None;
+                }
+            }
+        }
+    }
+
+    /// Buffer offset (blocks into the request's buffer) of block `b` of core line `cl`.
+    #[inline]
+    fn buf_off(&self, r: &Request, cl: u64, b: u32) -> u32 {
+        ((cl << self.shift) + b as u64 - r.lba) as u32
+    }
+
+    /// Adds the runs of `mask` in part `i` of `r` to `runs`, for `dev`.
+    fn add_runs(&self, r: &Request, i: usize, mask: BlockMask, dev: Dev, runs: &mut Runs) {
+        let cl = r.first + i as u64;
+        for (b, n) in mask_runs(mask) {
+            let lba = match dev {
+                Dev::Cache => self.cache_lba(r.parts[i].line.expect("mapped"), b).0,
+                Dev::Core(_) => (cl << self.shift) + b as u64,
+            };
+            runs.add(Run { dev, lba, buf_off: self.buf_off(r, cl, b), blocks: n });
+        }
+    }
+
+    fn issue_reads(&mut self, r: &mut Request, runs: Vec<Run>, actions: &mut Vec<Action>) {
+        for run in runs {
+            let kind = if run.dev == Dev::Cache { IoKind::CacheRead } else { IoKind::CoreRead };
+            let io = self.new_io(IoOwner::Req { req: r.id, kind });
+            if run.dev == Dev::Cache {
+                self.counters.cache_blocks_read += run.blocks as u64;
+            } else {
+                self.counters.core_blocks_read += run.blocks as u64;
+            }
+            actions.push(Action::Read {
+                io,
+                dev: run.dev,
+                lba: Lba(run.lba),
+                blocks: run.blocks,
+                buf: BufRef::Req { req: r.id, offset: run.buf_off },
+            });
+            r.pending += 1;
+        }
+    }
+
+    fn issue_writes(&mut self, r: &mut Request, runs: Vec<Run>, fua: bool, a: &mut Vec<Action>) {
+        for run in runs {
+            let kind = if run.dev == Dev::Cache { IoKind::CacheWrite } else { IoKind::CoreWrite };
+            let io = self.new_io(IoOwner::Req { req: r.id, kind });
+            if run.dev == Dev::Cache {
+                self.counters.cache_blocks_written += run.blocks as u64;
+            } else {
+                self.counters.core_blocks_written += run.blocks as u64;
+            }
+            a.push(Action::Write {
+                io,
+                dev: run.dev,
+                lba: Lba(run.lba),
+                blocks: run.blocks,
+                buf: BufRef::Req { req: r.id, offset: run.buf_off },
+                fua,
+            });
+            r.pending += 1;
+        }
+    }
+
+    // ----- reads -----
+
+    fn plan_read(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+        let rules = self.mode.rules();
+        self.build_parts(&mut r);
+        let (valid, total) = self.count_valid(&r);
+        r.outcome = if r.cut || !rules.read_clean_from_cache {
+            Outcome::PassThrough
+        } else {
+            Self::outcome_of(valid, total)
+        };
+        let mut backfill = false;
+        if r.lock != LockKind::Shared
+            && valid < total
+            && rules.read_promotes
+            && !r.cut
+            && self.class_allocation(r.class) > 0
+        {
+            if self.map_all(&mut r) {
+                backfill = true;
+            } else {
+                self.counters.alloc_failures += 1;
+                r.outcome = Outcome::PassThrough;
+            }
+        }
+        let mut runs = Runs::default();
+        for i in 0..r.parts.len() {
+            let p = r.parts[i];
+            let from_cache = match p.line {
+                Some(l) => {
+                    let v = self.state.valid(l) & p.mask;
+                    if rules.read_clean_from_cache { v } else { v & self.state.dirty(l) }
+                }
+                None => 0,
+            };
+            let from_core = p.mask & !from_cache;
+            if from_cache != 0 {
+                self.add_runs(&r, i, from_cache, Dev::Cache, &mut runs);
+            }
+            if from_core != 0 {
+                self.add_runs(&r, i, from_core, Dev::Core(r.core), &mut runs);
+                if backfill {
+                    r.parts[i].fill = from_core;
+                }
+            }
+        }
+        r.plan = Plan::Read { backfill };
+        r.phase = Phase::Io;
+        let runs = runs.finish();
+        self.issue_reads(&mut r, runs, actions);
+        self.reqs.insert(r.id, r);
+    }
+
+    fn read_io_done(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+        match r.phase {
+            Phase::Io => {
+                if let Some(e) = r.core_err {
+                    self.unmap_new(&mut r);
+                    return self.finish(r, Err(ReqError::Io(e)), actions);
+                }
+                if r.cache_err.is_some() {
+                    // Clean blocks can be read again from the core; dirty ones are lost.
+                    let dirty_read = r.parts.iter().any(|p| {
+                        p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0)
+                    });
+                    self.unmap_new(&mut r);
+                    if dirty_read {
+                        return self.finish(r, Err(ReqError::Io(IoError::Io)), actions);
+                    }
+                    r.phase = Phase::ReadRetry;
+                    r.cache_err = None;
+                    let run = Run {
+                        dev: Dev::Core(r.core),
+                        lba: r.lba,
+                        buf_off: 0,
+                        blocks: r.blocks,
+                    };
+                    self.issue_reads(&mut r, vec![run], actions);
+                    self.reqs.insert(r.id, r);
+                    return;
+                }
+                if r.plan == (Plan::Read { backfill: true }) {
+                    let mut runs = Runs::default();
+                    for i in 0..r.parts.len() {
+                        let fill = r.parts[i].fill;
+                        if fill != 0 {
+                            self.add_runs(&r, i, fill, Dev::Cache, &mut runs);
+                        }
+                    }
+                    let runs = runs.finish();
+                    if !runs.is_empty() {
+                        r.phase = Phase::Backfill;
+                        self.issue_writes(&mut r, runs, false, actions);
+                        self.reqs.insert(r.id, r);
+                        return;
+                    }
+                }
+                self.finish_read(r, actions);
+            }
+            Phase::Backfill => {
+                if r.cache_err.is_none() {
+                    for p in &r.parts {
+                        if p.fill != 0 {
+                            let l = p.line.expect("backfilled line is mapped");
+                            let v = self.state.valid(l) | p.fill;
+                            let d = self.state.dirty(l);
+                            self.state.set(l, v, d);
+                        }
+                    }
+                }
+                self.unmap_new(&mut r);
+                self.finish_read(r, actions);
+            }
+            Phase::ReadRetry => {
+                let res = match r.core_err {
+                    Some(e) => Err(ReqError::Io(e)),
+                    None => Ok(()),
+                };
+                self.finish(r, res, actions);
+            }
+            Phase::Queued | Phase::FlushBeforeDrop => unreachable!("read in phase {:?}", r.phase),
+        }
+    }
+
+    /// Touches and reclassifies the lines a read used, then completes it.
+    fn finish_read(&mut self, r: Request, actions: &mut Vec<Action>) {
+        let reclassify = self.mode.rules().reclassifies;
+        for p in &r.parts {
+            let Some(l) = p.line else { continue };
+            if !self.map.is_mapped(l) {
+                continue;
+            }
+            if reclassify && self.state.class(l) != r.class {
+                self.reclassify(l, r.class);
+            }
+            if self.state.dirty(l) == 0 && self.state.valid(l) & p.mask != 0 {
+                self.eviction.touch(&mut self.lists, l, self.state.class(l));
+            }
+        }
+        self.finish(r, Ok(()), actions);
+    }
+
+    /// Moves `line` to IO class `class`.
+    pub(crate) fn reclassify(&mut self, line: LineId, class: u8) {
+        let old = self.state.class(line);
+        let clean = self.state.dirty(line) == 0;
+        if clean {
+            self.eviction.remove(&mut self.lists, line, old);
+        }
+        self.class_lines[old as usize] -= 1;
+        self.class_lines[class as usize] += 1;
+        self.state.set_class(line, class);
+        if clean {
+            let (c, cl) = self.map.position(line);
+            self.eviction.insert(&mut self.lists, line, class, position_key(c, cl));
+        }
+    }
+
+    // ----- writes, write-zeroes, trims -----
+
+    fn plan_write(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+        self.build_parts(&mut r);
+        let rule = if !matches!(r.op, Op::Write { .. })
+            || r.cut
+            || self.class_allocation(r.class) == 0
+        {
+            WriteRule::Invalidate
+        } else {
+            self.write_rules().write
+        };
+        let (valid, total) = self.count_valid(&r);
+        let mut plan = match rule {
+            WriteRule::Back | WriteRule::Through => {
+                if self.map_all(&mut r) {
+                    if rule == WriteRule::Back { Plan::WriteBack } else { Plan::WriteThrough }
+                } else {
+                    self.counters.alloc_failures += 1;
+                    Plan::Invalidate
+                }
+            }
+            WriteRule::AroundIfMapped => {
+                if r.parts.iter().all(|p| p.line.is_some()) {
+                    Plan::WriteThrough
+                } else {
+                    Plan::Invalidate
+                }
+            }
+            WriteRule::Invalidate => Plan::Invalidate,
+        };
+        if plan != Plan::WriteBack
+            && r.lock != LockKind::ExclusiveNoWb
+            && self.locks.any_wb(r.core, r.first, r.last)
+        {
+            // This write must reach the core, and a writeback of its lines is in flight:
+            // wait for it, so the older writeback cannot land after us.
+            self.unmap_new(&mut r);
+            self.locks.unlock(r.core, r.first, r.last, r.lock);
+            r.locked = false;
+            r.lock = LockKind::ExclusiveNoWb;
+            let id = r.id;
+            self.reqs.insert(id, r);
+            self.waiting.push_back(id);
+            self.counters.deferred += 1;
+            return;
+        }
+        if matches!(r.op, Op::Trim) {
+            plan = Plan::Invalidate;
+        }
+        r.outcome =
+            if plan == Plan::Invalidate { Outcome::PassThrough } else { Self::outcome_of(valid, total) };
+        r.plan = plan;
+        r.phase = Phase::Io;
+        let fua = r.op.fua();
+        match plan {
+            Plan::WriteBack => {
+                let mut runs = Runs::default();
+                for i in 0..r.parts.len() {
+                    let mask = r.parts[i].mask;
+                    let key = lock_key(r.core, r.first + i as u64);
+                    let e = self.locks.entry(key);
+                    if e.wb {
+                        e.wb_mask &= !mask;
+                        self.counters.writeback_races += 1;
+                    }
+                    self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
+                }
+                let runs = runs.finish();
+                self.issue_writes(&mut r, runs, fua, actions);
+            }
+            Plan::WriteThrough => {
+                let mut runs = Runs::default();
+                for i in 0..r.parts.len() {
+                    let mask = r.parts[i].mask;
+                    self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
+                }
+                runs.add(Run { dev: Dev::Core(r.core), lba: r.lba, buf_off: 0, blocks: r.blocks });
+                let runs = runs.finish();
+                // The cache copy needs no FUA: it is clean, the core's copy is the one that counts.
+                let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
+                    runs.into_iter().partition(|x| x.dev != Dev::Cache);
+                self.issue_writes(&mut r, cache_runs, false, actions);
+                self.issue_writes(&mut r, core_runs, fua, actions);
+            }
+            Plan::Invalidate => {
+                let core = Dev::Core(r.core);
+                let io = self.new_io(IoOwner::Req { req: r.id, kind: IoKind::CoreWrite });
+                let (lba, blocks) = (Lba(r.lba), r.blocks);
+                self.counters.core_blocks_written += blocks as u64;
+                actions.push(match r.op {
+                    Op::Write { fua } => Action::Write {
+                        io,
+                        dev: core,
+                        lba,
+                        blocks,
+                        buf: BufRef::Req { req: r.id, offset: 0 },
+                        fua,
+                    },
+                    Op::WriteZeroes { fua } => Action::WriteZeroes { io, dev: core, lba, blocks, fua },
+                    Op::Trim => Action::Trim { io, dev: core, lba, blocks },
+                    Op::Read | Op::Flush => unreachable!(),
+                });
+                r.pending += 1;
+            }
+            Plan::None | Plan::Read { .. } | Plan::Flush => unreachable!(),
+        }
+        self.reqs.insert(r.id, r);
+    }
+
+    fn write_io_done(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+        let fua = r.op.fua();
+        if r.phase == Phase::FlushBeforeDrop {
+            if let Some(e) = r.core_err {
+                // The core's copy is not known durable: keep dirty blocks, drop clean copies.
+                self.drop_clean_copies(&r);
+                return self.finish(r, Err(ReqError::Io(e)), actions);
+            }
+            self.drop_all(&r);
+            return self.finish(r, Ok(()), actions);
+        }
+        match r.plan {
+            Plan::WriteBack => {
+                if let Some(e) = r.cache_err {
+                    self.unmap_new(&mut r);
+                    return self.finish(r, Err(ReqError::Io(e)), actions);
+                }
+                for i in 0..r.parts.len() {
+                    let p = r.parts[i];
+                    let l = p.line.expect("write-back lines are mapped");
+                    let old_d = self.state.dirty(l);
+                    #[allow(unused_mut)]
+                    let mut v = self.state.valid(l) | p.mask;
+                    #[cfg(feature = "canary-stale-partial")]
+                    {
+                        v = crate::units::full_mask(self.bpl);
+                    }
+                    self.state.set(l, v, old_d | p.mask);
+                    if old_d == 0 {
+                        let class = self.state.class(l);
+                        self.eviction.remove(&mut self.lists, l, class);
+                        self.dirty_lines += 1;
+                    }
+                    let view = super::View { map: &self.map, locks: &self.locks };
+                    self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
+                }
+                if !fua {
+                    self.cache_flush.writes_done += 1;
+                }
+                self.finish(r, Ok(()), actions);
+            }
+            Plan::WriteThrough => {
+                if let Some(e) = r.core_err {
+                    self.drop_clean_copies(&r);
+                    self.unmap_new(&mut r);
+                    return self.finish(r, Err(ReqError::Io(e)), actions);
+                }
+                self.note_core_write(r.core, fua);
+                if r.cache_err.is_some() {
+                    // The core has the data; the cache copy is unknown: drop it.
+                    return self.drop_after_core_write(r, fua, actions);
+                }
+                for p in &r.parts {
+                    let l = p.line.expect("write-through lines are mapped");
+                    #[allow(unused_mut)]
+                    let mut v = self.state.valid(l) | p.mask;
+                    #[cfg(feature = "canary-stale-partial")]
+                    {
+                        v = crate::units::full_mask(self.bpl);
+                    }
+                    let d = self.state.dirty(l);
+                    self.state.set(l, v, d);
+                }
+                self.finish(r, Ok(()), actions);
+            }
+            Plan::Invalidate => {
+                if let Some(e) = r.core_err {
+                    self.drop_clean_copies(&r);
+                    return self.finish(r, Err(ReqError::Io(e)), actions);
+                }
+                self.note_core_write(r.core, fua);
+                self.drop_after_core_write(r, fua, actions);
+            }
+            Plan::None | Plan::Read { .. } | Plan::Flush => unreachable!(),
+        }
+    }
+
+    /// The core now has the request's data: drop the cache's copy of its blocks, after a core
+    /// flush if any of them is dirty (unless the write was FUA).
+    fn drop_after_core_write(&mut self, mut r: Request, fua: bool, actions: &mut Vec<Action>) {
+        let any_dirty =
+            r.parts.iter().any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
+        if any_dirty && !fua {
+            let core = self.cores[r.core.0 as usize].as_ref().expect("core exists");
+            let covers = core.flush.writes_done;
+            let io = self.new_io(IoOwner::Req {
+                req: r.id,
+                kind: IoKind::Flush { dev: Dev::Core(r.core), covers },
+            });
+            actions.push(Action::Flush { io, dev: Dev::Core(r.core) });
+            r.pending += 1;
+            r.phase = Phase::FlushBeforeDrop;
+            self.reqs.insert(r.id, r);
+            return;
+        }
+        self.drop_all(&r);
+        self.finish(r, Ok(()), actions);
+    }
+
+    fn note_core_write(&mut self, core: CoreId, fua: bool) {
+        if !fua {
+            let c = self.cores[core.0 as usize].as_mut().expect("core exists");
+            c.flush.writes_done += 1;
+        }
+    }
+
+    /// Drops every block of the request from the cache.
+    fn drop_all(&mut self, r: &Request) {
+        for p in &r.parts {
+            if let Some(l) = p.line
+                && self.map.is_mapped(l)
+            {
+                self.drop_blocks(l, p.mask);
+            }
+        }
+    }
+
+    /// Drops the request's blocks that are clean in the cache; dirty ones stay.
+    fn drop_clean_copies(&mut self, r: &Request) {
+        for p in &r.parts {
+            if let Some(l) = p.line
+                && self.map.is_mapped(l)
+            {
+                let d = self.state.dirty(l);
+                self.drop_blocks(l, p.mask & !d);
+            }
+        }
+    }
+
+    /// Invalidates `mask` in `line`, keeping lists and counters right; frees the line if no
+    /// valid block is left. The caller holds the line.
+    pub(crate) fn drop_blocks(&mut self, line: LineId, mask: BlockMask) {
+        let v = self.state.valid(line);
+        let d = self.state.dirty(line);
+        let nv = v & !mask;
+        let nd = d & !mask;
+        if nv == v {
+            return;
+        }
+        self.state.set(line, nv, nd);
+        if d != 0 && nd == 0 {
+            self.dirty_lines -= 1;
+            self.cleaning.on_clean(&mut self.lists, line);
+            let (c, cl) = self.map.position(line);
+            let class = self.state.class(line);
+            self.eviction.insert(&mut self.lists, line, class, position_key(c, cl));
+        }
+        if nv == 0 {
+            self.free_line(line);
+        }
+    }
+
+    // ----- flushes -----
+
+    fn start_flush(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+        r.plan = Plan::Flush;
+        r.phase = Phase::Io;
+        r.lock = LockKind::Shared;
+        if cfg!(feature = "canary-early-flush-ack") {
+            // Planted bug: reply before anything is durable.
+            return self.finish(r, Ok(()), actions);
+        }
+        if self.cache_flush.needs_flush() {
+            let covers = self.cache_flush.writes_done;
+            let io =
+                self.new_io(IoOwner::Req { req: r.id, kind: IoKind::Flush { dev: Dev::Cache, covers } });
+            actions.push(Action::Flush { io, dev: Dev::Cache });
+            r.pending += 1;
+        }
+        let core = self.cores[r.core.0 as usize].as_ref().expect("core exists");
+        if core.flush.needs_flush() {
+            let covers = core.flush.writes_done;
+            let dev = Dev::Core(r.core);
+            let io = self.new_io(IoOwner::Req { req: r.id, kind: IoKind::Flush { dev, covers } });
+            actions.push(Action::Flush { io, dev });
+            r.pending += 1;
+        }
+        if r.pending == 0 {
+            return self.finish(r, Ok(()), actions);
+        }
+        self.reqs.insert(r.id, r);
+    }
+
+    // ----- completions -----
+
+    /// A device IO of request `id` finished.
+    pub(crate) fn req_io_done(
+        &mut self,
+        id: ReqId,
+        kind: IoKind,
+        result: Result<(), IoError>,
+        actions: &mut Vec<Action>,
+    ) {
+        let mut r = self.reqs.remove(&id).expect("IO for a request in flight");
+        match (kind, result) {
+            (IoKind::Flush { dev, covers }, Ok(())) => {
+                let fs = match dev {
+                    Dev::Cache => &mut self.cache_flush,
+                    Dev::Core(c) => &mut self.cores[c.0 as usize].as_mut().expect("core").flush,
+                };
+                fs.durable_upto = fs.durable_upto.max(covers);
+            }
+            (IoKind::Flush { dev: Dev::Cache, .. }, Err(e))
+            | (IoKind::CacheRead | IoKind::CacheWrite, Err(e)) => {
+                self.counters.cache_errors += 1;
+                r.cache_err = Some(e);
+            }
+            (IoKind::Flush { dev: Dev::Core(_), .. }, Err(e))
+            | (IoKind::CoreRead | IoKind::CoreWrite, Err(e)) => {
+                self.counters.core_errors += 1;
+                r.core_err = Some(e);
+            }
+            (_, Ok(())) => {}
+        }
+        r.pending -= 1;
+        if r.pending > 0 {
+            self.reqs.insert(id, r);
+            return;
+        }
+        match r.op {
+            Op::Flush => {
+                let res = match r.cache_err.or(r.core_err) {
+                    Some(e) => Err(ReqError::Io(e)),
+                    None => Ok(()),
+                };
+                self.finish(r, res, actions);
+            }
+            Op::Read => self.read_io_done(r, actions),
+            _ => self.write_io_done(r, actions),
+        }
+    }
+
+    /// Completes `r`: counters, unlock, reply.
+    fn finish(&mut self, r: Request, result: Result<(), ReqError>, actions: &mut Vec<Action>) {
+        let cls = &mut self.class_counters[r.class as usize];
+        let core = &mut self.cores[r.core.0 as usize].as_mut().expect("core exists").counters;
+        for c in [cls, core] {
+            match r.op {
+                Op::Read => {
+                    c.read.count(r.outcome);
+                    c.blocks_read += r.blocks as u64;
+                }
+                Op::Write { .. } | Op::WriteZeroes { .. } => {
+                    c.write.count(r.outcome);
+                    c.blocks_written += r.blocks as u64;
+                }
+                Op::Trim => c.trims += 1,
+                Op::Flush => c.flushes += 1,
+            }
+            if result.is_err() {
+                c.errors += 1;
+            }
+        }
+        if r.locked {
+            self.locks.unlock(r.core, r.first, r.last, r.lock);
+            self.wake_waiters = true;
+        }
+        Self::reply(actions, r.id, result);
+    }
+
+    fn reply(actions: &mut Vec<Action>, req: ReqId, result: Result<(), ReqError>) {
+        actions.push(Action::Complete { req, result });
+    }
+}

@@ -1,0 +1,698 @@
+//! Test harness: drives the real cache core against in-memory devices and checks it against a
+//! reference model of what a disk must return (docs/TESTING.md, "model-based tests").
+//!
+//! Devices keep a *volatile* and a *durable* image: writes land in the volatile image (at submit
+//! or at completion, chosen at random), a successful device flush copies volatile to durable.
+//! IOs complete in random order; a seeded fraction fail (a failed read fills its buffer with
+//! junk, a failed write applies to a random subset of its blocks).
+//!
+//! Every block's content encodes (core, block, write id), so the harness can tell which write a
+//! block holds. The oracle keeps, per block, the ordered list of acknowledged writes and the
+//! *floor*: the newest write acknowledged before a flush that has completed. Two checks:
+//! - **reads**: a read returns, per block, the newest write acknowledged when the read arrived,
+//!   or a write that was in flight while it ran, or (after a failed write) the old or the new
+//!   data — and then keeps returning that same value (no flip-flop);
+//! - **durability**, after every event: what a crash right now would leave — the cache
+//!   device's durable copy of a dirty block, else the core's durable copy — must be the floor
+//!   write or a later one (SPEC durability points 1–2).
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use tiercache_core::event::{Action, BufRef, Dev, Event, IoError};
+use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
+use tiercache_core::{Cache, Config};
+
+pub const BS: usize = 512;
+
+/// A small deterministic PRNG (xorshift64*).
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 * 1.0 < p
+    }
+}
+
+/// A device with a volatile and a durable image.
+pub struct Device {
+    pub vol: Vec<u8>,
+    pub dur: Vec<u8>,
+}
+
+impl Device {
+    pub fn new(blocks: u64) -> Device {
+        Device { vol: vec![0; blocks as usize * BS], dur: vec![0; blocks as usize * BS] }
+    }
+    fn range(&self, lba: u64, blocks: u32) -> std::ops::Range<usize> {
+        let s = lba as usize * BS;
+        s..s + blocks as usize * BS
+    }
+}
+
+/// What a block's content says it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Content {
+    /// All zeros: the initial state, or a trim/write-zeroes.
+    Zero,
+    /// Written by write `id`.
+    Write(u64),
+    /// Not a valid block of this core at this address.
+    Junk,
+}
+
+pub fn fill_block(buf: &mut [u8], core: u16, lba: u64, id: u64) {
+    buf[0..8].copy_from_slice(&lba.to_le_bytes());
+    buf[8..16].copy_from_slice(&id.to_le_bytes());
+    buf[16..18].copy_from_slice(&core.to_le_bytes());
+    let mut x = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ lba ^ ((core as u64) << 40);
+    for b in buf[18..BS].iter_mut() {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *b = (x >> 56) as u8;
+    }
+}
+
+/// Decodes a block. Checks the header and the first 32 pattern bytes (enough to tell blocks
+/// apart; a full compare of every block after every event would make the tests slow).
+pub fn decode_block(buf: &[u8], core: u16, lba: u64) -> Content {
+    if buf[..64].iter().all(|&b| b == 0) {
+        return if buf.iter().all(|&b| b == 0) { Content::Zero } else { Content::Junk };
+    }
+    let id = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    let mut expect = [0u8; BS];
+    fill_block(&mut expect, core, lba, id);
+    if expect[..64] == buf[..64] { Content::Write(id) } else { Content::Junk }
+}
+
+/// Per-block oracle state.
+#[derive(Clone, Default)]
+struct BlockModel {
+    /// Completed writes in order (newest last), with whether they succeeded. Starts with Zero.
+    /// A failed write may have left its data or not, so its content stays legal for reads
+    /// until the next successful write, and for crashes until a flush covers a later one.
+    history: Vec<(Content, bool)>,
+    /// Index into `history` of the newest successful write covered by a completed flush.
+    floor: usize,
+    /// Pinned after a read while failed writes make the value uncertain.
+    pinned: Option<Content>,
+}
+
+impl BlockModel {
+    fn last_ok(&self) -> usize {
+        self.history.iter().rposition(|x| x.1).expect("history starts with an ok entry")
+    }
+    fn uncertain(&self) -> bool {
+        self.last_ok() + 1 < self.history.len()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReqOp {
+    Read,
+    Write { fua: bool },
+    WriteZeroes { fua: bool },
+    Trim,
+    Flush,
+}
+
+struct InFlightReq {
+    op: ReqOp,
+    core: CoreId,
+    lba: u64,
+    blocks: u32,
+    /// Write id (writes, zeroes, trims).
+    id: u64,
+    /// For reads: per block, the legal set captured at arrival (grows as writes start).
+    legal: Vec<HashSet<Content>>,
+    /// For flushes: the acked history length per block of the core at arrival.
+    floors: Vec<usize>,
+    buf: Vec<u8>,
+}
+
+struct PendingIo {
+    action: Action,
+    applied: bool,
+}
+
+/// Coverage counters the model test requires to be non-zero.
+#[derive(Default, Debug, Clone)]
+pub struct Coverage {
+    pub reads_checked: u64,
+    pub blocks_checked: u64,
+    pub io_errors_injected: u64,
+    pub partial_hits: u64,
+    pub evictions_formerly_dirty: u64,
+    pub writeback_races: u64,
+    pub writebacks: u64,
+    pub mode_switches: u64,
+    pub class_reloads: u64,
+    pub flushes: u64,
+    pub durability_checks: u64,
+}
+
+/// Harness knobs.
+#[derive(Clone, Debug)]
+pub struct Knobs {
+    pub p_io_error: f64,
+    pub p_apply_at_submit: f64,
+    pub qd: usize,
+    pub step_ns_max: u64,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs { p_io_error: 0.01, p_apply_at_submit: 0.5, qd: 8, step_ns_max: 2_000_000 }
+    }
+}
+
+/// The environment: cache + devices + oracle.
+pub struct Env {
+    pub cache: Cache,
+    pub rng: Rng,
+    pub knobs: Knobs,
+    pub now: Nanos,
+    pub cache_dev: Device,
+    pub cores: BTreeMap<u16, (Device, Vec<BlockModel>)>,
+    pool: Vec<Vec<u8>>,
+    reqs: BTreeMap<ReqId, InFlightReq>,
+    pending: Vec<(IoId, PendingIo)>,
+    next_req: u64,
+    next_write: u64,
+    pub cov: Coverage,
+    /// Trace of the last events, printed on failure.
+    pub trace: Vec<String>,
+    pub check_durability: bool,
+}
+
+impl Env {
+    pub fn new(cfg: Config, seed: u64, knobs: Knobs) -> Env {
+        let slot_bytes = cfg.pool_slot_blocks as usize * BS;
+        let pool = (0..cfg.pool_slots).map(|_| vec![0u8; slot_bytes]).collect();
+        let cache_blocks = cfg.data_offset.0 + cfg.lines as u64 * cfg.line_size.blocks() as u64;
+        let cache = Cache::new(cfg).expect("valid config");
+        Env {
+            cache,
+            rng: Rng::new(seed),
+            knobs,
+            now: Nanos(1),
+            cache_dev: Device::new(cache_blocks),
+            cores: BTreeMap::new(),
+            pool,
+            reqs: BTreeMap::new(),
+            pending: Vec::new(),
+            next_req: 1,
+            next_write: 1,
+            cov: Coverage::default(),
+            trace: Vec::new(),
+            check_durability: true,
+        }
+    }
+
+    pub fn add_core(&mut self, core: u16, blocks: u64) {
+        self.cache.add_core(CoreId(core), blocks).expect("add core");
+        let model = vec![
+            BlockModel { history: vec![(Content::Zero, true)], floor: 0, pinned: None };
+            blocks as usize
+        ];
+        self.cores.insert(core, (Device::new(blocks), model));
+    }
+
+    pub fn core_blocks(&self, core: u16) -> u64 {
+        self.cores[&core].1.len() as u64
+    }
+
+    fn log(&mut self, s: String) {
+        if std::env::var_os("TIERCACHE_TRACE").is_some() {
+            eprintln!("{s}");
+            return;
+        }
+        if self.trace.len() > 400 {
+            self.trace.drain(..200);
+        }
+        self.trace.push(s);
+    }
+
+    pub fn fail(&self, msg: &str) -> ! {
+        let tail: Vec<&String> = self.trace.iter().rev().take(60).collect();
+        let mut t = String::new();
+        for l in tail.into_iter().rev() {
+            t.push_str(l);
+            t.push('\n');
+        }
+        panic!("{msg}\n--- last events ---\n{t}");
+    }
+
+    /// Applies an event to the cache and executes the resulting actions.
+    pub fn apply(&mut self, ev: Event) {
+        self.log(format!("t={} {:?}", self.now.0, ev));
+        let mut actions = Vec::new();
+        self.cache.apply(self.now, ev, &mut actions);
+        self.execute(actions);
+        if self.check_durability {
+            self.check_durable();
+        }
+    }
+
+    fn execute(&mut self, actions: Vec<Action>) {
+        for a in actions {
+            self.log(format!("  -> {a:?}"));
+            match a {
+                Action::Copy { src, dst, blocks } => {
+                    let data = self.buf_read(src, blocks);
+                    self.buf_write(dst, &data);
+                }
+                Action::Complete { req, result } => self.on_complete(req, result),
+                Action::Read { io, .. }
+                | Action::Write { io, .. }
+                | Action::WriteZeroes { io, .. }
+                | Action::Trim { io, .. }
+                | Action::Flush { io, .. } => {
+                    let mut p = PendingIo { action: a, applied: false };
+                    let is_flush = matches!(p.action, Action::Flush { .. });
+                    if !is_flush && self.rng.chance(self.knobs.p_apply_at_submit) {
+                        // Data moves now; the IO still completes later (and may still fail,
+                        // leaving what it did).
+                        self.apply_io(&p.action, true);
+                        p.applied = true;
+                    }
+                    self.pending.push((io, p));
+                }
+            }
+        }
+    }
+
+    fn dev_mut(&mut self, dev: Dev) -> &mut Device {
+        match dev {
+            Dev::Cache => &mut self.cache_dev,
+            Dev::Core(c) => &mut self.cores.get_mut(&c.0).expect("core").0,
+        }
+    }
+
+    fn buf_slice(&mut self, b: BufRef, blocks: u32) -> &mut [u8] {
+        let len = blocks as usize * BS;
+        match b {
+            BufRef::Req { req, offset } => {
+                let r = self.reqs.get_mut(&req).expect("buffer of a live request");
+                let s = offset as usize * BS;
+                &mut r.buf[s..s + len]
+            }
+            BufRef::Pool { slot, offset } => {
+                let s = offset as usize * BS;
+                &mut self.pool[slot as usize][s..s + len]
+            }
+        }
+    }
+
+    fn buf_read(&mut self, b: BufRef, blocks: u32) -> Vec<u8> {
+        self.buf_slice(b, blocks).to_vec()
+    }
+
+    fn buf_write(&mut self, b: BufRef, data: &[u8]) {
+        let blocks = (data.len() / BS) as u32;
+        self.buf_slice(b, blocks).copy_from_slice(data);
+    }
+
+    /// Performs the data movement of an IO (`ok`: fully; otherwise a failed IO's effect).
+    fn apply_io(&mut self, a: &Action, ok: bool) {
+        match *a {
+            Action::Read { dev, lba, blocks, buf, .. } => {
+                let data = if ok {
+                    let d = self.dev_mut(dev);
+                    let r = d.range(lba.0, blocks);
+                    d.vol[r].to_vec()
+                } else {
+                    vec![0xee; blocks as usize * BS]
+                };
+                self.buf_write(buf, &data);
+            }
+            Action::Write { dev, lba, blocks, buf, fua, .. } => {
+                let data = self.buf_read(buf, blocks);
+                let mask: Vec<bool> = (0..blocks).map(|_| ok || self.rng.chance(0.5)).collect();
+                let d = self.dev_mut(dev);
+                for (i, m) in mask.into_iter().enumerate() {
+                    if m {
+                        let s = (lba.0 as usize + i) * BS;
+                        d.vol[s..s + BS].copy_from_slice(&data[i * BS..(i + 1) * BS]);
+                        if fua {
+                            d.dur[s..s + BS].copy_from_slice(&data[i * BS..(i + 1) * BS]);
+                        }
+                    }
+                }
+            }
+            Action::WriteZeroes { dev, lba, blocks, .. } | Action::Trim { dev, lba, blocks, .. } => {
+                let fua = matches!(a, Action::WriteZeroes { fua: true, .. });
+                let mask: Vec<bool> = (0..blocks).map(|_| ok || self.rng.chance(0.5)).collect();
+                let d = self.dev_mut(dev);
+                for (i, m) in mask.into_iter().enumerate() {
+                    if m {
+                        let s = (lba.0 as usize + i) * BS;
+                        d.vol[s..s + BS].fill(0);
+                        if fua {
+                            d.dur[s..s + BS].fill(0);
+                        }
+                    }
+                }
+            }
+            Action::Flush { dev, .. } => {
+                if ok {
+                    let d = self.dev_mut(dev);
+                    d.dur.copy_from_slice(&d.vol);
+                }
+            }
+            Action::Copy { .. } | Action::Complete { .. } => unreachable!(),
+        }
+    }
+
+    /// Completes one pending IO chosen at random. Returns false if none is pending.
+    pub fn complete_one(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return false;
+        }
+        let i = self.rng.below(self.pending.len() as u64) as usize;
+        let (io, p) = self.pending.swap_remove(i);
+        let fail = self.rng.chance(self.knobs.p_io_error);
+        if fail {
+            self.cov.io_errors_injected += 1;
+        }
+        if !p.applied {
+            self.apply_io(&p.action, !fail);
+        } else if fail && matches!(p.action, Action::Read { .. }) {
+            self.apply_io(&p.action, false);
+        }
+        let result = if fail { Err(IoError::Io) } else { Ok(()) };
+        self.apply(Event::IoDone { io, result });
+        true
+    }
+
+    pub fn advance(&mut self) {
+        let d = self.rng.below(self.knobs.step_ns_max) + 1;
+        self.now = self.now.plus(Nanos(d));
+    }
+
+    pub fn tick(&mut self) {
+        self.apply(Event::Tick);
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// The set of contents legal for a read of (core, block) arriving now.
+    fn legal_now(&self, core: u16, b: u64) -> HashSet<Content> {
+        let m = &self.cores[&core].1[b as usize];
+        let mut s = HashSet::new();
+        if let Some(p) = m.pinned {
+            s.insert(p);
+            return s;
+        }
+        let last_ok = m.last_ok();
+        s.extend(m.history[last_ok..].iter().map(|x| x.0));
+        // Writes in flight to this block.
+        for r in self.reqs.values() {
+            if r.core.0 == core && b >= r.lba && b < r.lba + r.blocks as u64 {
+                if let Some(c) = Self::content_of(r, b) {
+                    s.insert(c);
+                }
+            }
+        }
+        s
+    }
+
+    fn content_of(r: &InFlightReq, _b: u64) -> Option<Content> {
+        match r.op {
+            ReqOp::Write { .. } => Some(Content::Write(r.id)),
+            ReqOp::WriteZeroes { .. } | ReqOp::Trim => Some(Content::Zero),
+            ReqOp::Read | ReqOp::Flush => None,
+        }
+    }
+
+    /// Submits a request.
+    pub fn submit(&mut self, op: ReqOp, core: u16, lba: u64, blocks: u32) -> ReqId {
+        let req = ReqId(self.next_req);
+        self.next_req += 1;
+        let id = self.next_write;
+        self.next_write += 1;
+        let mut buf = vec![0u8; blocks as usize * BS];
+        if let ReqOp::Write { .. } = op {
+            for i in 0..blocks as usize {
+                fill_block(&mut buf[i * BS..(i + 1) * BS], core, lba + i as u64, id);
+            }
+        }
+        let mut r = InFlightReq {
+            op,
+            core: CoreId(core),
+            lba,
+            blocks,
+            id,
+            legal: Vec::new(),
+            floors: Vec::new(),
+            buf,
+        };
+        let blocks_total = self.core_blocks(core);
+        if op == ReqOp::Read && lba + blocks as u64 <= blocks_total {
+            r.legal = (lba..lba + blocks as u64).map(|b| self.legal_now(core, b)).collect();
+        }
+        if op == ReqOp::Flush {
+            r.floors = self.cores[&core].1.iter().map(|m| m.last_ok()).collect();
+            self.cov.flushes += 1;
+        }
+        // A write now in flight is legal for reads already in flight that overlap it.
+        if let Some(c) = Self::content_of(&r, 0) {
+            for other in self.reqs.values_mut() {
+                if other.op == ReqOp::Read && other.core.0 == core {
+                    for (i, s) in other.legal.iter_mut().enumerate() {
+                        let b = other.lba + i as u64;
+                        if b >= lba && b < lba + blocks as u64 {
+                            s.insert(c);
+                        }
+                    }
+                }
+            }
+        }
+        self.reqs.insert(req, r);
+        let c = CoreId(core);
+        let ev = match op {
+            ReqOp::Read => Event::Read { req, core: c, lba: Lba(lba), blocks },
+            ReqOp::Write { fua } => Event::Write { req, core: c, lba: Lba(lba), blocks, fua },
+            ReqOp::WriteZeroes { fua } => {
+                Event::WriteZeroes { req, core: c, lba: Lba(lba), blocks, fua }
+            }
+            ReqOp::Trim => Event::Trim { req, core: c, lba: Lba(lba), blocks },
+            ReqOp::Flush => Event::Flush { req, core: c },
+        };
+        self.apply(ev);
+        req
+    }
+
+    fn on_complete(
+        &mut self,
+        req: ReqId,
+        result: Result<(), tiercache_core::event::ReqError>,
+    ) {
+        let r = self.reqs.remove(&req).unwrap_or_else(|| self.fail("completion of unknown request"));
+        let core = r.core.0;
+        let nblocks = self.core_blocks(core);
+        if r.op != ReqOp::Flush && r.lba + r.blocks as u64 > nblocks {
+            if result.is_ok() {
+                self.fail("out-of-range request succeeded");
+            }
+            return;
+        }
+        match r.op {
+            ReqOp::Read => {
+                if result.is_err() {
+                    return;
+                }
+                self.cov.reads_checked += 1;
+                for i in 0..r.blocks as usize {
+                    let b = r.lba + i as u64;
+                    let got = decode_block(&r.buf[i * BS..(i + 1) * BS], core, b);
+                    let legal = &r.legal[i];
+                    self.cov.blocks_checked += 1;
+                    if !legal.contains(&got) {
+                        let m = &self.cores[&core].1[b as usize];
+                        self.fail(&format!(
+                            "STALE READ: req {req:?} core {core} block {b}: got {got:?}, legal {legal:?}, history tail {:?}",
+                            &m.history[m.history.len().saturating_sub(4)..]
+                        ));
+                    }
+                    let no_write_in_flight = !self.reqs.values().any(|o| {
+                        o.core.0 == core
+                            && b >= o.lba
+                            && b < o.lba + o.blocks as u64
+                            && Self::content_of(o, b).is_some()
+                    });
+                    let m = &mut self.cores.get_mut(&core).unwrap().1[b as usize];
+                    if m.uncertain() && m.pinned.is_none() && no_write_in_flight {
+                        m.pinned = Some(got);
+                    }
+                }
+            }
+            ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim => {
+                let content = Self::content_of(&r, 0).unwrap();
+                let m = &mut self.cores.get_mut(&core).unwrap().1;
+                for b in r.lba..r.lba + r.blocks as u64 {
+                    let bm = &mut m[b as usize];
+                    bm.history.push((content, result.is_ok()));
+                    bm.pinned = None;
+                }
+            }
+            ReqOp::Flush => {
+                if result.is_ok() {
+                    let m = &mut self.cores.get_mut(&core).unwrap().1;
+                    for (b, &f) in r.floors.iter().enumerate() {
+                        if m[b].floor < f {
+                            m[b].floor = f;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Durability check: what a crash now would leave must be the floor write or later.
+    pub fn check_durable(&mut self) {
+        self.cov.durability_checks += 1;
+        let cores: Vec<u16> = self.cores.keys().copied().collect();
+        let bpl = self.cache.config().line_size.blocks() as u64;
+        let off = self.cache.config().data_offset.0;
+        for core in cores {
+            let n = self.core_blocks(core);
+            for b in 0..n {
+                let m = &self.cores[&core].1[b as usize];
+                if m.floor == 0 && m.history.len() == 1 {
+                    continue;
+                }
+                let mut legal: HashSet<Content> = m.history[m.floor..].iter().map(|x| x.0).collect();
+                for r in self.reqs.values() {
+                    if r.core.0 == core && b >= r.lba && b < r.lba + r.blocks as u64 {
+                        if let Some(c) = Self::content_of(r, b) {
+                            legal.insert(c);
+                        }
+                    }
+                }
+                let dev = &self.cores[&core].0;
+                let core_c = decode_block(&dev.dur[b as usize * BS..(b as usize + 1) * BS], core, b);
+                if legal.contains(&core_c) {
+                    continue;
+                }
+                let cl = b / bpl;
+                let mut cache_ok = false;
+                if let Some((line, _v, d)) = self.cache.line_state(CoreId(core), cl) {
+                    let bit = b % bpl;
+                    if d >> bit & 1 == 1 {
+                        let cb = off + line.0 as u64 * bpl + bit;
+                        let cc = decode_block(
+                            &self.cache_dev.dur[cb as usize * BS..(cb as usize + 1) * BS],
+                            core,
+                            b,
+                        );
+                        cache_ok = legal.contains(&cc);
+                    }
+                }
+                if !cache_ok {
+                    let m = &self.cores[&core].1[b as usize];
+                    self.fail(&format!(
+                        "DURABILITY: core {core} block {b}: a crash now would leave {core_c:?} on the core (cache copy not durable or not dirty); legal {legal:?}; history {:?} floor {} pinned {:?}",
+                        m.history, m.floor, m.pinned
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Completes every pending IO (and whatever they trigger) until nothing is in flight.
+    pub fn drain(&mut self) {
+        let mut guard = 0u64;
+        loop {
+            while self.complete_one() {
+                guard += 1;
+                if guard > 10_000_000 {
+                    self.fail("drain did not converge");
+                }
+            }
+            if self.reqs.is_empty() && self.cache.is_idle() {
+                break;
+            }
+            // Something waits on time (throttle, cleaner): move time forward.
+            self.now = self.now.plus(Nanos::from_ms(50));
+            self.tick();
+            guard += 1;
+            if guard > 200_000 {
+                self.fail("drain did not converge (waiting on time)");
+            }
+        }
+    }
+
+    /// Runs writeback to completion.
+    pub fn writeback_all(&mut self) {
+        self.cache.start_writeback();
+        self.tick();
+        let mut guard = 0;
+        while self.cache.dirty_lines() > 0 || !self.cache.is_idle() {
+            if !self.complete_one() {
+                self.now = self.now.plus(Nanos::from_ms(100));
+                self.tick();
+            }
+            guard += 1;
+            if guard > 20_000 {
+                self.fail("writeback did not finish");
+            }
+        }
+    }
+
+    /// Reads every block of every core and checks it (through the cache).
+    pub fn verify_all(&mut self) {
+        let cores: Vec<(u16, u64)> = self.cores.iter().map(|(&c, d)| (c, d.1.len() as u64)).collect();
+        for (core, n) in cores {
+            let mut b = 0;
+            while b < n {
+                let len = (n - b).min(64) as u32;
+                self.submit(ReqOp::Read, core, b, len);
+                b += len as u64;
+                let saved = self.knobs.p_io_error;
+                self.knobs.p_io_error = 0.0;
+                self.drain();
+                self.knobs.p_io_error = saved;
+            }
+        }
+    }
+
+    pub fn counters_into_coverage(&mut self) {
+        let c = *self.cache.counters();
+        self.cov.evictions_formerly_dirty += c.evictions_formerly_dirty;
+        self.cov.writeback_races += c.writeback_races;
+        self.cov.writebacks += c.writeback_lines;
+        for core in self.cores.keys() {
+            if let Some(rc) = self.cache.core_counters(CoreId(*core)) {
+                self.cov.partial_hits += rc.read.partial_hit + rc.write.partial_hit;
+            }
+        }
+    }
+
+    /// Direct view of the oracle's newest content for a block (semantics tests).
+    pub fn newest(&self, core: u16, b: u64) -> Content {
+        self.cores[&core].1[b as usize].history.last().unwrap().0
+    }
+
+    pub fn pending_ios(&self) -> Vec<Action> {
+        self.pending.iter().map(|(_, p)| p.action.clone()).collect()
+    }
+
+    pub fn req_ids(&self) -> HashMap<ReqId, ReqOp> {
+        self.reqs.iter().map(|(k, v)| (*k, v.op)).collect()
+    }
+}
