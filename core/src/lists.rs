@@ -15,6 +15,10 @@
 /// "No node".
 pub const NIL: u32 = u32::MAX;
 
+/// Sentinels and extra nodes the arena has room for without reallocating (a reallocation
+/// would double the per-line cost of the links for as long as the cache lives).
+pub const EXTRA_NODES_RESERVED: usize = 8192;
+
 /// Names a list (its sentinel node id).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ListId(pub u32);
@@ -28,9 +32,15 @@ pub struct ListArena {
 }
 
 impl ListArena {
-    /// An arena for `lines` cache lines, all unlinked.
+    /// An arena for `lines` cache lines, all unlinked, with room for
+    /// [`EXTRA_NODES_RESERVED`] sentinels and extra nodes before its vectors grow.
     pub fn new(lines: u32) -> ListArena {
-        ListArena { prev: vec![NIL; lines as usize], next: vec![NIL; lines as usize], lines }
+        let cap = lines as usize + EXTRA_NODES_RESERVED;
+        let mut prev = Vec::with_capacity(cap);
+        let mut next = Vec::with_capacity(cap);
+        prev.resize(lines as usize, NIL);
+        next.resize(lines as usize, NIL);
+        ListArena { prev, next, lines }
     }
 
     /// Number of cache-line nodes.

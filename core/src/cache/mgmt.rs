@@ -249,3 +249,50 @@ impl Cache {
         self.force_clean
     }
 }
+
+impl Cache {
+    /// Puts a line back as it was: maps `core_line` of `core` with the given valid and dirty
+    /// blocks and IO class, bypassing promotion and eviction. Used when loading a cache from
+    /// its metadata (and by benchmarks that need a full cache quickly). Only while idle.
+    pub fn restore_line(
+        &mut self,
+        core: CoreId,
+        core_line: u64,
+        valid: u128,
+        dirty: u128,
+        class: u8,
+    ) -> Result<LineId, String> {
+        let Some(cs) = self.core(core) else { return Err(format!("no core {}", core.0)) };
+        if core_line >= cs.size_blocks.div_ceil(self.bpl as u64) {
+            return Err(format!("core line {core_line} is past the end of core {}", core.0));
+        }
+        let full = crate::units::full_mask(self.bpl);
+        if valid & !full != 0 || dirty & !valid != 0 || valid == 0 {
+            return Err(format!("bad block masks for core line {core_line}"));
+        }
+        if class as usize >= crate::policy::IO_CLASSES_MAX {
+            return Err(format!("IO class {class} out of range"));
+        }
+        if self.map.lookup(core, core_line).is_some() {
+            return Err(format!("core line {core_line} of core {} is mapped twice", core.0));
+        }
+        let Some(l) = self.lists.back(self.free) else {
+            return Err("more lines than the cache holds".into());
+        };
+        self.lists.unlink(l);
+        let line = LineId(l);
+        self.map.insert(line, core, core_line);
+        self.state.set(line, valid, dirty);
+        self.state.set_class(line, class);
+        self.class_lines[class as usize] += 1;
+        if dirty != 0 {
+            self.dirty_lines += 1;
+            let view = View { map: &self.map, locks: &self.locks };
+            self.cleaning.on_dirty(&mut self.lists, line, self.now, &view);
+        } else {
+            let key = crate::policy::position_key(core, core_line);
+            self.eviction.insert(&mut self.lists, line, class, key);
+        }
+        Ok(line)
+    }
+}

@@ -195,6 +195,8 @@ pub struct Env {
     /// Trace of the last events, printed on failure.
     pub trace: Vec<String>,
     pub check_durability: bool,
+    /// Every device IO action issued, when recording.
+    pub record: Option<Vec<Action>>,
 }
 
 impl Env {
@@ -218,6 +220,7 @@ impl Env {
             cov: Coverage::default(),
             trace: Vec::new(),
             check_durability: true,
+            record: None,
         }
     }
 
@@ -280,6 +283,9 @@ impl Env {
                 | Action::WriteZeroes { io, .. }
                 | Action::Trim { io, .. }
                 | Action::Flush { io, .. } => {
+                    if let Some(rec) = self.record.as_mut() {
+                        rec.push(a.clone());
+                    }
                     let mut p = PendingIo { action: a, applied: false };
                     let is_flush = matches!(p.action, Action::Flush { .. });
                     if !is_flush && self.rng.chance(self.knobs.p_apply_at_submit) {

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The whole test suite: what `.ci/run` runs and what a new user runs (README, "Run the tests").
+# Installs what it needs if missing, runs lint, unit/property/model tests, and checks that every
+# planted-bug canary is caught. Prints a closing "N passed, N failed" line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+section() { printf '\n=== %s ===\n' "$*"; }
+passed=0
+failed=0
+step() {
+    local name=$1
+    shift
+    local t0=$SECONDS
+    if "$@"; then
+        passed=$((passed + 1))
+        printf -- '--- ok: %s (%ds)\n' "$name" $((SECONDS - t0))
+    else
+        failed=$((failed + 1))
+        printf -- '--- FAILED: %s (%ds)\n' "$name" $((SECONDS - t0))
+    fi
+}
+
+section "toolchain"
+cargo --version
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "cargo-nextest not found; installing it from crates.io (one-time, a few minutes)"
+    cargo install --locked cargo-nextest
+fi
+
+section "format and lint"
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
+
+section "build"
+step "release build" cargo build --workspace --release
+
+section "unit, property, model and semantics tests"
+step "cargo nextest (workspace, strict asserts)" \
+    cargo nextest run --workspace --cargo-profile test --features tiercache-core/strict-asserts --no-fail-fast
+
+section "canaries: each planted bug must be caught by its harness"
+canary() {
+    local feature=$1 test=$2
+    local log
+    log=$(mktemp)
+    if cargo test -q -p tiercache-core --features "$feature" --test "$test" >"$log" 2>&1; then
+        echo "canary $feature was NOT caught by test '$test'"
+        tail -5 "$log"
+        rm -f "$log"
+        return 1
+    fi
+    local found
+    found=$(grep -m1 -oE 'STALE READ|DURABILITY' "$log" || true)
+    if [ -z "$found" ]; then
+        echo "canary $feature made '$test' fail, but not through the oracle:"
+        grep -m3 -E 'panicked|error' "$log" || tail -5 "$log"
+        rm -f "$log"
+        return 1
+    fi
+    echo "canary $feature caught by '$test' ($found)"
+    rm -f "$log"
+}
+step "canary: clean before the core write is durable" canary canary-clean-before-durable model
+step "canary: flush acknowledged before what it covers" canary canary-early-flush-ack model
+step "canary: stale read after a partial-line write" canary canary-stale-partial model
+step "canary: eviction policy that evicts dirty lines" canary canary-broken-eviction model
+
+section "core micro-benchmark smoke (numbers printed, not asserted)"
+step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
+
+section "summary"
+echo "suite: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
