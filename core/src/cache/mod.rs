@@ -154,6 +154,10 @@ pub struct Cache {
     pub(crate) now: Nanos,
     /// Scratch for the cleaner's picks.
     pub(crate) pick_buf: Vec<LineId>,
+    /// Spare `parts` vectors of finished requests, reused so the hot path does not allocate.
+    pub(crate) parts_pool: Vec<Vec<request::Part>>,
+    /// Scratch for assembling device IOs.
+    pub(crate) runs_buf: Vec<request::Run>,
     #[cfg(feature = "canary-broken-eviction")]
     pub(crate) canary_hand: u32,
 }
@@ -237,6 +241,8 @@ impl Cache {
             counters: CacheCounters::default(),
             now: Nanos(0),
             pick_buf: Vec::new(),
+            parts_pool: Vec::new(),
+            runs_buf: Vec::new(),
             #[cfg(feature = "canary-broken-eviction")]
             canary_hand: 0,
             cfg,

@@ -42,7 +42,7 @@ impl Op {
 
 /// The part of a request inside one core line.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Part {
+pub struct Part {
     /// The cache line, if mapped.
     line: Option<LineId>,
     /// Blocks of the line the request covers.
@@ -112,7 +112,7 @@ pub struct Request {
 
 /// A contiguous device IO being assembled from parts.
 #[derive(Clone, Copy, Debug)]
-struct Run {
+pub(crate) struct Run {
     dev: Dev,
     lba: u64,
     buf_off: u32,
@@ -120,7 +120,6 @@ struct Run {
 }
 
 /// Two run builders (cache and core) that merge contiguous pieces.
-#[derive(Default)]
 struct Runs {
     cache: Option<Run>,
     core: Option<Run>,
@@ -128,6 +127,12 @@ struct Runs {
 }
 
 impl Runs {
+    /// A builder writing into `out` (cleared).
+    fn new(mut out: Vec<Run>) -> Runs {
+        out.clear();
+        Runs { cache: None, core: None, out }
+    }
+
     fn add(&mut self, run: Run) {
         let slot = if run.dev == Dev::Cache { &mut self.cache } else { &mut self.core };
         if let Some(cur) = slot
@@ -226,7 +231,7 @@ impl Cache {
             pending: 0,
             cache_err: None,
             core_err: None,
-            parts: Vec::new(),
+            parts: self.parts_pool.pop().unwrap_or_default(),
             outcome: Outcome::Miss,
         };
         if op == Op::Flush {
@@ -458,7 +463,7 @@ impl Cache {
     }
 
     fn issue_reads(&mut self, r: &mut Request, runs: Vec<Run>, actions: &mut Vec<Action>) {
-        for run in runs {
+        for &run in &runs {
             let kind = if run.dev == Dev::Cache { IoKind::CacheRead } else { IoKind::CoreRead };
             let io = self.new_io(IoOwner::Req { req: r.id, kind });
             if run.dev == Dev::Cache {
@@ -475,10 +480,11 @@ impl Cache {
             });
             r.pending += 1;
         }
+        self.runs_buf = runs;
     }
 
     fn issue_writes(&mut self, r: &mut Request, runs: Vec<Run>, fua: bool, a: &mut Vec<Action>) {
-        for run in runs {
+        for &run in &runs {
             let kind = if run.dev == Dev::Cache { IoKind::CacheWrite } else { IoKind::CoreWrite };
             let io = self.new_io(IoOwner::Req { req: r.id, kind });
             if run.dev == Dev::Cache {
@@ -496,6 +502,7 @@ impl Cache {
             });
             r.pending += 1;
         }
+        self.runs_buf = runs;
     }
 
     // ----- reads -----
@@ -504,7 +511,7 @@ impl Cache {
         let rules = self.mode.rules();
         self.build_parts(&mut r);
         let (valid, total) = self.count_valid(&r);
-        r.outcome = if r.cut || !rules.read_clean_from_cache {
+        r.outcome = if r.cut || !rules.read_clean_from_cache || self.class_allocation(r.class) == 0 {
             Outcome::PassThrough
         } else {
             Self::outcome_of(valid, total)
@@ -523,7 +530,7 @@ impl Cache {
                 r.outcome = Outcome::PassThrough;
             }
         }
-        let mut runs = Runs::default();
+        let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
         for i in 0..r.parts.len() {
             let p = r.parts[i];
             let from_cache = match p.line {
@@ -580,7 +587,7 @@ impl Cache {
                     return;
                 }
                 if r.plan == (Plan::Read { backfill: true }) {
-                    let mut runs = Runs::default();
+                    let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
                     for i in 0..r.parts.len() {
                         let fill = r.parts[i].fill;
                         if fill != 0 {
@@ -713,7 +720,7 @@ impl Cache {
         let fua = r.op.fua();
         match plan {
             Plan::WriteBack => {
-                let mut runs = Runs::default();
+                let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
                 for i in 0..r.parts.len() {
                     let mask = r.parts[i].mask;
                     let key = lock_key(r.core, r.first + i as u64);
@@ -728,7 +735,7 @@ impl Cache {
                 self.issue_writes(&mut r, runs, fua, actions);
             }
             Plan::WriteThrough => {
-                let mut runs = Runs::default();
+                let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
                 for i in 0..r.parts.len() {
                     let mask = r.parts[i].mask;
                     self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
@@ -737,7 +744,8 @@ impl Cache {
                 let runs = runs.finish();
                 // The cache copy needs no FUA: it is clean, the core's copy is the one that counts.
                 let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
-                    runs.into_iter().partition(|x| x.dev != Dev::Cache);
+                    runs.iter().partition(|x| x.dev != Dev::Cache);
+                self.runs_buf = runs;
                 self.issue_writes(&mut r, cache_runs, false, actions);
                 self.issue_writes(&mut r, core_runs, fua, actions);
             }
@@ -1024,6 +1032,11 @@ impl Cache {
             self.wake_waiters = true;
         }
         Self::reply(actions, r.id, result);
+        let mut parts = r.parts;
+        if self.parts_pool.len() < 256 && parts.capacity() <= 64 {
+            parts.clear();
+            self.parts_pool.push(parts);
+        }
     }
 
     fn reply(actions: &mut Vec<Action>, req: ReqId, result: Result<(), ReqError>) {
