@@ -60,10 +60,8 @@ impl Cache {
             self.cfg.pool_slots as usize,
             "staging slots leaked"
         );
-        for c in &self.cores {
-            if let Some(c) = c {
-                assert!(c.flush.durable_upto <= c.flush.writes_done, "core flush bookkeeping");
-            }
+        for c in self.cores.iter().flatten() {
+            assert!(c.flush.durable_upto <= c.flush.writes_done, "core flush bookkeeping");
         }
         // Every IO in flight belongs to a live request or job.
         for owner in self.ios.values() {

@@ -185,7 +185,7 @@ pub struct Env {
     pub knobs: Knobs,
     pub now: Nanos,
     pub cache_dev: Device,
-    pub cores: BTreeMap<u16, (Device, Vec<BlockModel>)>,
+    cores: BTreeMap<u16, (Device, Vec<BlockModel>)>,
     pool: Vec<Vec<u8>>,
     reqs: BTreeMap<ReqId, InFlightReq>,
     pending: Vec<(IoId, PendingIo)>,
@@ -428,10 +428,12 @@ impl Env {
         s.extend(m.history[last_ok..].iter().map(|x| x.0));
         // Writes in flight to this block.
         for r in self.reqs.values() {
-            if r.core.0 == core && b >= r.lba && b < r.lba + r.blocks as u64 {
-                if let Some(c) = Self::content_of(r, b) {
-                    s.insert(c);
-                }
+            if r.core.0 == core
+                && b >= r.lba
+                && b < r.lba + r.blocks as u64
+                && let Some(c) = Self::content_of(r, b)
+            {
+                s.insert(c);
             }
         }
         s
@@ -584,10 +586,12 @@ impl Env {
                 }
                 let mut legal: HashSet<Content> = m.history[m.floor..].iter().map(|x| x.0).collect();
                 for r in self.reqs.values() {
-                    if r.core.0 == core && b >= r.lba && b < r.lba + r.blocks as u64 {
-                        if let Some(c) = Self::content_of(r, b) {
-                            legal.insert(c);
-                        }
+                    if r.core.0 == core
+                        && b >= r.lba
+                        && b < r.lba + r.blocks as u64
+                        && let Some(c) = Self::content_of(r, b)
+                    {
+                        legal.insert(c);
                     }
                 }
                 let dev = &self.cores[&core].0;
