@@ -67,10 +67,16 @@ impl Config {
     /// Checks the configuration, saying what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         if self.lines < 16 {
-            return Err(format!("a cache needs at least 16 lines, this one has {}", self.lines));
+            return Err(format!(
+                "a cache needs at least 16 lines, this one has {}",
+                self.lines
+            ));
         }
         if self.lines >= u32::MAX / 2 {
-            return Err(format!("{} lines is too many; use a larger line size", self.lines));
+            return Err(format!(
+                "{} lines is too many; use a larger line size",
+                self.lines
+            ));
         }
         if self.volatile && self.mode.is_lazy() {
             return Err(format!(

@@ -50,7 +50,9 @@ impl Mapping {
     /// The cache line holding `core_line` of `core`, if any.
     #[inline]
     pub fn lookup(&self, core: CoreId, core_line: u64) -> Option<LineId> {
-        let Ok(cl) = u32::try_from(core_line) else { return None };
+        let Ok(cl) = u32::try_from(core_line) else {
+            return None;
+        };
         let n = self.slots.len();
         let mut i = self.home(core, cl);
         loop {
@@ -73,7 +75,10 @@ impl Mapping {
         let cl = u32::try_from(core_line).expect("core line fits u32 (checked at add_core)");
         assert!(core.0 < UNMAPPED as u16);
         debug_assert!(self.lookup(core, core_line).is_none());
-        assert_eq!(self.core[line.0 as usize], UNMAPPED, "line {line:?} already mapped");
+        assert_eq!(
+            self.core[line.0 as usize], UNMAPPED,
+            "line {line:?} already mapped"
+        );
         self.core[line.0 as usize] = core.0 as u8;
         self.core_line[line.0 as usize] = cl;
         let n = self.slots.len();
@@ -115,9 +120,16 @@ impl Mapping {
             if s == EMPTY {
                 break;
             }
-            let h = self.home(CoreId(self.core[s as usize] as u16), self.core_line[s as usize]);
+            let h = self.home(
+                CoreId(self.core[s as usize] as u16),
+                self.core_line[s as usize],
+            );
             // Can `s` (home h, now at j) move to `hole`? Only if h is not in (hole, j].
-            let in_range = if hole <= j { h > hole && h <= j } else { h > hole || h <= j };
+            let in_range = if hole <= j {
+                h > hole && h <= j
+            } else {
+                h > hole || h <= j
+            };
             if !in_range {
                 self.slots[hole] = s;
                 hole = j;

@@ -49,13 +49,21 @@ impl LineStates {
     /// Valid blocks of `line`.
     #[inline]
     pub fn valid(&self, line: LineId) -> BlockMask {
-        Self::get(&self.valid, line.0 as usize * self.mask_bytes, self.mask_bytes)
+        Self::get(
+            &self.valid,
+            line.0 as usize * self.mask_bytes,
+            self.mask_bytes,
+        )
     }
 
     /// Dirty blocks of `line`.
     #[inline]
     pub fn dirty(&self, line: LineId) -> BlockMask {
-        Self::get(&self.dirty, line.0 as usize * self.mask_bytes, self.mask_bytes)
+        Self::get(
+            &self.dirty,
+            line.0 as usize * self.mask_bytes,
+            self.mask_bytes,
+        )
     }
 
     /// Sets both masks; asserts `dirty ⊆ valid`.

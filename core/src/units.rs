@@ -77,8 +77,13 @@ pub const BLOCKS_PER_LINE_MAX: u32 = 128;
 
 impl LineSize {
     /// Every line size, smallest first.
-    pub const ALL: [LineSize; 5] =
-        [LineSize::K4, LineSize::K8, LineSize::K16, LineSize::K32, LineSize::K64];
+    pub const ALL: [LineSize; 5] = [
+        LineSize::K4,
+        LineSize::K8,
+        LineSize::K16,
+        LineSize::K32,
+        LineSize::K64,
+    ];
 
     /// Bytes in a line.
     pub const fn bytes(self) -> u64 {
@@ -132,7 +137,11 @@ pub fn block_range_mask(first: u32, count: u32) -> BlockMask {
     if count == 0 {
         return 0;
     }
-    let ones = if count == 128 { u128::MAX } else { (1u128 << count) - 1 };
+    let ones = if count == 128 {
+        u128::MAX
+    } else {
+        (1u128 << count) - 1
+    };
     ones << first
 }
 

@@ -17,16 +17,31 @@ fn env(mode: CacheMode, csv: &str) -> Env {
     let mut cfg = Config::new(LINES, LineSize::K4);
     cfg.mode = mode;
     cfg.cleaning = CleaningPolicy::Alru;
-    cfg.alru = AlruParams { activity_threshold_ms: 1000, ..AlruParams::default() };
-    let mut env = Env::new(cfg, 11, Knobs { p_io_error: 0.0, ..Knobs::default() });
+    cfg.alru = AlruParams {
+        activity_threshold_ms: 1000,
+        ..AlruParams::default()
+    };
+    let mut env = Env::new(
+        cfg,
+        11,
+        Knobs {
+            p_io_error: 0.0,
+            ..Knobs::default()
+        },
+    );
     env.add_core(0, 1 << 16);
     env.cache
         .set_cutoff(
             CoreId(0),
-            CutoffParams { policy: CutoffPolicy::Always, threshold_bytes: 16 << 10, promotion_count: 8 },
+            CutoffParams {
+                policy: CutoffPolicy::Always,
+                threshold_bytes: 16 << 10,
+                promotion_count: 8,
+            },
         )
         .unwrap();
-    env.cache.load_io_classes(IoClassTable::parse_csv(csv).expect("csv parses"));
+    env.cache
+        .load_io_classes(IoClassTable::parse_csv(csv).expect("csv parses"));
     env
 }
 
@@ -84,10 +99,21 @@ fn priority_order_and_caps_hold_under_pressure() {
     // class's lines, and stays under its cap of 50% (32 lines).
     for l in (512..(512 + 800)).step_by(2) {
         touch(&mut env, l);
-        assert!(env.cache.class_lines(2) <= LINES / 2, "class 2 over its allocation cap");
+        assert!(
+            env.cache.class_lines(2) <= LINES / 2,
+            "class 2 over its allocation cap"
+        );
     }
-    assert_eq!(env.cache.class_lines(1), 16, "a less important class evicted a more important one");
-    assert_eq!(env.cache.class_lines(3), 8, "pinned lines were evicted by another class");
+    assert_eq!(
+        env.cache.class_lines(1),
+        16,
+        "a less important class evicted a more important one"
+    );
+    assert_eq!(
+        env.cache.class_lines(3),
+        8,
+        "pinned lines were evicted by another class"
+    );
     assert_eq!(env.cache.class_lines(2), LINES / 2);
     // Pressure from the important class 1: it takes the least important class's lines first
     // (class 2, priority 10, before unclassified's 0 lines) and never the pinned ones.
@@ -102,7 +128,10 @@ fn priority_order_and_caps_hold_under_pressure() {
 
 #[test]
 fn unsupported_classifier_is_refused_and_nothing_changes() {
-    let mut env = env(CacheMode::Wt, "IO class id,IO class name,Eviction priority,Allocation\n0,unclassified,22,1\n");
+    let mut env = env(
+        CacheMode::Wt,
+        "IO class id,IO class name,Eviction priority,Allocation\n0,unclassified,22,1\n",
+    );
     let bad = "IO class id,IO class name,Eviction priority,Allocation\n\
                0,unclassified,22,1\n\
                1,file_name_prefix:foo,1,1\n";

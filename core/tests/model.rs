@@ -11,13 +11,13 @@
 mod harness;
 
 use harness::{Coverage, Env, Knobs, ReqOp, Rng};
+use tiercache_core::Config;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{
     AcpParams, AlruParams, CleaningPolicy, EvictionPolicy, NhitParams, PromotionPolicy, RateParams,
 };
 use tiercache_core::units::LineSize;
-use tiercache_core::Config;
 
 const CSVS: &[&str] = &[
     "IO class id,IO class name,Eviction priority,Allocation\n0,unclassified,22,1\n",
@@ -32,10 +32,17 @@ fn random_config(rng: &mut Rng) -> (Config, Vec<u64>) {
     let mut cfg = Config::new(lines, ls);
     cfg.data_offset = tiercache_core::units::Lba(rng.below(3) * 8);
     cfg.mode = CacheMode::ALL[rng.below(6) as usize];
-    cfg.eviction = if rng.chance(0.5) { EvictionPolicy::Lru } else { EvictionPolicy::S3Fifo };
+    cfg.eviction = if rng.chance(0.5) {
+        EvictionPolicy::Lru
+    } else {
+        EvictionPolicy::S3Fifo
+    };
     if rng.chance(0.25) {
         cfg.promotion = PromotionPolicy::Nhit;
-        cfg.nhit = NhitParams { threshold: 2, trigger_pct: rng.below(90) as u32 };
+        cfg.nhit = NhitParams {
+            threshold: 2,
+            trigger_pct: rng.below(90) as u32,
+        };
     }
     cfg.cleaning = match rng.below(3) {
         0 => CleaningPolicy::Alru,
@@ -48,7 +55,10 @@ fn random_config(rng: &mut Rng) -> (Config, Vec<u64>) {
         flush_max_buffers: 1 + rng.below(16) as u32,
         activity_threshold_ms: 0,
     };
-    cfg.acp = AcpParams { wake_up_ms: 10, flush_max_buffers: 1 + rng.below(16) as u32 };
+    cfg.acp = AcpParams {
+        wake_up_ms: 10,
+        flush_max_buffers: 1 + rng.below(16) as u32,
+    };
     cfg.rate = RateParams {
         enabled: rng.chance(0.5),
         dirty_target_pct: 30 + rng.below(40) as u32,
@@ -58,7 +68,9 @@ fn random_config(rng: &mut Rng) -> (Config, Vec<u64>) {
     cfg.pool_slot_blocks = ls.blocks() * (1 + rng.below(4) as u32);
     let ncores = 1 + rng.below(4) as usize;
     let total = lines as u64 * ls.blocks() as u64 * (2 + rng.below(4));
-    let cores = (0..ncores).map(|_| (total / ncores as u64).max(ls.blocks() as u64) + rng.below(7)).collect();
+    let cores = (0..ncores)
+        .map(|_| (total / ncores as u64).max(ls.blocks() as u64) + rng.below(7))
+        .collect();
     (cfg, cores)
 }
 
@@ -101,12 +113,15 @@ pub fn run_seed(seed: u64, steps: u64) -> Coverage {
         let r = env.rng.below(1000);
         if r < 4 {
             let m = CacheMode::ALL[env.rng.below(6) as usize];
-            env.cache.set_mode(m).expect("non-volatile cache accepts every mode");
+            env.cache
+                .set_mode(m)
+                .expect("non-volatile cache accepts every mode");
             env.cov.mode_switches += 1;
             env.tick();
         } else if r < 6 {
             let csv = CSVS[env.rng.below(CSVS.len() as u64) as usize];
-            env.cache.load_io_classes(IoClassTable::parse_csv(csv).expect("valid csv"));
+            env.cache
+                .load_io_classes(IoClassTable::parse_csv(csv).expect("valid csv"));
             env.cov.class_reloads += 1;
         } else if r < 8 {
             env.cache.start_writeback();
@@ -146,7 +161,10 @@ fn seeds() -> (u64, u64) {
         let s: u64 = s.parse().expect("seed");
         return (s, 1);
     }
-    let n = std::env::var("TIERCACHE_MODEL_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
+    let n = std::env::var("TIERCACHE_MODEL_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120);
     (0, n)
 }
 
@@ -159,7 +177,9 @@ fn model_random_sequences() {
         let cov = match cov {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("model test failed at seed {seed}; replay: TIERCACHE_MODEL_SEED={seed} cargo test -p tiercache-core --test model");
+                eprintln!(
+                    "model test failed at seed {seed}; replay: TIERCACHE_MODEL_SEED={seed} cargo test -p tiercache-core --test model"
+                );
                 std::panic::resume_unwind(e);
             }
         };
@@ -178,11 +198,26 @@ fn model_random_sequences() {
     println!("model coverage over {n} seeds: {total:?}");
     if n >= 50 {
         assert!(total.partial_hits > 0, "coverage too thin: no partial hits");
-        assert!(total.evictions_formerly_dirty > 0, "coverage too thin: no formerly-dirty evictions");
-        assert!(total.writeback_races > 0, "coverage too thin: no writeback raced a client write");
-        assert!(total.io_errors_injected > 0, "coverage too thin: no IO errors injected");
-        assert!(total.writebacks > 0, "coverage too thin: nothing written back");
-        assert!(total.mode_switches > 0, "coverage too thin: no mode switches");
+        assert!(
+            total.evictions_formerly_dirty > 0,
+            "coverage too thin: no formerly-dirty evictions"
+        );
+        assert!(
+            total.writeback_races > 0,
+            "coverage too thin: no writeback raced a client write"
+        );
+        assert!(
+            total.io_errors_injected > 0,
+            "coverage too thin: no IO errors injected"
+        );
+        assert!(
+            total.writebacks > 0,
+            "coverage too thin: nothing written back"
+        );
+        assert!(
+            total.mode_switches > 0,
+            "coverage too thin: no mode switches"
+        );
         assert!(total.flushes > 0, "coverage too thin: no flushes");
     }
 }

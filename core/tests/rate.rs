@@ -6,8 +6,8 @@
 //! service time, with a bounded number in service at once per device (the simulator of issue 3
 //! replaces these toy models with HDD/NVMe ones). No data is moved: this test measures time.
 
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use tiercache_core::event::{Action, Dev, Event};
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::{AlruParams, CleaningPolicy, RateParams};
@@ -36,7 +36,11 @@ struct Sim {
 
 impl Sim {
     fn start(&mut self, io: IoId, core: bool) {
-        let d = if core { &mut self.core_dev } else { &mut self.cache_dev };
+        let d = if core {
+            &mut self.core_dev
+        } else {
+            &mut self.cache_dev
+        };
         if d.busy < d.parallel {
             d.busy += 1;
             let t = self.now.0 + d.service.0;
@@ -79,7 +83,10 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
     let mut cfg = Config::new(lines, LineSize::K4);
     cfg.mode = CacheMode::Wb;
     cfg.cleaning = CleaningPolicy::Alru;
-    cfg.alru = AlruParams { activity_threshold_ms: 1000, ..AlruParams::default() };
+    cfg.alru = AlruParams {
+        activity_threshold_ms: 1000,
+        ..AlruParams::default()
+    };
     cfg.rate = rate;
     cfg.pool_slots = 32;
     let mut cache = Cache::new(cfg).unwrap();
@@ -91,8 +98,18 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
         events: BinaryHeap::new(),
         seq: 0,
         // NVMe-ish cache: 20 µs, 16 at once. Slow core: 4 ms per IO, 4 at once (~1000 IOPS).
-        cache_dev: Dev_ { service: Nanos(20_000), parallel: 16, busy: 0, queue: Default::default() },
-        core_dev: Dev_ { service: Nanos(4_000_000), parallel: 4, busy: 0, queue: Default::default() },
+        cache_dev: Dev_ {
+            service: Nanos(20_000),
+            parallel: 16,
+            busy: 0,
+            queue: Default::default(),
+        },
+        core_dev: Dev_ {
+            service: Nanos(4_000_000),
+            parallel: 4,
+            busy: 0,
+            queue: Default::default(),
+        },
         dev_of: Default::default(),
         completed_writes: 0,
         in_flight: 0,
@@ -121,7 +138,11 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
             });
         }
         // Next event: an IO completion or the cache's deadline or the next sample.
-        let t_io = sim.events.peek().map(|Reverse((t, _, _))| *t).unwrap_or(u64::MAX);
+        let t_io = sim
+            .events
+            .peek()
+            .map(|Reverse((t, _, _))| *t)
+            .unwrap_or(u64::MAX);
         let t_dl = sim.cache.next_deadline().map(|n| n.0).unwrap_or(u64::MAX);
         let t = t_io.min(t_dl).min(next_sample).max(sim.now.0);
         sim.now = Nanos(t);
@@ -136,7 +157,11 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
         if t == t_io {
             let Reverse((_, _, io)) = sim.events.pop().unwrap();
             let core = sim.dev_of.remove(&io).unwrap();
-            let d = if core { &mut sim.core_dev } else { &mut sim.cache_dev };
+            let d = if core {
+                &mut sim.core_dev
+            } else {
+                &mut sim.cache_dev
+            };
             d.busy -= 1;
             if let Some(next) = d.queue.pop_front() {
                 d.busy += 1;
@@ -145,7 +170,10 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
                 sim.events.push(Reverse((t2, sim.seq, next.0)));
                 sim.dev_of.insert(next.0, core);
             }
-            sim.apply(Event::IoDone { io: IoId(io), result: Ok(()) });
+            sim.apply(Event::IoDone {
+                io: IoId(io),
+                result: Ok(()),
+            });
         } else {
             sim.apply(Event::Tick);
         }
@@ -156,7 +184,15 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
 #[test]
 fn rate_controller_holds_dirty_ratio_at_target() {
     let target = 50;
-    let series = run(RateParams { enabled: true, dirty_target_pct: target, throttle_max_ms: 50 }, 60, 32);
+    let series = run(
+        RateParams {
+            enabled: true,
+            dirty_target_pct: target,
+            throttle_max_ms: 50,
+        },
+        60,
+        32,
+    );
     println!("second  dirty%  writes/s");
     for (i, (d, w)) in series.iter().enumerate() {
         println!("{:>6} {:>7.1} {:>9}", i + 1, d * 100.0, w);
@@ -177,6 +213,10 @@ fn rate_controller_holds_dirty_ratio_at_target() {
     let median = w[w.len() / 2];
     assert!(median > 0);
     for (i, (_, x)) in settled.iter().enumerate() {
-        assert!(*x * 2 >= median, "second {}: {x} writes/s, below half the median {median}", i + 21);
+        assert!(
+            *x * 2 >= median,
+            "second {}: {x} writes/s, below half the median {median}",
+            i + 21
+        );
     }
 }

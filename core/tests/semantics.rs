@@ -54,7 +54,14 @@ fn expect(mode: CacheMode, write: bool, st: St) -> (Io, After) {
 fn run_case(mode: CacheMode, write: bool, st: St) {
     let mut cfg = Config::new(16, LineSize::K4);
     cfg.mode = CacheMode::Wt;
-    let mut env = Env::new(cfg, 7, Knobs { p_io_error: 0.0, ..Knobs::default() });
+    let mut env = Env::new(
+        cfg,
+        7,
+        Knobs {
+            p_io_error: 0.0,
+            ..Knobs::default()
+        },
+    );
     env.add_core(0, 1024);
     // Prepare line 1 (blocks 8..16) in write-through, so it is clean.
     match st {
@@ -66,25 +73,54 @@ fn run_case(mode: CacheMode, write: bool, st: St) {
     env.cache.set_mode(mode).unwrap();
     env.tick();
     env.record = Some(Vec::new());
-    let op = if write { ReqOp::Write { fua: false } } else { ReqOp::Read };
+    let op = if write {
+        ReqOp::Write { fua: false }
+    } else {
+        ReqOp::Read
+    };
     env.submit(op, 0, 8, 8);
     env.drain();
     let mut io: Io = (0, 0, 0, 0);
     for a in env.record.take().unwrap() {
         match a {
-            Action::Read { dev: Dev::Cache, blocks, .. } => io.0 += blocks,
-            Action::Write { dev: Dev::Cache, blocks, .. } => io.1 += blocks,
-            Action::Read { dev: Dev::Core(_), blocks, .. } => io.2 += blocks,
-            Action::Write { dev: Dev::Core(_), blocks, .. } => io.3 += blocks,
+            Action::Read {
+                dev: Dev::Cache,
+                blocks,
+                ..
+            } => io.0 += blocks,
+            Action::Write {
+                dev: Dev::Cache,
+                blocks,
+                ..
+            } => io.1 += blocks,
+            Action::Read {
+                dev: Dev::Core(_),
+                blocks,
+                ..
+            } => io.2 += blocks,
+            Action::Write {
+                dev: Dev::Core(_),
+                blocks,
+                ..
+            } => io.3 += blocks,
             Action::Flush { .. } => {}
             other => panic!("unexpected action {other:?}"),
         }
     }
-    let after: After = env.cache.line_state(CoreId(0), 1).map(|(_, v, d)| (v as u8, d as u8));
+    let after: After = env
+        .cache
+        .line_state(CoreId(0), 1)
+        .map(|(_, v, d)| (v as u8, d as u8));
     let (want_io, want_after) = expect(mode, write, st);
     let what = if write { "write" } else { "read" };
-    assert_eq!(io, want_io, "{mode} {what} {st:?}: device IO (cache rd, cache wr, core rd, core wr)");
-    assert_eq!(after, want_after, "{mode} {what} {st:?}: line afterwards (valid, dirty)");
+    assert_eq!(
+        io, want_io,
+        "{mode} {what} {st:?}: device IO (cache rd, cache wr, core rd, core wr)"
+    );
+    assert_eq!(
+        after, want_after,
+        "{mode} {what} {st:?}: line afterwards (valid, dirty)"
+    );
     // And the data is right.
     env.verify_all();
     if write {
@@ -123,13 +159,24 @@ fn leaving_write_back_writes_back_first() {
     let mut cfg = Config::new(16, LineSize::K4);
     cfg.mode = CacheMode::Wb;
     cfg.cleaning = tiercache_core::policy::CleaningPolicy::Nop;
-    let mut env = Env::new(cfg, 3, Knobs { p_io_error: 0.0, ..Knobs::default() });
+    let mut env = Env::new(
+        cfg,
+        3,
+        Knobs {
+            p_io_error: 0.0,
+            ..Knobs::default()
+        },
+    );
     env.add_core(0, 1024);
     env.submit(ReqOp::Write { fua: false }, 0, 0, 24);
     env.drain();
     assert_eq!(env.cache.dirty_lines(), 3);
     env.cache.set_mode(CacheMode::Wt).unwrap();
-    assert_eq!(env.cache.mode(), CacheMode::Wb, "switch completes only after writeback");
+    assert_eq!(
+        env.cache.mode(),
+        CacheMode::Wb,
+        "switch completes only after writeback"
+    );
     assert_eq!(env.cache.target_mode(), Some(CacheMode::Wt));
     env.tick();
     env.drain();

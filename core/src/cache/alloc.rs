@@ -14,7 +14,9 @@ use crate::units::{CoreId, LineId};
 impl Cache {
     /// The allocation share of `class` in percent (a class missing from the table: 100).
     pub(crate) fn class_allocation(&self, class: u8) -> u32 {
-        self.classes.class(class).map_or(100, |c| c.allocation_pct as u32)
+        self.classes
+            .class(class)
+            .map_or(100, |c| c.allocation_pct as u32)
     }
 
     /// The cap of `class` in lines.
@@ -60,7 +62,8 @@ impl Cache {
         self.state.set(line, 0, 0);
         self.state.set_class(line, class);
         self.class_lines[class as usize] += 1;
-        self.eviction.insert(&mut self.lists, line, class, position_key(core, core_line));
+        self.eviction
+            .insert(&mut self.lists, line, class, position_key(core, core_line));
         Some(line)
     }
 
@@ -95,7 +98,10 @@ impl Cache {
             if self.class_lines[c as usize] == 0 {
                 continue;
             }
-            let view = View { map: &self.map, locks: &self.locks };
+            let view = View {
+                map: &self.map,
+                locks: &self.locks,
+            };
             if let Some(l) = self.eviction.evict(&mut self.lists, c, &view) {
                 debug_assert_eq!(self.state.dirty(l), 0, "eviction returned a dirty line");
                 self.counters.evictions += 1;
@@ -115,10 +121,25 @@ impl Cache {
         for _ in 0..self.cfg.lines {
             self.canary_hand = (self.canary_hand + 1) % self.cfg.lines;
             let l = LineId(self.canary_hand);
-            if self.map.is_mapped(l) && !crate::policy::LineView::busy(&View { map: &self.map, locks: &self.locks }, l) {
+            if self.map.is_mapped(l)
+                && !crate::policy::LineView::busy(
+                    &View {
+                        map: &self.map,
+                        locks: &self.locks,
+                    },
+                    l,
+                )
+            {
                 let class = self.state.class(l);
                 if self.state.dirty(l) != 0 {
-                    self.cleaning.on_clean(&mut self.lists, l);
+                    self.cleaning.on_clean(
+                        &mut self.lists,
+                        l,
+                        &View {
+                            map: &self.map,
+                            locks: &self.locks,
+                        },
+                    );
                     self.dirty_lines -= 1;
                 } else {
                     self.eviction.remove(&mut self.lists, l, class);

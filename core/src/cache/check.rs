@@ -18,13 +18,20 @@ impl Cache {
             assert_eq!(d & !v, 0, "line {i}: dirty blocks that are not valid");
             if !self.map.is_mapped(l) {
                 assert_eq!(v, 0, "line {i}: unmapped but has valid blocks");
-                assert!(self.lists.is_linked(i), "line {i}: unmapped but not on the free list");
+                assert!(
+                    self.lists.is_linked(i),
+                    "line {i}: unmapped but not on the free list"
+                );
                 continue;
             }
             mapped += 1;
             per_class[self.state.class(l) as usize] += 1;
             let (c, cl) = self.map.position(l);
-            assert_eq!(self.map.lookup(c, cl), Some(l), "line {i}: mapping not consistent");
+            assert_eq!(
+                self.map.lookup(c, cl),
+                Some(l),
+                "line {i}: mapping not consistent"
+            );
             assert!(self.core(c).is_some(), "line {i}: mapped to a missing core");
             if d != 0 {
                 dirty += 1;
@@ -37,7 +44,10 @@ impl Cache {
                     "line {i}: dirty but neither on a cleaning list nor being written back"
                 );
             } else {
-                assert!(self.lists.is_linked(i), "line {i}: clean and mapped but not evictable");
+                assert!(
+                    self.lists.is_linked(i),
+                    "line {i}: clean and mapped but not evictable"
+                );
             }
         }
         assert_eq!(mapped, self.map.mapped(), "mapped count");
@@ -47,7 +57,8 @@ impl Cache {
         for r in self.reqs.values() {
             if r.locked {
                 assert!(
-                    self.locks.can_lock(r.core, r.first, r.last, super::lock::LockKind::Shared)
+                    self.locks
+                        .can_lock(r.core, r.first, r.last, super::lock::LockKind::Shared)
                         || r.lock != super::lock::LockKind::Shared,
                     "request {:?} holds a shared lock on a written line",
                     r.id
@@ -61,7 +72,10 @@ impl Cache {
             "staging slots leaked"
         );
         for c in self.cores.iter().flatten() {
-            assert!(c.flush.durable_upto <= c.flush.writes_done, "core flush bookkeeping");
+            assert!(
+                c.flush.durable_upto <= c.flush.writes_done,
+                "core flush bookkeeping"
+            );
         }
         // Every IO in flight belongs to a live request or job.
         for owner in self.ios.values() {

@@ -40,7 +40,12 @@ impl std::fmt::Display for MgmtError {
             MgmtError::CoreExists(c) => write!(f, "core {} already exists in this cache", c.0),
             MgmtError::NoSuchCore(c) => write!(f, "no core {} in this cache", c.0),
             MgmtError::BadCoreId(c) => {
-                write!(f, "core id {} is out of range (0-{})", c.0, crate::units::CORES_MAX - 2)
+                write!(
+                    f,
+                    "core id {} is out of range (0-{})",
+                    c.0,
+                    crate::units::CORES_MAX - 2
+                )
             }
             MgmtError::CoreTooLarge { blocks, line_size } => write!(
                 f,
@@ -113,7 +118,10 @@ impl Cache {
             return Err(MgmtError::NoSuchCore(core));
         }
         if self.core_busy(core) {
-            return Err(MgmtError::Busy(format!("core {} has IO in flight; retry", core.0)));
+            return Err(MgmtError::Busy(format!(
+                "core {} has IO in flight; retry",
+                core.0
+            )));
         }
         let (_, dirty) = self.core_lines(core);
         if dirty > 0 {
@@ -134,7 +142,10 @@ impl Cache {
             return Err(MgmtError::NoSuchCore(core));
         }
         if self.core_busy(core) {
-            return Err(MgmtError::Busy(format!("core {} has IO in flight; retry", core.0)));
+            return Err(MgmtError::Busy(format!(
+                "core {} has IO in flight; retry",
+                core.0
+            )));
         }
         let mut lines = 0;
         let mut dirty_blocks = 0u64;
@@ -147,7 +158,14 @@ impl Cache {
             if d != 0 {
                 dirty_blocks += d.count_ones() as u64;
                 // Dropping dirty data is what the caller asked for.
-                self.cleaning.on_clean(&mut self.lists, l);
+                self.cleaning.on_clean(
+                    &mut self.lists,
+                    l,
+                    &View {
+                        map: &self.map,
+                        locks: &self.locks,
+                    },
+                );
                 self.dirty_lines -= 1;
                 let v = self.state.valid(l);
                 self.state.set(l, v, 0);
@@ -215,7 +233,14 @@ impl Cache {
         for l in 0..self.cfg.lines {
             let l = LineId(l);
             if self.state.dirty(l) != 0 && self.lists.is_linked(l.0) {
-                self.cleaning.on_clean(&mut self.lists, l);
+                self.cleaning.on_clean(
+                    &mut self.lists,
+                    l,
+                    &View {
+                        map: &self.map,
+                        locks: &self.locks,
+                    },
+                );
                 moved.push(l);
             }
         }
@@ -224,7 +249,10 @@ impl Cache {
         self.cfg.acp = acp;
         self.cleaning = crate::policy::cleaning::build(which, alru, acp, &mut self.lists, self.bpl);
         for l in moved {
-            let view = View { map: &self.map, locks: &self.locks };
+            let view = View {
+                map: &self.map,
+                locks: &self.locks,
+            };
             self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
         }
         self.cleaner_next = self.now;
@@ -262,9 +290,14 @@ impl Cache {
         dirty: u128,
         class: u8,
     ) -> Result<LineId, String> {
-        let Some(cs) = self.core(core) else { return Err(format!("no core {}", core.0)) };
+        let Some(cs) = self.core(core) else {
+            return Err(format!("no core {}", core.0));
+        };
         if core_line >= cs.size_blocks.div_ceil(self.bpl as u64) {
-            return Err(format!("core line {core_line} is past the end of core {}", core.0));
+            return Err(format!(
+                "core line {core_line} is past the end of core {}",
+                core.0
+            ));
         }
         let full = crate::units::full_mask(self.bpl);
         if valid & !full != 0 || dirty & !valid != 0 || valid == 0 {
@@ -274,7 +307,10 @@ impl Cache {
             return Err(format!("IO class {class} out of range"));
         }
         if self.map.lookup(core, core_line).is_some() {
-            return Err(format!("core line {core_line} of core {} is mapped twice", core.0));
+            return Err(format!(
+                "core line {core_line} of core {} is mapped twice",
+                core.0
+            ));
         }
         let Some(l) = self.lists.back(self.free) else {
             return Err("more lines than the cache holds".into());
@@ -287,8 +323,12 @@ impl Cache {
         self.class_lines[class as usize] += 1;
         if dirty != 0 {
             self.dirty_lines += 1;
-            let view = View { map: &self.map, locks: &self.locks };
-            self.cleaning.on_dirty(&mut self.lists, line, self.now, &view);
+            let view = View {
+                map: &self.map,
+                locks: &self.locks,
+            };
+            self.cleaning
+                .on_dirty(&mut self.lists, line, self.now, &view);
         } else {
             let key = crate::policy::position_key(core, core_line);
             self.eviction.insert(&mut self.lists, line, class, key);

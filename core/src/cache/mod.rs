@@ -87,7 +87,10 @@ pub(crate) enum IoKind {
     CacheWrite,
     CoreWrite,
     /// A device flush; `covers` is the device's `writes_done` when it was issued.
-    Flush { dev: Dev, covers: u64 },
+    Flush {
+        dev: Dev,
+        covers: u64,
+    },
 }
 
 /// What a writeback job's IO was.
@@ -272,15 +275,22 @@ impl Cache {
     /// happens (cleaner wake-up, throttled writes). `None`: only when something happens.
     pub fn next_deadline(&self) -> Option<Nanos> {
         let mut t: Option<Nanos> = self.throttled.iter().map(|&(t, _)| t).min();
-        if self.dirty_lines > 0 {
+        // With no free staging slot the cleaner cannot start anything until a job completes,
+        // and that completion is an event of its own.
+        if self.dirty_lines > 0 && !self.free_slots.is_empty() {
             let c = self.cleaner_next.max(self.wb_backoff_until);
-            t = Some(t.map_or(c, |x| x.min(c)));
+            if c.0 != u64::MAX {
+                t = Some(t.map_or(c, |x| x.min(c)));
+            }
         }
         t
     }
 
     fn on_io_done(&mut self, io: IoId, result: Result<(), IoError>, actions: &mut Vec<Action>) {
-        let owner = self.ios.remove(&io).expect("completion for an IO the cache did not issue");
+        let owner = self
+            .ios
+            .remove(&io)
+            .expect("completion for an IO the cache did not issue");
         match owner {
             IoOwner::Req { req, kind } => self.req_io_done(req, kind, result, actions),
             IoOwner::Wb { job, kind } => self.wb_io_done(job, kind, result, actions),
@@ -297,7 +307,8 @@ impl Cache {
 
     /// Always-run upkeep after each event.
     fn maintain(&mut self, actions: &mut Vec<Action>) {
-        self.rate.update(self.now, self.dirty_lines as u64, self.cfg.lines as u64);
+        self.rate
+            .update(self.now, self.dirty_lines as u64, self.cfg.lines as u64);
         if !self.throttled.is_empty() {
             self.release_throttled(actions);
         }
@@ -322,9 +333,7 @@ impl Cache {
     /// The cache device block of block `offset` of `line`.
     #[inline]
     pub(crate) fn cache_lba(&self, line: LineId, offset: u32) -> crate::units::Lba {
-        crate::units::Lba(
-            self.cfg.data_offset.0 + ((line.0 as u64) << self.shift) + offset as u64,
-        )
+        crate::units::Lba(self.cfg.data_offset.0 + ((line.0 as u64) << self.shift) + offset as u64)
     }
 
     // ----- read-only accessors -----
@@ -351,7 +360,9 @@ impl Cache {
     }
     /// Dirty blocks across the cache (walks every line: for stats, not hot paths).
     pub fn dirty_blocks(&self) -> u64 {
-        (0..self.cfg.lines).map(|l| self.state.dirty(LineId(l)).count_ones() as u64).sum()
+        (0..self.cfg.lines)
+            .map(|l| self.state.dirty(LineId(l)).count_ones() as u64)
+            .sum()
     }
     /// Cache-wide counters.
     pub fn counters(&self) -> &CacheCounters {
@@ -411,6 +422,10 @@ impl Cache {
     }
     /// Names of the policies in force: (eviction, promotion, cleaning).
     pub fn policy_names(&self) -> (&'static str, &'static str, &'static str) {
-        (self.eviction.name(), self.promotion.name(), self.cleaning.name())
+        (
+            self.eviction.name(),
+            self.promotion.name(),
+            self.cleaning.name(),
+        )
     }
 }

@@ -36,7 +36,10 @@ pub(crate) enum Op {
 
 impl Op {
     fn fua(self) -> bool {
-        matches!(self, Op::Write { fua: true } | Op::WriteZeroes { fua: true })
+        matches!(
+            self,
+            Op::Write { fua: true } | Op::WriteZeroes { fua: true }
+        )
     }
 }
 
@@ -130,11 +133,19 @@ impl Runs {
     /// A builder writing into `out` (cleared).
     fn new(mut out: Vec<Run>) -> Runs {
         out.clear();
-        Runs { cache: None, core: None, out }
+        Runs {
+            cache: None,
+            core: None,
+            out,
+        }
     }
 
     fn add(&mut self, run: Run) {
-        let slot = if run.dev == Dev::Cache { &mut self.cache } else { &mut self.core };
+        let slot = if run.dev == Dev::Cache {
+            &mut self.cache
+        } else {
+            &mut self.core
+        };
         if let Some(cur) = slot
             && cur.lba + cur.blocks as u64 == run.lba
             && cur.buf_off + cur.blocks == run.buf_off
@@ -157,18 +168,39 @@ impl Cache {
     /// A client request arrived.
     pub(crate) fn on_request(&mut self, event: Event, actions: &mut Vec<Action>) {
         let (req, op, core, lba, blocks) = match event {
-            Event::Read { req, core, lba, blocks } => (req, Op::Read, core, lba, blocks),
-            Event::Write { req, core, lba, blocks, fua } => {
-                (req, Op::Write { fua }, core, lba, blocks)
-            }
-            Event::WriteZeroes { req, core, lba, blocks, fua } => {
-                (req, Op::WriteZeroes { fua }, core, lba, blocks)
-            }
-            Event::Trim { req, core, lba, blocks } => (req, Op::Trim, core, lba, blocks),
+            Event::Read {
+                req,
+                core,
+                lba,
+                blocks,
+            } => (req, Op::Read, core, lba, blocks),
+            Event::Write {
+                req,
+                core,
+                lba,
+                blocks,
+                fua,
+            } => (req, Op::Write { fua }, core, lba, blocks),
+            Event::WriteZeroes {
+                req,
+                core,
+                lba,
+                blocks,
+                fua,
+            } => (req, Op::WriteZeroes { fua }, core, lba, blocks),
+            Event::Trim {
+                req,
+                core,
+                lba,
+                blocks,
+            } => (req, Op::Trim, core, lba, blocks),
             Event::Flush { req, core } => (req, Op::Flush, core, Lba(0), 0),
             Event::IoDone { .. } | Event::Tick => unreachable!("not a request"),
         };
-        assert!(!self.reqs.contains_key(&req), "request id {req:?} reused while in flight");
+        assert!(
+            !self.reqs.contains_key(&req),
+            "request id {req:?} reused while in flight"
+        );
         let Some(core_state) = self.core(core) else {
             return Self::reply(actions, req, Err(ReqError::NoSuchCore));
         };
@@ -203,7 +235,10 @@ impl Cache {
         let (first, last) = if op == Op::Flush {
             (0, 0)
         } else {
-            (lba.0 >> self.shift, (lba.0 + blocks as u64 - 1) >> self.shift)
+            (
+                lba.0 >> self.shift,
+                (lba.0 + blocks as u64 - 1) >> self.shift,
+            )
         };
         let cut = if matches!(op, Op::Read | Op::Write { .. }) {
             let lines_needed = (last - first + 1) as u32;
@@ -240,10 +275,13 @@ impl Cache {
         }
         r.lock = self.initial_lock_kind(&r);
         // Throttle writes that would create new dirty lines.
-        let lazy_write = matches!(op, Op::Write { .. })
-            && !cut
-            && self.write_rules().write == WriteRule::Back;
-        let new_dirty = if lazy_write { self.new_dirty_lines(core, first, last) } else { 0 };
+        let lazy_write =
+            matches!(op, Op::Write { .. }) && !cut && self.write_rules().write == WriteRule::Back;
+        let new_dirty = if lazy_write {
+            self.new_dirty_lines(core, first, last)
+        } else {
+            0
+        };
         self.reqs.insert(req, r);
         if new_dirty > 0 {
             let delay = self.rate.throttle_delay(self.now, new_dirty);
@@ -260,7 +298,11 @@ impl Cache {
     /// Lines of `first..=last` that are not dirty now (a write there makes them newly dirty).
     fn new_dirty_lines(&self, core: CoreId, first: u64, last: u64) -> u32 {
         (first..=last)
-            .filter(|&cl| self.map.lookup(core, cl).is_none_or(|l| self.state.dirty(l) == 0))
+            .filter(|&cl| {
+                self.map
+                    .lookup(core, cl)
+                    .is_none_or(|l| self.state.dirty(l) == 0)
+            })
             .count() as u32
     }
 
@@ -275,9 +317,15 @@ impl Cache {
             Op::Read => {
                 let full_hit = (r.first..=r.last).all(|cl| {
                     let mask = self.part_mask(r, cl);
-                    self.map.lookup(r.core, cl).is_some_and(|l| self.state.valid(l) & mask == mask)
+                    self.map
+                        .lookup(r.core, cl)
+                        .is_some_and(|l| self.state.valid(l) & mask == mask)
                 });
-                if full_hit { LockKind::Shared } else { LockKind::Exclusive }
+                if full_hit {
+                    LockKind::Shared
+                } else {
+                    LockKind::Exclusive
+                }
             }
             Op::Write { .. } if !r.cut && self.write_rules().write == WriteRule::Back => {
                 LockKind::Exclusive
@@ -321,7 +369,9 @@ impl Cache {
             budget -= 1;
             let id = self.waiting[i];
             let r = &self.reqs[&id];
-            let ovl = blocked.iter().any(|&(c, f, l)| c == r.core && f <= r.last && r.first <= l);
+            let ovl = blocked
+                .iter()
+                .any(|&(c, f, l)| c == r.core && f <= r.last && r.first <= l);
             if ovl || !self.locks.can_lock(r.core, r.first, r.last, r.lock) {
                 blocked.push((r.core, r.first, r.last));
                 i += 1;
@@ -335,8 +385,12 @@ impl Cache {
     /// Releases throttled writes whose time has come, oldest first.
     pub(crate) fn release_throttled(&mut self, actions: &mut Vec<Action>) {
         let now = self.now;
-        let mut due: Vec<(crate::units::Nanos, ReqId)> =
-            self.throttled.iter().copied().filter(|&(t, _)| t <= now).collect();
+        let mut due: Vec<(crate::units::Nanos, ReqId)> = self
+            .throttled
+            .iter()
+            .copied()
+            .filter(|&(t, _)| t <= now)
+            .collect();
         if due.is_empty() {
             return;
         }
@@ -363,7 +417,12 @@ impl Cache {
         r.parts.clear();
         for cl in r.first..=r.last {
             let mask = self.part_mask(r, cl);
-            r.parts.push(Part { line: self.map.lookup(r.core, cl), mask, fill: 0, new: false });
+            r.parts.push(Part {
+                line: self.map.lookup(r.core, cl),
+                mask,
+                fill: 0,
+                new: false,
+            });
         }
     }
 
@@ -425,7 +484,8 @@ impl Cache {
                 }
             }
         }
-        self.promotion.on_inserted(r.core, r.first, r.parts.len() as u32);
+        self.promotion
+            .on_inserted(r.core, r.first, r.parts.len() as u32);
         true
     }
 
@@ -434,12 +494,11 @@ impl Cache {
         for p in r.parts.iter_mut() {
             if p.new
                 && let Some(l) = p.line
+                && self.state.valid(l) == 0
             {
                 p.new = false;
-                if self.state.valid(l) == 0 {
-                    self.free_line(l);
-                    p.line = None;
-                }
+                self.free_line(l);
+                p.line = None;
             }
         }
     }
@@ -458,13 +517,22 @@ impl Cache {
                 Dev::Cache => self.cache_lba(r.parts[i].line.expect("mapped"), b).0,
                 Dev::Core(_) => (cl << self.shift) + b as u64,
             };
-            runs.add(Run { dev, lba, buf_off: self.buf_off(r, cl, b), blocks: n });
+            runs.add(Run {
+                dev,
+                lba,
+                buf_off: self.buf_off(r, cl, b),
+                blocks: n,
+            });
         }
     }
 
     fn issue_reads(&mut self, r: &mut Request, runs: Vec<Run>, actions: &mut Vec<Action>) {
         for &run in &runs {
-            let kind = if run.dev == Dev::Cache { IoKind::CacheRead } else { IoKind::CoreRead };
+            let kind = if run.dev == Dev::Cache {
+                IoKind::CacheRead
+            } else {
+                IoKind::CoreRead
+            };
             let io = self.new_io(IoOwner::Req { req: r.id, kind });
             if run.dev == Dev::Cache {
                 self.counters.cache_blocks_read += run.blocks as u64;
@@ -476,7 +544,10 @@ impl Cache {
                 dev: run.dev,
                 lba: Lba(run.lba),
                 blocks: run.blocks,
-                buf: BufRef::Req { req: r.id, offset: run.buf_off },
+                buf: BufRef::Req {
+                    req: r.id,
+                    offset: run.buf_off,
+                },
             });
             r.pending += 1;
         }
@@ -485,7 +556,11 @@ impl Cache {
 
     fn issue_writes(&mut self, r: &mut Request, runs: Vec<Run>, fua: bool, a: &mut Vec<Action>) {
         for &run in &runs {
-            let kind = if run.dev == Dev::Cache { IoKind::CacheWrite } else { IoKind::CoreWrite };
+            let kind = if run.dev == Dev::Cache {
+                IoKind::CacheWrite
+            } else {
+                IoKind::CoreWrite
+            };
             let io = self.new_io(IoOwner::Req { req: r.id, kind });
             if run.dev == Dev::Cache {
                 self.counters.cache_blocks_written += run.blocks as u64;
@@ -497,7 +572,10 @@ impl Cache {
                 dev: run.dev,
                 lba: Lba(run.lba),
                 blocks: run.blocks,
-                buf: BufRef::Req { req: r.id, offset: run.buf_off },
+                buf: BufRef::Req {
+                    req: r.id,
+                    offset: run.buf_off,
+                },
                 fua,
             });
             r.pending += 1;
@@ -511,7 +589,8 @@ impl Cache {
         let rules = self.mode.rules();
         self.build_parts(&mut r);
         let (valid, total) = self.count_valid(&r);
-        r.outcome = if r.cut || !rules.read_clean_from_cache || self.class_allocation(r.class) == 0 {
+        r.outcome = if r.cut || !rules.read_clean_from_cache || self.class_allocation(r.class) == 0
+        {
             Outcome::PassThrough
         } else {
             Self::outcome_of(valid, total)
@@ -536,7 +615,11 @@ impl Cache {
             let from_cache = match p.line {
                 Some(l) => {
                     let v = self.state.valid(l) & p.mask;
-                    if rules.read_clean_from_cache { v } else { v & self.state.dirty(l) }
+                    if rules.read_clean_from_cache {
+                        v
+                    } else {
+                        v & self.state.dirty(l)
+                    }
                 }
                 None => 0,
             };
@@ -567,9 +650,10 @@ impl Cache {
                 }
                 if r.cache_err.is_some() {
                     // Clean blocks can be read again from the core; dirty ones are lost.
-                    let dirty_read = r.parts.iter().any(|p| {
-                        p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0)
-                    });
+                    let dirty_read = r
+                        .parts
+                        .iter()
+                        .any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
                     self.unmap_new(&mut r);
                     if dirty_read {
                         return self.finish(r, Err(ReqError::Io(IoError::Io)), actions);
@@ -640,7 +724,9 @@ impl Cache {
             if reclassify && self.state.class(l) != r.class {
                 self.reclassify(l, r.class);
             }
-            if self.state.dirty(l) == 0 && self.state.valid(l) & p.mask != 0 {
+            // A hit is an access the eviction policy hears about; a line this read just
+            // inserted is not (S3-FIFO would otherwise promote every new line at once).
+            if !p.new && self.state.dirty(l) == 0 && self.state.valid(l) & p.mask != 0 {
                 self.eviction.touch(&mut self.lists, l, self.state.class(l));
             }
         }
@@ -659,7 +745,8 @@ impl Cache {
         self.state.set_class(line, class);
         if clean {
             let (c, cl) = self.map.position(line);
-            self.eviction.insert(&mut self.lists, line, class, position_key(c, cl));
+            self.eviction
+                .insert(&mut self.lists, line, class, position_key(c, cl));
         }
     }
 
@@ -667,19 +754,21 @@ impl Cache {
 
     fn plan_write(&mut self, mut r: Request, actions: &mut Vec<Action>) {
         self.build_parts(&mut r);
-        let rule = if !matches!(r.op, Op::Write { .. })
-            || r.cut
-            || self.class_allocation(r.class) == 0
-        {
-            WriteRule::Invalidate
-        } else {
-            self.write_rules().write
-        };
+        let rule =
+            if !matches!(r.op, Op::Write { .. }) || r.cut || self.class_allocation(r.class) == 0 {
+                WriteRule::Invalidate
+            } else {
+                self.write_rules().write
+            };
         let (valid, total) = self.count_valid(&r);
         let mut plan = match rule {
             WriteRule::Back | WriteRule::Through => {
                 if self.map_all(&mut r) {
-                    if rule == WriteRule::Back { Plan::WriteBack } else { Plan::WriteThrough }
+                    if rule == WriteRule::Back {
+                        Plan::WriteBack
+                    } else {
+                        Plan::WriteThrough
+                    }
                 } else {
                     self.counters.alloc_failures += 1;
                     Plan::Invalidate
@@ -713,8 +802,11 @@ impl Cache {
         if matches!(r.op, Op::Trim) {
             plan = Plan::Invalidate;
         }
-        r.outcome =
-            if plan == Plan::Invalidate { Outcome::PassThrough } else { Self::outcome_of(valid, total) };
+        r.outcome = if plan == Plan::Invalidate {
+            Outcome::PassThrough
+        } else {
+            Self::outcome_of(valid, total)
+        };
         r.plan = plan;
         r.phase = Phase::Io;
         let fua = r.op.fua();
@@ -740,7 +832,12 @@ impl Cache {
                     let mask = r.parts[i].mask;
                     self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
                 }
-                runs.add(Run { dev: Dev::Core(r.core), lba: r.lba, buf_off: 0, blocks: r.blocks });
+                runs.add(Run {
+                    dev: Dev::Core(r.core),
+                    lba: r.lba,
+                    buf_off: 0,
+                    blocks: r.blocks,
+                });
                 let runs = runs.finish();
                 // The cache copy needs no FUA: it is clean, the core's copy is the one that counts.
                 let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
@@ -751,7 +848,10 @@ impl Cache {
             }
             Plan::Invalidate => {
                 let core = Dev::Core(r.core);
-                let io = self.new_io(IoOwner::Req { req: r.id, kind: IoKind::CoreWrite });
+                let io = self.new_io(IoOwner::Req {
+                    req: r.id,
+                    kind: IoKind::CoreWrite,
+                });
                 let (lba, blocks) = (Lba(r.lba), r.blocks);
                 self.counters.core_blocks_written += blocks as u64;
                 actions.push(match r.op {
@@ -760,11 +860,25 @@ impl Cache {
                         dev: core,
                         lba,
                         blocks,
-                        buf: BufRef::Req { req: r.id, offset: 0 },
+                        buf: BufRef::Req {
+                            req: r.id,
+                            offset: 0,
+                        },
                         fua,
                     },
-                    Op::WriteZeroes { fua } => Action::WriteZeroes { io, dev: core, lba, blocks, fua },
-                    Op::Trim => Action::Trim { io, dev: core, lba, blocks },
+                    Op::WriteZeroes { fua } => Action::WriteZeroes {
+                        io,
+                        dev: core,
+                        lba,
+                        blocks,
+                        fua,
+                    },
+                    Op::Trim => Action::Trim {
+                        io,
+                        dev: core,
+                        lba,
+                        blocks,
+                    },
                     Op::Read | Op::Flush => unreachable!(),
                 });
                 r.pending += 1;
@@ -788,7 +902,14 @@ impl Cache {
         match r.plan {
             Plan::WriteBack => {
                 if let Some(e) = r.cache_err {
+                    // Some cache writes may have landed: a clean copy of a targeted block is
+                    // now unknown and is dropped; a dirty one stays the truth (old or new data,
+                    // whichever the device holds), and the next flush must cover it.
+                    self.drop_clean_copies(&r);
                     self.unmap_new(&mut r);
+                    if !fua {
+                        self.cache_flush.writes_done += 1;
+                    }
                     return self.finish(r, Err(ReqError::Io(e)), actions);
                 }
                 for i in 0..r.parts.len() {
@@ -807,7 +928,10 @@ impl Cache {
                         self.eviction.remove(&mut self.lists, l, class);
                         self.dirty_lines += 1;
                     }
-                    let view = super::View { map: &self.map, locks: &self.locks };
+                    let view = super::View {
+                        map: &self.map,
+                        locks: &self.locks,
+                    };
                     self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
                 }
                 if !fua {
@@ -854,16 +978,24 @@ impl Cache {
     /// The core now has the request's data: drop the cache's copy of its blocks, after a core
     /// flush if any of them is dirty (unless the write was FUA).
     fn drop_after_core_write(&mut self, mut r: Request, fua: bool, actions: &mut Vec<Action>) {
-        let any_dirty =
-            r.parts.iter().any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
+        let any_dirty = r
+            .parts
+            .iter()
+            .any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
         if any_dirty && !fua {
             let core = self.cores[r.core.0 as usize].as_ref().expect("core exists");
             let covers = core.flush.writes_done;
             let io = self.new_io(IoOwner::Req {
                 req: r.id,
-                kind: IoKind::Flush { dev: Dev::Core(r.core), covers },
+                kind: IoKind::Flush {
+                    dev: Dev::Core(r.core),
+                    covers,
+                },
             });
-            actions.push(Action::Flush { io, dev: Dev::Core(r.core) });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Core(r.core),
+            });
             r.pending += 1;
             r.phase = Phase::FlushBeforeDrop;
             self.reqs.insert(r.id, r);
@@ -916,10 +1048,18 @@ impl Cache {
         self.state.set(line, nv, nd);
         if d != 0 && nd == 0 {
             self.dirty_lines -= 1;
-            self.cleaning.on_clean(&mut self.lists, line);
+            self.cleaning.on_clean(
+                &mut self.lists,
+                line,
+                &super::View {
+                    map: &self.map,
+                    locks: &self.locks,
+                },
+            );
             let (c, cl) = self.map.position(line);
             let class = self.state.class(line);
-            self.eviction.insert(&mut self.lists, line, class, position_key(c, cl));
+            self.eviction
+                .insert(&mut self.lists, line, class, position_key(c, cl));
         }
         if nv == 0 {
             self.free_line(line);
@@ -938,16 +1078,27 @@ impl Cache {
         }
         if self.cache_flush.needs_flush() {
             let covers = self.cache_flush.writes_done;
-            let io =
-                self.new_io(IoOwner::Req { req: r.id, kind: IoKind::Flush { dev: Dev::Cache, covers } });
-            actions.push(Action::Flush { io, dev: Dev::Cache });
+            let io = self.new_io(IoOwner::Req {
+                req: r.id,
+                kind: IoKind::Flush {
+                    dev: Dev::Cache,
+                    covers,
+                },
+            });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Cache,
+            });
             r.pending += 1;
         }
         let core = self.cores[r.core.0 as usize].as_ref().expect("core exists");
         if core.flush.needs_flush() {
             let covers = core.flush.writes_done;
             let dev = Dev::Core(r.core);
-            let io = self.new_io(IoOwner::Req { req: r.id, kind: IoKind::Flush { dev, covers } });
+            let io = self.new_io(IoOwner::Req {
+                req: r.id,
+                kind: IoKind::Flush { dev, covers },
+            });
             actions.push(Action::Flush { io, dev });
             r.pending += 1;
         }
@@ -976,12 +1127,22 @@ impl Cache {
                 };
                 fs.durable_upto = fs.durable_upto.max(covers);
             }
-            (IoKind::Flush { dev: Dev::Cache, .. }, Err(e))
+            (
+                IoKind::Flush {
+                    dev: Dev::Cache, ..
+                },
+                Err(e),
+            )
             | (IoKind::CacheRead | IoKind::CacheWrite, Err(e)) => {
                 self.counters.cache_errors += 1;
                 r.cache_err = Some(e);
             }
-            (IoKind::Flush { dev: Dev::Core(_), .. }, Err(e))
+            (
+                IoKind::Flush {
+                    dev: Dev::Core(_), ..
+                },
+                Err(e),
+            )
             | (IoKind::CoreRead | IoKind::CoreWrite, Err(e)) => {
                 self.counters.core_errors += 1;
                 r.core_err = Some(e);
@@ -1009,7 +1170,10 @@ impl Cache {
     /// Completes `r`: counters, unlock, reply.
     fn finish(&mut self, r: Request, result: Result<(), ReqError>, actions: &mut Vec<Action>) {
         let cls = &mut self.class_counters[r.class as usize];
-        let core = &mut self.cores[r.core.0 as usize].as_mut().expect("core exists").counters;
+        let core = &mut self.cores[r.core.0 as usize]
+            .as_mut()
+            .expect("core exists")
+            .counters;
         for c in [cls, core] {
             match r.op {
                 Op::Read => {

@@ -61,11 +61,22 @@ impl Cache {
         let max = self.cleaning.batch_max().min(self.free_slots.len()).max(1);
         let mut picked = std::mem::take(&mut self.pick_buf);
         picked.clear();
-        let view = View { map: &self.map, locks: &self.locks };
-        let next = self.cleaning.pick(self.now, &mut self.lists, &view, max, forced, &mut picked);
-        if !forced {
-            self.cleaner_next = next.unwrap_or(Nanos(u64::MAX));
-        }
+        let view = View {
+            map: &self.map,
+            locks: &self.locks,
+        };
+        let next = self
+            .cleaning
+            .pick(self.now, &mut self.lists, &view, max, forced, &mut picked);
+        self.cleaner_next = if !forced {
+            next.unwrap_or(Nanos(u64::MAX))
+        } else if picked.is_empty() {
+            // Forced but every dirty line is busy: look again a little later (the events that
+            // free the lines will also run the cleaner).
+            self.now.plus(Nanos::from_ms(1))
+        } else {
+            self.now
+        };
         if !picked.is_empty() {
             self.ondemand_clean = self.ondemand_clean.saturating_sub(picked.len() as u32);
             self.start_job(&picked, actions);
@@ -95,8 +106,11 @@ impl Cache {
             let lo = d.trailing_zeros();
             let hi = 127 - d.leading_zeros();
             let span = crate::units::block_range_mask(lo, hi - lo + 1);
-            let runs: Vec<(u32, u32)> =
-                if v & span == span { vec![(lo, hi - lo + 1)] } else { mask_runs(d).collect() };
+            let runs: Vec<(u32, u32)> = if v & span == span {
+                vec![(lo, hi - lo + 1)]
+            } else {
+                mask_runs(d).collect()
+            };
             let mut placed = 0u128;
             for (b, n) in runs {
                 let lba = (cl << self.shift) + b as u64;
@@ -104,7 +118,9 @@ impl Cache {
                     e.core == c && e.lba + e.blocks as u64 == lba && e.blocks + n <= slot_blocks
                 });
                 if !merge {
-                    let Some(slot) = self.free_slots.pop() else { break };
+                    let Some(slot) = self.free_slots.pop() else {
+                        break;
+                    };
                     extents.push(Extent {
                         core: c,
                         lba,
@@ -121,7 +137,10 @@ impl Cache {
             }
             if placed == 0 {
                 // No slot left: give the line back to the policy.
-                let view = View { map: &self.map, locks: &self.locks };
+                let view = View {
+                    map: &self.map,
+                    locks: &self.locks,
+                };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
                 continue;
             }
@@ -136,17 +155,29 @@ impl Cache {
         }
         let id = self.next_job;
         self.next_job = self.next_job.wrapping_add(1);
-        let mut job = Job { lines: in_job, extents, pending: 0, flushing: false, failed: false };
+        let mut job = Job {
+            lines: in_job,
+            extents,
+            pending: 0,
+            flushing: false,
+            failed: false,
+        };
         for (x, e) in job.extents.iter_mut().enumerate() {
             for &(l, b, n) in &e.runs {
-                let io = self.new_io(IoOwner::Wb { job: id, kind: WbIo::CacheRead { extent: x as u32 } });
+                let io = self.new_io(IoOwner::Wb {
+                    job: id,
+                    kind: WbIo::CacheRead { extent: x as u32 },
+                });
                 let offset = (((self.map.position(l).1 << self.shift) + b as u64) - e.lba) as u32;
                 actions.push(Action::Read {
                     io,
                     dev: Dev::Cache,
                     lba: self.cache_lba(l, b),
                     blocks: n,
-                    buf: BufRef::Pool { slot: e.slot, offset },
+                    buf: BufRef::Pool {
+                        slot: e.slot,
+                        offset,
+                    },
                 });
                 self.counters.cache_blocks_read += n as u64;
                 e.reads_pending += 1;
@@ -178,13 +209,19 @@ impl Cache {
                 let e = &mut job.extents[extent as usize];
                 e.reads_pending -= 1;
                 if e.reads_pending == 0 && !job.failed {
-                    let io = self.new_io(IoOwner::Wb { job: id, kind: WbIo::CoreWrite { extent } });
+                    let io = self.new_io(IoOwner::Wb {
+                        job: id,
+                        kind: WbIo::CoreWrite { extent },
+                    });
                     actions.push(Action::Write {
                         io,
                         dev: Dev::Core(e.core),
                         lba: Lba(e.lba),
                         blocks: e.blocks,
-                        buf: BufRef::Pool { slot: e.slot, offset: 0 },
+                        buf: BufRef::Pool {
+                            slot: e.slot,
+                            offset: 0,
+                        },
                         fua: false,
                     });
                     self.counters.core_blocks_written += e.blocks as u64;
@@ -214,9 +251,19 @@ impl Cache {
         cores.dedup();
         job.flushing = true;
         for core in cores {
-            let covers = self.cores[core.0 as usize].as_ref().expect("core").flush.writes_done;
-            let io = self.new_io(IoOwner::Wb { job: id, kind: WbIo::CoreFlush { core, covers } });
-            actions.push(Action::Flush { io, dev: Dev::Core(core) });
+            let covers = self.cores[core.0 as usize]
+                .as_ref()
+                .expect("core")
+                .flush
+                .writes_done;
+            let io = self.new_io(IoOwner::Wb {
+                job: id,
+                kind: WbIo::CoreFlush { core, covers },
+            });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Core(core),
+            });
             job.pending += 1;
         }
         self.jobs.insert(id, job);
@@ -243,16 +290,27 @@ impl Cache {
                 self.state.set(l, v, nd);
                 if d != 0 && nd == 0 {
                     self.dirty_lines -= 1;
-                    self.cleaning.on_clean(&mut self.lists, l);
+                    self.cleaning.on_clean(
+                        &mut self.lists,
+                        l,
+                        &View {
+                            map: &self.map,
+                            locks: &self.locks,
+                        },
+                    );
                     let class = self.state.class(l);
-                    self.eviction.insert(&mut self.lists, l, class, position_key(c, cl));
+                    self.eviction
+                        .insert(&mut self.lists, l, class, position_key(c, cl));
                     self.counters.writeback_lines += 1;
                     cleaned += 1;
                     continue;
                 }
             }
             if self.state.dirty(l) != 0 {
-                let view = View { map: &self.map, locks: &self.locks };
+                let view = View {
+                    map: &self.map,
+                    locks: &self.locks,
+                };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
             }
         }
@@ -268,7 +326,6 @@ impl Cache {
         self.wake_waiters = true;
     }
 }
-
 
 impl Job {
     /// Staging slots the job holds.

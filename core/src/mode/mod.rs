@@ -67,8 +67,14 @@ pub struct ModeRules {
 
 impl CacheMode {
     /// Every mode.
-    pub const ALL: [CacheMode; 6] =
-        [CacheMode::Wt, CacheMode::Wb, CacheMode::Wa, CacheMode::Wi, CacheMode::Pt, CacheMode::Wo];
+    pub const ALL: [CacheMode; 6] = [
+        CacheMode::Wt,
+        CacheMode::Wb,
+        CacheMode::Wa,
+        CacheMode::Wi,
+        CacheMode::Pt,
+        CacheMode::Wo,
+    ];
 
     /// The mode's rules.
     pub const fn rules(self) -> &'static ModeRules {
@@ -89,7 +95,9 @@ impl CacheMode {
 
     /// Parses a CLI name (`wt`, `wb`, `wa`, `wi`, `pt`, `wo`).
     pub fn parse(s: &str) -> Option<CacheMode> {
-        CacheMode::ALL.into_iter().find(|m| m.rules().name == s.trim().to_ascii_lowercase())
+        CacheMode::ALL
+            .into_iter()
+            .find(|m| m.rules().name == s.trim().to_ascii_lowercase())
     }
 }
 

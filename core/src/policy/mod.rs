@@ -90,7 +90,10 @@ pub struct AcpParams {
 
 impl Default for AcpParams {
     fn default() -> Self {
-        AcpParams { wake_up_ms: 10, flush_max_buffers: 128 }
+        AcpParams {
+            wake_up_ms: 10,
+            flush_max_buffers: 128,
+        }
     }
 }
 
@@ -107,7 +110,11 @@ pub struct RateParams {
 
 impl Default for RateParams {
     fn default() -> Self {
-        RateParams { enabled: true, dirty_target_pct: 50, throttle_max_ms: 50 }
+        RateParams {
+            enabled: true,
+            dirty_target_pct: 50,
+            throttle_max_ms: 50,
+        }
     }
 }
 
@@ -131,7 +138,10 @@ pub struct NhitParams {
 
 impl Default for NhitParams {
     fn default() -> Self {
-        NhitParams { threshold: 3, trigger_pct: 80 }
+        NhitParams {
+            threshold: 3,
+            trigger_pct: 80,
+        }
     }
 }
 
@@ -159,7 +169,11 @@ pub struct CutoffParams {
 
 impl Default for CutoffParams {
     fn default() -> Self {
-        CutoffParams { policy: CutoffPolicy::Full, threshold_bytes: 1 << 20, promotion_count: 8 }
+        CutoffParams {
+            policy: CutoffPolicy::Full,
+            threshold_bytes: 1 << 20,
+            promotion_count: 8,
+        }
     }
 }
 

@@ -30,8 +30,8 @@ pub trait Cleaning: Send {
     /// `line` became dirty, or a dirty line was written again, at `now`. `view` gives its
     /// position (ACP groups lines by core chunk).
     fn on_dirty(&mut self, lists: &mut ListArena, line: LineId, now: Nanos, view: &dyn LineView);
-    /// `line` is no longer dirty.
-    fn on_clean(&mut self, lists: &mut ListArena, line: LineId);
+    /// `line` is no longer dirty. `view` still reports the line's position.
+    fn on_clean(&mut self, lists: &mut ListArena, line: LineId, view: &dyn LineView);
     /// A client request reached the cache at `now` (ALRU's activity threshold).
     fn on_client_io(&mut self, now: Nanos);
     /// Up to `max` lines to write back now, appended to `out` and unlinked. Returns when to be

@@ -1,31 +1,266 @@
-//! S3-FIFO eviction (stub; being written).
-use crate::lists::ListArena;
-use crate::policy::LineView;
+//! S3-FIFO eviction (Yang et al., SOSP 2023): scan resistant, with FIFO queues only.
+//!
+//! Per IO class there are two FIFO lists in the shared [`ListArena`]:
+//! - **small** (probationary, about 10% of the class's lines): every new line enters here;
+//! - **main**: lines that proved themselves.
+//!
+//! Each line has a 2-bit access counter (bumped by hits, saturating at 3). A victim is taken from
+//! the small queue while it holds at least 10% of the class's lines: a line that was hit while
+//! on probation moves to main; one that was not is evicted and its key remembered in the
+//! **ghost** filter. A miss whose key is in the ghost filter (it was evicted too early) goes
+//! straight to main. From main, a line with a nonzero counter is reinserted at the head with its
+//! counter decremented (CLOCK-like second chance); one at zero is evicted.
+//!
+//! A one-time scan therefore flows through the small queue and out again without disturbing
+//! the main queue, where the hot set lives. LRU, by contrast, lets a scan push out everything.
+//!
+//! Memory: one byte per line (counter and queue bit) plus the ghost filter, a direct-mapped table
+//! of 16-bit key fingerprints with one slot per cache line (2 bytes per line). The ghost filter is
+//! approximate: a newer key overwrites an older one in the same slot (which ages the filter the
+//! way the paper's FIFO ghost queue does), and a fingerprint collision (1 in 65 535) can send a
+//! new line straight to main — a performance effect only, never a correctness one.
+
+use crate::lists::{ListArena, ListId};
 use crate::policy::eviction::Eviction;
+use crate::policy::{IO_CLASSES_MAX, LineView};
 use crate::units::LineId;
 
-/// S3-FIFO.
-pub struct S3Fifo;
+const FREQ_MASK: u8 = 0b011;
+const FREQ_MAX: u8 = 3;
+const IN_SMALL: u8 = 0b100;
+/// The small queue's share of a class's lines, percent.
+const SMALL_PCT: u64 = 10;
+/// Passes over the main queue one eviction may make (each pass decrements counters, which
+/// saturate at [`FREQ_MAX`], so a pass beyond that finds a zero unless every line is busy).
+const MAIN_PASSES_MAX: u32 = FREQ_MAX as u32 + 1;
+
+/// S3-FIFO, per IO class.
+pub struct S3Fifo {
+    small: Vec<ListId>,
+    main: Vec<ListId>,
+    small_len: Vec<u32>,
+    main_len: Vec<u32>,
+    /// Per line: bits 0–1 access counter, bit 2 "on the small queue".
+    meta: Vec<u8>,
+    /// Ghost filter: 16-bit fingerprints (0 = empty slot).
+    ghost: Vec<u16>,
+}
+
 impl S3Fifo {
-    /// New.
-    pub fn new(_lists: &mut ListArena, _lines: u32) -> S3Fifo {
-        S3Fifo
+    /// Creates the per-class queues in `lists` for a cache of `lines` lines.
+    pub fn new(lists: &mut ListArena, lines: u32) -> S3Fifo {
+        let small = (0..IO_CLASSES_MAX).map(|_| lists.new_list()).collect();
+        let main = (0..IO_CLASSES_MAX).map(|_| lists.new_list()).collect();
+        S3Fifo {
+            small,
+            main,
+            small_len: vec![0; IO_CLASSES_MAX],
+            main_len: vec![0; IO_CLASSES_MAX],
+            meta: vec![0; lines as usize],
+            ghost: vec![0; (lines as usize).max(64)],
+        }
+    }
+
+    #[inline]
+    fn ghost_slot(&self, key: u64) -> (usize, u16) {
+        let idx = ((key as u128 * self.ghost.len() as u128) >> 64) as usize;
+        let fp = (key as u16).max(1);
+        (idx, fp)
+    }
+
+    fn ghost_take(&mut self, key: u64) -> bool {
+        let (i, fp) = self.ghost_slot(key);
+        if self.ghost[i] == fp {
+            self.ghost[i] = 0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn ghost_put(&mut self, key: u64) {
+        let (i, fp) = self.ghost_slot(key);
+        self.ghost[i] = fp;
+    }
+
+    /// Lines of class `class` on the small queue (for tests and stats).
+    pub fn small_len(&self, class: u8) -> u32 {
+        self.small_len[class as usize]
     }
 }
+
 impl Eviction for S3Fifo {
     fn name(&self) -> &'static str {
         "s3fifo"
     }
-    fn insert(&mut self, _l: &mut ListArena, _line: LineId, _class: u8, _key: u64) {}
-    fn touch(&mut self, _l: &mut ListArena, _line: LineId, _class: u8) {}
-    fn remove(&mut self, _l: &mut ListArena, _line: LineId, _class: u8) {}
-    fn evict(&mut self, _l: &mut ListArena, _class: u8, _v: &dyn LineView) -> Option<LineId> {
-        None
+
+    fn insert(&mut self, lists: &mut ListArena, line: LineId, class: u8, key: u64) {
+        let c = class as usize;
+        if self.ghost_take(key) {
+            self.meta[line.0 as usize] = 0;
+            lists.push_front(self.main[c], line.0);
+            self.main_len[c] += 1;
+        } else {
+            self.meta[line.0 as usize] = IN_SMALL;
+            lists.push_front(self.small[c], line.0);
+            self.small_len[c] += 1;
+        }
     }
-    fn len(&self, _class: u8) -> u32 {
-        0
+
+    fn touch(&mut self, _lists: &mut ListArena, line: LineId, _class: u8) {
+        let m = &mut self.meta[line.0 as usize];
+        if *m & FREQ_MASK < FREQ_MAX {
+            *m += 1;
+        }
     }
+
+    fn remove(&mut self, lists: &mut ListArena, line: LineId, class: u8) {
+        debug_assert!(lists.is_linked(line.0));
+        lists.unlink(line.0);
+        let c = class as usize;
+        if self.meta[line.0 as usize] & IN_SMALL != 0 {
+            self.small_len[c] -= 1;
+        } else {
+            self.main_len[c] -= 1;
+        }
+        self.meta[line.0 as usize] = 0;
+    }
+
+    fn evict(&mut self, lists: &mut ListArena, class: u8, view: &dyn LineView) -> Option<LineId> {
+        let c = class as usize;
+        let (small, main) = (self.small[c], self.main[c]);
+        let mut cs = lists.back(small);
+        let mut cm = lists.back(main);
+        let mut main_passes = 0;
+        loop {
+            let total = (self.small_len[c] + self.main_len[c]) as u64;
+            let small_over = self.small_len[c] as u64 * 100 >= total * SMALL_PCT;
+            if let Some(n) = cs.filter(|_| small_over || cm.is_none()) {
+                cs = lists.next_towards_back(small, n);
+                if view.busy(LineId(n)) {
+                    continue;
+                }
+                lists.unlink(n);
+                self.small_len[c] -= 1;
+                if self.meta[n as usize] & FREQ_MASK > 0 {
+                    // Hit while on probation: promote to main.
+                    self.meta[n as usize] = 0;
+                    lists.push_front(main, n);
+                    self.main_len[c] += 1;
+                    if cm.is_none() {
+                        cm = Some(n);
+                    }
+                    continue;
+                }
+                self.meta[n as usize] = 0;
+                self.ghost_put(view.key(LineId(n)));
+                return Some(LineId(n));
+            }
+            let n = cm?;
+            cm = lists.next_towards_back(main, n);
+            if !view.busy(LineId(n)) {
+                let m = &mut self.meta[n as usize];
+                if *m & FREQ_MASK == 0 {
+                    lists.unlink(n);
+                    self.main_len[c] -= 1;
+                    return Some(LineId(n));
+                }
+                *m -= 1;
+                lists.move_to_front(main, n);
+            }
+            if cm.is_none() && main_passes < MAIN_PASSES_MAX {
+                main_passes += 1;
+                cm = lists.back(main);
+            }
+        }
+    }
+
+    fn len(&self, class: u8) -> u32 {
+        self.small_len[class as usize] + self.main_len[class as usize]
+    }
+
     fn heap_bytes(&self) -> usize {
-        0
+        self.meta.capacity()
+            + self.ghost.capacity() * 2
+            + (self.small.capacity() + self.main.capacity()) * std::mem::size_of::<ListId>()
+            + (self.small_len.capacity() + self.main_len.capacity()) * 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::position_key;
+    use crate::units::CoreId;
+
+    /// Line `l` caches core line `pos[l]`.
+    struct View {
+        busy: Vec<bool>,
+        pos: Vec<u64>,
+    }
+    impl LineView for View {
+        fn busy(&self, line: LineId) -> bool {
+            self.busy[line.0 as usize]
+        }
+        fn position(&self, line: LineId) -> (CoreId, u64) {
+            (CoreId(0), self.pos[line.0 as usize])
+        }
+        fn key(&self, line: LineId) -> u64 {
+            position_key(CoreId(0), self.pos[line.0 as usize])
+        }
+    }
+
+    #[test]
+    fn unhit_probationary_lines_go_first_and_into_the_ghost() {
+        let mut a = ListArena::new(16);
+        let mut p = S3Fifo::new(&mut a, 16);
+        let mut v = View {
+            busy: vec![false; 16],
+            pos: (0..16).collect(),
+        };
+        for l in 0..10 {
+            p.insert(&mut a, LineId(l), 0, position_key(CoreId(0), l as u64));
+        }
+        p.touch(&mut a, LineId(0), 0);
+        v.busy[1] = true;
+        // Line 0 was hit: promoted; line 1 busy: skipped; line 2 evicted.
+        assert_eq!(p.evict(&mut a, 0, &v), Some(LineId(2)));
+        assert!(!a.is_linked(2));
+        assert_eq!(p.len(0), 9);
+        assert_eq!(p.small_len(0), 8);
+        // Core line 2 comes back on line 11: it is in the ghost, so it goes to main.
+        v.pos[11] = 2;
+        p.insert(&mut a, LineId(11), 0, position_key(CoreId(0), 2));
+        assert_eq!(p.small_len(0), 8);
+        assert_eq!(p.len(0), 10);
+        p.remove(&mut a, LineId(11), 0);
+        p.remove(&mut a, LineId(0), 0);
+        assert_eq!(p.len(0), 8);
+        assert_eq!(p.small_len(0), 8);
+    }
+
+    #[test]
+    fn drains_everything_not_busy_and_then_stops() {
+        let mut a = ListArena::new(32);
+        let mut p = S3Fifo::new(&mut a, 32);
+        let mut v = View {
+            busy: vec![false; 32],
+            pos: (0..32).collect(),
+        };
+        for l in 0..32 {
+            p.insert(&mut a, LineId(l), (l % 2) as u8, l as u64 * 7919);
+            for _ in 0..(l % 5) {
+                p.touch(&mut a, LineId(l), (l % 2) as u8);
+            }
+        }
+        v.busy[4] = true;
+        let mut got = Vec::new();
+        while let Some(l) = p.evict(&mut a, 0, &v) {
+            assert_eq!(l.0 % 2, 0);
+            got.push(l.0);
+        }
+        assert_eq!(got.len(), 15, "every even line but the busy one");
+        assert_eq!(p.len(0), 1);
+        assert_eq!(p.len(1), 16);
     }
 }
