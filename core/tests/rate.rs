@@ -220,3 +220,17 @@ fn rate_controller_holds_dirty_ratio_at_target() {
         );
     }
 }
+
+/// The measurement can fail: without the controller, the same load drives the dirty share far
+/// from the target (ALRU alone never cleans a busy cache, so dirty data piles up until every
+/// write waits for on-demand cleaning).
+#[test]
+fn without_the_controller_the_dirty_ratio_runs_away() {
+    let series = run(RateParams { enabled: false, dirty_target_pct: 50, throttle_max_ms: 50 }, 30, 32);
+    println!("second  dirty%  writes/s  (controller off)");
+    for (i, (d, w)) in series.iter().enumerate() {
+        println!("{:>6} {:>7.1} {:>9}", i + 1, d * 100.0, w);
+    }
+    let worst = series[20..].iter().map(|(d, _)| (d * 100.0 - 50.0).abs()).fold(0.0, f64::max);
+    assert!(worst > 5.0, "dirty stayed within 5 points of 50% with the controller off");
+}

@@ -15,10 +15,10 @@
 //! the main queue, where the hot set lives. LRU, by contrast, lets a scan push out everything.
 //!
 //! Memory: one byte per line (counter and queue bit) plus the ghost filter, a direct-mapped table
-//! of 16-bit key fingerprints with one slot per cache line (2 bytes per line). The ghost filter is
+//! of 8-bit key fingerprints with one slot per cache line (1 byte per line). The ghost filter is
 //! approximate: a newer key overwrites an older one in the same slot (which ages the filter the
-//! way the paper's FIFO ghost queue does), and a fingerprint collision (1 in 65 535) can send a
-//! new line straight to main — a performance effect only, never a correctness one.
+//! way the paper's FIFO ghost queue does), and a fingerprint collision (under 1 in 255) can send
+//! a new line straight to main — a performance effect only, never a correctness one.
 
 use crate::lists::{ListArena, ListId};
 use crate::policy::eviction::Eviction;
@@ -42,8 +42,8 @@ pub struct S3Fifo {
     main_len: Vec<u32>,
     /// Per line: bits 0–1 access counter, bit 2 "on the small queue".
     meta: Vec<u8>,
-    /// Ghost filter: 16-bit fingerprints (0 = empty slot).
-    ghost: Vec<u16>,
+    /// Ghost filter: 8-bit fingerprints (0 = empty slot).
+    ghost: Vec<u8>,
 }
 
 impl S3Fifo {
@@ -62,9 +62,9 @@ impl S3Fifo {
     }
 
     #[inline]
-    fn ghost_slot(&self, key: u64) -> (usize, u16) {
+    fn ghost_slot(&self, key: u64) -> (usize, u8) {
         let idx = ((key as u128 * self.ghost.len() as u128) >> 64) as usize;
-        let fp = (key as u16).max(1);
+        let fp = (key as u8).max(1);
         (idx, fp)
     }
 
@@ -181,7 +181,7 @@ impl Eviction for S3Fifo {
 
     fn heap_bytes(&self) -> usize {
         self.meta.capacity()
-            + self.ghost.capacity() * 2
+            + self.ghost.capacity()
             + (self.small.capacity() + self.main.capacity()) * std::mem::size_of::<ListId>()
             + (self.small_len.capacity() + self.main_len.capacity()) * 4
     }
