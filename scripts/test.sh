@@ -66,8 +66,9 @@ step "canary: flush acknowledged before what it covers" canary canary-early-flus
 step "canary: stale read after a partial-line write" canary canary-stale-partial model
 step "canary: eviction policy that evicts dirty lines" canary canary-broken-eviction model
 
-section "core micro-benchmark smoke (numbers printed, not asserted)"
+section "benchmarks and the study scenario (numbers printed, not asserted)"
 step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
+step "tiercache sim ceph-opencas-2020 (the README's main job)" ./target/release/tiercache sim ceph-opencas-2020
 
 section "summary"
 echo "suite: $passed passed, $failed failed"

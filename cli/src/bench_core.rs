@@ -12,7 +12,6 @@
 //! one 4 KiB copy is measured beside it.
 
 use crate::alloc_count::live_bytes;
-use crate::zipf::{Rng, Zipf};
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,6 +20,7 @@ use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::{CleaningPolicy, EvictionPolicy, RateParams};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
+use tiercache_sim::rng::{Rng, Zipf};
 
 /// Arguments of `bench core`.
 #[derive(clap::Args)]
@@ -49,7 +49,11 @@ fn summarize(mut v: Vec<u32>) -> Timings {
     v.sort_unstable();
     let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize] as f64;
     let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
-    Timings { p50: at(0.5), p99: at(0.99), mean }
+    Timings {
+        p50: at(0.5),
+        p99: at(0.99),
+        mean,
+    }
 }
 
 /// Runs one request to completion, completing every device IO at once. Returns whether it was
@@ -81,7 +85,11 @@ pub fn run(args: Args) -> Result<(), String> {
     let eviction = match args.eviction.as_str() {
         "lru" => EvictionPolicy::Lru,
         "s3fifo" => EvictionPolicy::S3Fifo,
-        other => return Err(format!("unknown eviction policy '{other}'; use lru or s3fifo")),
+        other => {
+            return Err(format!(
+                "unknown eviction policy '{other}'; use lru or s3fifo"
+            ));
+        }
     };
     if args.lines < 1024 {
         return Err("--lines must be at least 1024".into());
@@ -95,11 +103,16 @@ pub fn run(args: Args) -> Result<(), String> {
     cfg.mode = CacheMode::Wb;
     cfg.eviction = eviction;
     cfg.cleaning = CleaningPolicy::Nop;
-    cfg.rate = RateParams { enabled: false, ..RateParams::default() };
+    cfg.rate = RateParams {
+        enabled: false,
+        ..RateParams::default()
+    };
     let mut cache = Cache::new(cfg)?;
     let core = CoreId(0);
     let core_blocks = lines as u64 * 8 * 2;
-    cache.add_core(core, core_blocks).map_err(|e| e.to_string())?;
+    cache
+        .add_core(core, core_blocks)
+        .map_err(|e| e.to_string())?;
     eprint!("filling {lines} lines ...");
     let t = Instant::now();
     for i in 0..lines as u64 {
@@ -147,15 +160,30 @@ pub fn run(args: Args) -> Result<(), String> {
             req += 1;
             now = Nanos(now.0 + 1000);
             let ev = if write {
-                Event::Write { req: ReqId(req), core, lba, blocks: 8, fua: false }
+                Event::Write {
+                    req: ReqId(req),
+                    core,
+                    lba,
+                    blocks: 8,
+                    fua: false,
+                }
             } else {
-                Event::Read { req: ReqId(req), core, lba, blocks: 8 }
+                Event::Read {
+                    req: ReqId(req),
+                    core,
+                    lba,
+                    blocks: 8,
+                }
             };
             let t0 = Instant::now();
             let ok = run_request(cache, ev, &mut actions, now);
             let dt = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
             black_box(ok);
-            if is_partial { partial.push(dt) } else { full.push(dt) }
+            if is_partial {
+                partial.push(dt)
+            } else {
+                full.push(dt)
+            }
         }
         eprintln!(" done");
         (summarize(full), summarize(partial))
@@ -175,10 +203,16 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     let memcpy_ns = t.elapsed().as_nanos() as f64 / n as f64;
 
-    println!("tiercache bench core: {lines} lines of 4 KiB, {} requests per phase", args.ops);
+    println!(
+        "tiercache bench core: {lines} lines of 4 KiB, {} requests per phase",
+        args.ops
+    );
     println!("  eviction {}, mode wb, cleaning nop", args.eviction);
     println!();
-    println!("  {:<34} {:>9} {:>9} {:>9}", "request (core decision, ns)", "p50", "p99", "mean");
+    println!(
+        "  {:<34} {:>9} {:>9} {:>9}",
+        "request (core decision, ns)", "p50", "p99", "mean"
+    );
     for (n, t) in [
         ("4K read, full hit", &read_hit),
         ("4K read, partial hit + backfill", &read_partial),
@@ -187,11 +221,20 @@ pub fn run(args: Args) -> Result<(), String> {
     ] {
         println!("  {:<34} {:>9.0} {:>9.0} {:>9.0}", n, t.p50, t.p99, t.mean);
     }
-    println!("  {:<34} {:>9.0}", "timer overhead (included above)", timer.p50);
+    println!(
+        "  {:<34} {:>9.0}",
+        "timer overhead (included above)", timer.p50
+    );
     println!("  {:<34} {:>9.1}", "one 4 KiB memcpy (mean)", memcpy_ns);
     println!();
-    println!("  metadata RAM: {:.2} bytes per 4 KiB line (allocator-counted, all per-line structures)", bytes_per_line);
-    println!("  read requests: {} full hits, {} partial hits, {} misses", counters.read.full_hit, counters.read.partial_hit, counters.read.miss);
+    println!(
+        "  metadata RAM: {:.2} bytes per 4 KiB line (allocator-counted, all per-line structures)",
+        bytes_per_line
+    );
+    println!(
+        "  read requests: {} full hits, {} partial hits, {} misses",
+        counters.read.full_hit, counters.read.partial_hit, counters.read.miss
+    );
     println!("  targets (SPEC P6/P7): decision p50 <= 300 ns; <= 20 bytes per line");
 
     if let Some(path) = args.json {
@@ -211,8 +254,11 @@ pub fn run(args: Args) -> Result<(), String> {
             "read_full_hits": counters.read.full_hit,
             "read_partial_hits": counters.read.partial_hit,
         });
-        std::fs::write(&path, serde_json::to_string_pretty(&j).expect("json") + "\n")
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&j).expect("json") + "\n",
+        )
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 
 mod alloc_count;
 mod bench_core;
-mod zipf;
+mod sim_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +27,8 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+    /// Simulate a scenario: the real cache core against modelled devices and clients.
+    Sim(sim_cmd::Args),
 }
 
 #[derive(Subcommand)]
@@ -38,7 +40,10 @@ enum BenchCmd {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Bench { what: BenchCmd::Core(args) } => bench_core::run(args),
+        Cmd::Bench {
+            what: BenchCmd::Core(args),
+        } => bench_core::run(args),
+        Cmd::Sim(args) => sim_cmd::run(args),
     };
     if let Err(e) = result {
         eprintln!("tiercache: {e}");

@@ -60,6 +60,8 @@ fn hit_ratio(policy: EvictionPolicy) -> f64 {
     cfg.mode = CacheMode::Wt;
     cfg.eviction = policy;
     let mut cache = Cache::new(cfg).unwrap();
+    // A measurement, not a correctness test: full invariant checks (strict-asserts) now and then.
+    cache.set_invariant_check_every(10_000);
     let core_lines = HOT + SCAN_LEN * 64;
     cache.add_core(CoreId(0), core_lines * 8).unwrap();
     cache
@@ -80,7 +82,7 @@ fn hit_ratio(policy: EvictionPolicy) -> f64 {
     let mut actions = Vec::new();
     let mut done = Vec::new();
     for i in 0..REQUESTS {
-        let line = if rng.next() % 2 == 0 {
+        let line = if rng.next().is_multiple_of(2) {
             scatter(zipf.sample(&mut rng))
         } else {
             let l = scan_pos;

@@ -90,6 +90,7 @@ fn run(rate: RateParams, secs: u64, qd: usize) -> Vec<(f64, u64)> {
     cfg.rate = rate;
     cfg.pool_slots = 32;
     let mut cache = Cache::new(cfg).unwrap();
+    cache.set_invariant_check_every(64);
     let ws_lines = lines as u64 * 4;
     cache.add_core(CoreId(0), ws_lines * 8).unwrap();
     let mut sim = Sim {
@@ -226,11 +227,25 @@ fn rate_controller_holds_dirty_ratio_at_target() {
 /// write waits for on-demand cleaning).
 #[test]
 fn without_the_controller_the_dirty_ratio_runs_away() {
-    let series = run(RateParams { enabled: false, dirty_target_pct: 50, throttle_max_ms: 50 }, 30, 32);
+    let series = run(
+        RateParams {
+            enabled: false,
+            dirty_target_pct: 50,
+            throttle_max_ms: 50,
+        },
+        30,
+        32,
+    );
     println!("second  dirty%  writes/s  (controller off)");
     for (i, (d, w)) in series.iter().enumerate() {
         println!("{:>6} {:>7.1} {:>9}", i + 1, d * 100.0, w);
     }
-    let worst = series[20..].iter().map(|(d, _)| (d * 100.0 - 50.0).abs()).fold(0.0, f64::max);
-    assert!(worst > 5.0, "dirty stayed within 5 points of 50% with the controller off");
+    let worst = series[20..]
+        .iter()
+        .map(|(d, _)| (d * 100.0 - 50.0).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst > 5.0,
+        "dirty stayed within 5 points of 50% with the controller off"
+    );
 }

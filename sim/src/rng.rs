@@ -1,5 +1,5 @@
 //! Zipf-distributed keys (YCSB's generator: O(n) set-up once, O(1) per sample), and a small
-//! deterministic PRNG. Used by benchmarks; the simulator has its own workload generators.
+//! deterministic PRNG. Shared by the simulator's workloads and the benchmarks.
 
 /// xorshift64* PRNG.
 pub struct Rng(u64);
@@ -43,7 +43,13 @@ impl Zipf {
         let zeta2 = zeta(2);
         let alpha = 1.0 / (1.0 - theta);
         let eta = (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta2 / zetan);
-        Zipf { n, theta, alpha, zetan, eta }
+        Zipf {
+            n,
+            theta,
+            alpha,
+            zetan,
+            eta,
+        }
     }
     /// A sample.
     pub fn sample(&self, rng: &mut Rng) -> u64 {

@@ -104,6 +104,11 @@ pub(crate) enum WbIo {
 /// The cache core. See the module docs.
 pub struct Cache {
     pub(crate) cfg: Config,
+    /// Events applied (invariant-check sampling; read only in builds with the checks).
+    #[cfg_attr(not(any(test, feature = "strict-asserts")), allow(dead_code))]
+    events_applied: u64,
+    #[cfg_attr(not(any(test, feature = "strict-asserts")), allow(dead_code))]
+    check_every: u64,
     pub(crate) bpl: u32,
     pub(crate) shift: u32,
     /// Current mode (reads follow it).
@@ -249,6 +254,8 @@ impl Cache {
             #[cfg(feature = "canary-broken-eviction")]
             canary_hand: 0,
             cfg,
+            events_applied: 0,
+            check_every: 1,
         };
         cache.rebuild_evict_order();
         Ok(cache)
@@ -268,16 +275,28 @@ impl Cache {
         }
         self.maintain(actions);
         #[cfg(any(test, feature = "strict-asserts"))]
-        self.check_invariants();
+        {
+            self.events_applied += 1;
+            if self.events_applied.is_multiple_of(self.check_every) {
+                self.check_invariants();
+            }
+        }
+    }
+
+    /// With invariant checks compiled in (tests, `strict-asserts`), check only every `n`th event
+    /// (default 1). For long measurement runs over big caches, where an O(lines) check after
+    /// every event would dominate; correctness tests keep the default.
+    pub fn set_invariant_check_every(&mut self, n: u64) {
+        self.check_every = n.max(1);
     }
 
     /// The earliest time at which the cache wants an [`Event::Tick`] even if nothing else
     /// happens (cleaner wake-up, throttled writes). `None`: only when something happens.
     pub fn next_deadline(&self) -> Option<Nanos> {
         let mut t: Option<Nanos> = self.throttled.iter().map(|&(t, _)| t).min();
-        // With no free staging slot the cleaner cannot start anything until a job completes,
-        // and that completion is an event of its own.
-        if self.dirty_lines > 0 && !self.free_slots.is_empty() {
+        // When the cleaner cannot start a job until a running one frees slots, that is an
+        // event of its own: no deadline.
+        if self.dirty_lines > 0 && self.cleaner_can_start() {
             let c = self.cleaner_next.max(self.wb_backoff_until);
             if c.0 != u64::MAX {
                 t = Some(t.map_or(c, |x| x.min(c)));

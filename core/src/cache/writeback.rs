@@ -19,6 +19,9 @@ use crate::event::{Action, BufRef, Dev, IoError};
 use crate::policy::position_key;
 use crate::units::{CoreId, Lba, LineId, Nanos, mask_runs};
 
+/// An extent whose slot went back to the pool.
+const NO_SLOT: u32 = u32::MAX;
+
 /// One core write of a job, staged in one pool slot.
 #[derive(Debug)]
 pub(crate) struct Extent {
@@ -46,6 +49,19 @@ pub(crate) struct Job {
 }
 
 impl Cache {
+    /// Staging slots one job may use: half the pool, so the next job can start while this one
+    /// waits for its slowest write and its core flush (the core's queue stays full).
+    fn slots_per_job(&self) -> usize {
+        (self.cfg.pool_slots as usize / 2).max(1)
+    }
+
+    /// Whether a new job could start now as far as slots go. With a job running, wait for a
+    /// whole job's worth of free slots: many tiny jobs would each pay a core flush.
+    pub(crate) fn cleaner_can_start(&self) -> bool {
+        !self.free_slots.is_empty()
+            && (self.jobs.is_empty() || self.free_slots.len() >= self.slots_per_job())
+    }
+
     /// Starts writeback if the policy, a command, the rate controller or an allocation wants it.
     pub(crate) fn run_cleaner(&mut self, actions: &mut Vec<Action>) {
         if self.dirty_lines == 0 || self.free_slots.is_empty() || self.now < self.wb_backoff_until {
@@ -58,7 +74,16 @@ impl Cache {
         if !forced && self.now < self.cleaner_next {
             return;
         }
-        let max = self.cleaning.batch_max().min(self.free_slots.len()).max(1);
+        if !self.cleaner_can_start() {
+            return;
+        }
+        let per_job = self.slots_per_job();
+        let max = self
+            .cleaning
+            .batch_max()
+            .min(self.free_slots.len())
+            .min(per_job)
+            .max(1);
         let mut picked = std::mem::take(&mut self.pick_buf);
         picked.clear();
         let view = View {
@@ -208,6 +233,11 @@ impl Cache {
             WbIo::CacheRead { extent } => {
                 let e = &mut job.extents[extent as usize];
                 e.reads_pending -= 1;
+                if e.reads_pending == 0 && job.failed && e.slot != NO_SLOT {
+                    // No core write will use this slot: give it back now.
+                    self.free_slots.push(e.slot);
+                    e.slot = NO_SLOT;
+                }
                 if e.reads_pending == 0 && !job.failed {
                     let io = self.new_io(IoOwner::Wb {
                         job: id,
@@ -229,7 +259,13 @@ impl Cache {
                     job.pending += 1;
                 }
             }
-            WbIo::CoreWrite { .. } => {}
+            WbIo::CoreWrite { extent } => {
+                // The data left the slot: another job may use it while this one waits for its
+                // other writes and its flush (so the core's queue stays full).
+                let e = &mut job.extents[extent as usize];
+                self.free_slots.push(e.slot);
+                e.slot = NO_SLOT;
+            }
             WbIo::CoreFlush { core, covers } => {
                 if result.is_ok() {
                     let fs = &mut self.cores[core.0 as usize].as_mut().expect("core").flush;
@@ -315,7 +351,9 @@ impl Cache {
             }
         }
         for e in &job.extents {
-            self.free_slots.push(e.slot);
+            if e.slot != NO_SLOT {
+                self.free_slots.push(e.slot);
+            }
         }
         if ok {
             self.rate.on_cleaned(self.now, cleaned);
@@ -330,6 +368,6 @@ impl Cache {
 impl Job {
     /// Staging slots the job holds.
     pub(crate) fn slots(&self) -> usize {
-        self.extents.len()
+        self.extents.iter().filter(|e| e.slot != NO_SLOT).count()
     }
 }

@@ -104,7 +104,7 @@ pub struct RateParams {
     pub enabled: bool,
     /// Dirty share of the cache the controller steers towards, percent (1–99, default 50).
     pub dirty_target_pct: u32,
-    /// Longest delay added to one client write that needs a new dirty line, ms (default 50).
+    /// Longest delay added to one client write that needs a new dirty line, ms (default 200).
     pub throttle_max_ms: u32,
 }
 
@@ -113,7 +113,7 @@ impl Default for RateParams {
         RateParams {
             enabled: true,
             dirty_target_pct: 50,
-            throttle_max_ms: 50,
+            throttle_max_ms: 200,
         }
     }
 }

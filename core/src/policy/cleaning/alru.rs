@@ -109,7 +109,7 @@ impl Alru {
         let n = self.markers.len();
         let mut kept = VecDeque::with_capacity(n / 2 + 1);
         for (i, m) in self.markers.drain(..).enumerate() {
-            if (n - 1 - i) % 2 == 0 {
+            if (n - 1 - i).is_multiple_of(2) {
                 kept.push_back(m);
             } else {
                 lists.unlink(m.0);

@@ -1,0 +1,18 @@
+//! tiercache's simulator: the real, unchanged cache core ([`tiercache_core::Cache`]) driven by
+//! simulated clients and devices on a simulated clock.
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`device`] | device models (HDD, flash, RAM) with shipped presets |
+//! | [`engine`] | the discrete-event engine: clients, servers, caches, devices |
+//! | [`scenario`] | scenario files: topology, cache, configs, workloads |
+//! | [`stats`] | latency histograms and time series |
+//! | [`rng`] | the deterministic PRNG and Zipf generator |
+//! | [`workload`] | client workloads: patterns, distributions, trace replay |
+
+pub mod device;
+pub mod engine;
+pub mod rng;
+pub mod scenario;
+pub mod stats;
+pub mod workload;
