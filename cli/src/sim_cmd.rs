@@ -30,6 +30,10 @@ pub struct Args {
     /// Print the scenario's description and exit.
     #[arg(long)]
     about: bool,
+    /// Replay a CSV trace (time_us,op,offset,length; op R or W; bytes) instead of the
+    /// scenario's workloads, under each of its configs.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<String>,
     /// Override every workload's measured duration, simulated seconds (quick looks).
     #[arg(long, value_name = "SECONDS")]
     duration: Option<f64>,
@@ -67,14 +71,47 @@ pub fn run(args: Args) -> Result<(), String> {
     let seed = args.seed.unwrap_or(sc.seed);
     println!("tiercache sim {} (seed {seed})\n  {}", sc.name, sc.title);
     let t0 = Instant::now();
-    let runs = sc.run_all(seed, |w, c, r| {
-        println!(
-            "  ran {w:<18} {c:<9} {:>10.0} IOPS  ({} events, {:.1} s wall)",
-            r.iops(),
-            r.events,
-            t0.elapsed().as_secs_f64()
+    let runs = if let Some(path) = &args.trace {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        let entries =
+            tiercache_sim::workload::parse_trace(&text).map_err(|e| format!("{path}: {e}"))?;
+        if entries.is_empty() {
+            return Err(format!("{path}: no requests in the trace"));
+        }
+        let name = format!(
+            "trace {}",
+            std::path::Path::new(path)
+                .file_name()
+                .map_or(path.as_str(), |f| f.to_str().unwrap_or(path))
         );
-    })?;
+        sc.workload.truncate(1);
+        sc.workload[0].name = name.clone();
+        let mut out = Vec::new();
+        for c in &sc.config {
+            let r = sc.run_trace(&entries, c)?;
+            println!(
+                "  ran {name:<18} {:<9} {:>10.0} IOPS  ({} events)",
+                c.name,
+                r.iops(),
+                r.events
+            );
+            out.push(Run {
+                workload: name.clone(),
+                config: c.name.clone(),
+                result: r,
+            });
+        }
+        out
+    } else {
+        sc.run_all(seed, |w, c, r| {
+            println!(
+                "  ran {w:<18} {c:<9} {:>10.0} IOPS  ({} events, {:.1} s wall)",
+                r.iops(),
+                r.events,
+                t0.elapsed().as_secs_f64()
+            );
+        })?
+    };
     let wall = t0.elapsed().as_secs_f64();
     print!("{}", table(&sc, &runs));
     let sim_s: f64 = runs.iter().map(|r| r.result.seconds + sc.warmup_s).sum();

@@ -1,17 +1,20 @@
 //! The mapping: (core, core line) → cache line, and back.
 //!
 //! Set-less and fully associative, like Open CAS: any core line can live in any cache line.
-//! The forward map is an open-addressing hash table of `u32` line ids with linear probing and
-//! backward-shift deletion (no tombstones), sized at 1.25 slots per line; the reverse map is two
-//! per-line arrays (core id, core line). Keys are never stored twice: a slot holds only a line
-//! id and the key is read from the reverse map. Memory: 5 (reverse) + 5 (table) bytes per line.
+//! The forward map is an open-addressing hash table of `u32` slots with linear probing and
+//! backward-shift deletion (no tombstones), sized at 1.25 slots per line; the reverse map is one
+//! 5-byte record per line (core line, core id). Keys are never stored twice: a slot holds a line id in
+//! its low bits and, in the bits a line id does not need, a **fingerprint** of the key's hash
+//! (8 bits at 16M lines). A probe reads the reverse map only when the fingerprint matches, so a
+//! lookup costs about one cache miss in the table and one in the reverse map instead of one per
+//! probed slot. Memory: 5 (reverse) + 5 (table) bytes per line.
 //!
 //! A core line number is `u32`, so a core can have at most 2^32 lines (16 TiB with 4 KiB lines,
 //! 256 TiB with 64 KiB lines); `Cache::add_core` refuses bigger cores with a message naming the
 //! line size that would fit.
 //!
-//! Invariant: line `l` is mapped iff `core[l] != UNMAPPED`, and then exactly one slot holds `l`
-//! and `lookup(core[l], core_line[l]) == Some(l)`.
+//! Invariant: line `l` is mapped iff its reverse record's core is not `UNMAPPED`, and then
+//! exactly one slot holds `l` and `lookup(position(l)) == Some(l)`.
 
 use crate::policy::position_key;
 use crate::units::{CoreId, LineId};
@@ -24,27 +27,61 @@ pub const UNMAPPED: u8 = u8::MAX;
 #[derive(Clone, Debug)]
 pub struct Mapping {
     slots: Vec<u32>,
-    core: Vec<u8>,
-    core_line: Vec<u32>,
+    /// Bits of a slot that hold the line id; the rest hold the fingerprint.
+    id_bits: u32,
+    /// Reverse map, one 5-byte record per line: core line (`u32`, little endian), core id.
+    /// One record, one memory access: verifying a fingerprint match costs a single miss.
+    rev: Vec<u8>,
     mapped: u32,
 }
+
+const REV: usize = 5;
 
 impl Mapping {
     /// A mapping for `lines` cache lines, all unmapped.
     pub fn new(lines: u32) -> Mapping {
         let cap = (lines as usize + lines as usize / 4 + 1).max(2);
+        // Line ids are < 2^id_bits - 1, so no slot can equal EMPTY (all ones).
+        let id_bits = 32 - lines.leading_zeros();
         Mapping {
             slots: vec![EMPTY; cap],
-            core: vec![UNMAPPED; lines as usize],
-            core_line: vec![0; lines as usize],
+            id_bits,
+            rev: [0, 0, 0, 0, UNMAPPED].repeat(lines as usize),
             mapped: 0,
         }
     }
 
     #[inline]
-    fn home(&self, core: CoreId, core_line: u32) -> usize {
+    fn rev_core(&self, l: usize) -> u8 {
+        self.rev[l * REV + 4]
+    }
+
+    #[inline]
+    fn rev_line(&self, l: usize) -> u32 {
+        let r = &self.rev[l * REV..l * REV + 4];
+        u32::from_le_bytes([r[0], r[1], r[2], r[3]])
+    }
+
+    #[inline]
+    fn set_rev(&mut self, l: usize, core: u8, core_line: u32) {
+        let r = &mut self.rev[l * REV..l * REV + REV];
+        r[..4].copy_from_slice(&core_line.to_le_bytes());
+        r[4] = core;
+    }
+
+    /// Home slot and fingerprint (already shifted into place) of a key.
+    #[inline]
+    fn home(&self, core: CoreId, core_line: u32) -> (usize, u32) {
         let h = position_key(core, core_line as u64);
-        ((h as u128 * self.slots.len() as u128) >> 64) as usize
+        let i = ((h as u128 * self.slots.len() as u128) >> 64) as usize;
+        // The home index uses the hash's high bits; the fingerprint its low ones.
+        let fp = (h as u32).checked_shl(self.id_bits).unwrap_or(0);
+        (i, fp)
+    }
+
+    #[inline]
+    fn id_mask(&self) -> u32 {
+        1u32.checked_shl(self.id_bits).map_or(u32::MAX, |b| b - 1)
     }
 
     /// The cache line holding `core_line` of `core`, if any.
@@ -54,14 +91,19 @@ impl Mapping {
             return None;
         };
         let n = self.slots.len();
-        let mut i = self.home(core, cl);
+        let (mut i, fp) = self.home(core, cl);
+        let mask = self.id_mask();
         loop {
             let s = self.slots[i];
             if s == EMPTY {
                 return None;
             }
-            if self.core_line[s as usize] == cl && self.core[s as usize] as u16 == core.0 {
-                return Some(LineId(s));
+            let l = s & mask;
+            if s & !mask == fp
+                && self.rev_line(l as usize) == cl
+                && self.rev_core(l as usize) as u16 == core.0
+            {
+                return Some(LineId(l));
             }
             i += 1;
             if i == n {
@@ -76,32 +118,33 @@ impl Mapping {
         assert!(core.0 < UNMAPPED as u16);
         debug_assert!(self.lookup(core, core_line).is_none());
         assert_eq!(
-            self.core[line.0 as usize], UNMAPPED,
+            self.rev_core(line.0 as usize),
+            UNMAPPED,
             "line {line:?} already mapped"
         );
-        self.core[line.0 as usize] = core.0 as u8;
-        self.core_line[line.0 as usize] = cl;
+        self.set_rev(line.0 as usize, core.0 as u8, cl);
         let n = self.slots.len();
-        let mut i = self.home(core, cl);
+        let (mut i, fp) = self.home(core, cl);
         while self.slots[i] != EMPTY {
             i += 1;
             if i == n {
                 i = 0;
             }
         }
-        self.slots[i] = line.0;
+        self.slots[i] = fp | line.0;
         self.mapped += 1;
     }
 
     /// Unmaps `line`, which must be mapped.
     pub fn remove(&mut self, line: LineId) {
         let l = line.0 as usize;
-        assert_ne!(self.core[l], UNMAPPED, "line {line:?} not mapped");
-        let core = CoreId(self.core[l] as u16);
-        let cl = self.core_line[l];
+        assert_ne!(self.rev_core(l), UNMAPPED, "line {line:?} not mapped");
+        let core = CoreId(self.rev_core(l) as u16);
+        let cl = self.rev_line(l);
         let n = self.slots.len();
-        let mut i = self.home(core, cl);
-        while self.slots[i] != line.0 {
+        let mask = self.id_mask();
+        let (mut i, _) = self.home(core, cl);
+        while self.slots[i] == EMPTY || self.slots[i] & mask != line.0 {
             assert_ne!(self.slots[i], EMPTY, "mapped line missing from table");
             i += 1;
             if i == n {
@@ -120,10 +163,8 @@ impl Mapping {
             if s == EMPTY {
                 break;
             }
-            let h = self.home(
-                CoreId(self.core[s as usize] as u16),
-                self.core_line[s as usize],
-            );
+            let sl = (s & mask) as usize;
+            let (h, _) = self.home(CoreId(self.rev_core(sl) as u16), self.rev_line(sl));
             // Can `s` (home h, now at j) move to `hole`? Only if h is not in (hole, j].
             let in_range = if hole <= j {
                 h > hole && h <= j
@@ -136,22 +177,22 @@ impl Mapping {
             }
         }
         self.slots[hole] = EMPTY;
-        self.core[l] = UNMAPPED;
+        self.set_rev(l, UNMAPPED, 0);
         self.mapped -= 1;
     }
 
     /// Whether `line` is mapped.
     #[inline]
     pub fn is_mapped(&self, line: LineId) -> bool {
-        self.core[line.0 as usize] != UNMAPPED
+        self.rev_core(line.0 as usize) != UNMAPPED
     }
 
     /// The position of mapped `line`.
     #[inline]
     pub fn position(&self, line: LineId) -> (CoreId, u64) {
         let l = line.0 as usize;
-        debug_assert_ne!(self.core[l], UNMAPPED);
-        (CoreId(self.core[l] as u16), self.core_line[l] as u64)
+        debug_assert_ne!(self.rev_core(l), UNMAPPED);
+        (CoreId(self.rev_core(l) as u16), self.rev_line(l) as u64)
     }
 
     /// Mapped lines.
@@ -161,7 +202,7 @@ impl Mapping {
 
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * 4 + self.core.capacity() + self.core_line.capacity() * 4
+        self.slots.capacity() * 4 + self.rev.capacity()
     }
 }
 
@@ -171,7 +212,13 @@ mod tests {
 
     #[test]
     fn insert_lookup_remove_many() {
-        let lines = 1000u32;
+        // Sizes around powers of two exercise the line-id / fingerprint split of a slot.
+        for lines in [1u32, 2, 3, 1000, 1023, 1024, 1025] {
+            churn(lines);
+        }
+    }
+
+    fn churn(lines: u32) {
         let mut m = Mapping::new(lines);
         let mut rng = 12345u64;
         let mut next = || {
@@ -182,9 +229,9 @@ mod tests {
         };
         let mut model: std::collections::HashMap<(u16, u64), u32> = Default::default();
         let mut free: Vec<u32> = (0..lines).collect();
-        for _ in 0..200_000 {
+        for _ in 0..100_000 {
             let core = (next() % 3) as u16;
-            let cl = next() % 2000;
+            let cl = next() % (2 * lines as u64 + 2);
             match model.get(&(core, cl)) {
                 Some(&l) => {
                     assert_eq!(m.lookup(CoreId(core), cl), Some(LineId(l)));

@@ -19,7 +19,7 @@ use crate::device::{self, Device, DeviceSpec};
 use crate::engine::{
     CacheSetup, Direct, Load, Region, Router, RunResult, ServerModel, Sim, Target, Window,
 };
-use crate::workload::{ClientIo, Generator, WorkloadSpec};
+use crate::workload::{ClientIo, Generator, TraceEntry, WorkloadSpec};
 
 /// Shipped scenarios: (name, TOML text).
 pub const SHIPPED: &[(&str, &str)] = &[
@@ -537,6 +537,27 @@ impl Scenario {
             }
         }
         Ok(r)
+    }
+
+    /// Replays a trace (open loop: each request at its time) under config `c`. The window is
+    /// the trace's span plus one second for the last requests to complete.
+    pub fn run_trace(&self, entries: &[TraceEntry], c: &ConfigSpec) -> Result<RunResult, String> {
+        let (mut sim, _) = self.build(c)?;
+        let vol = sim.volume_blocks();
+        if let Some(e) = entries.iter().find(|e| e.io.lba + e.io.blocks as u64 > vol) {
+            return Err(format!(
+                "trace request at {} us ends past the scenario's volume ({} bytes)",
+                e.time_us,
+                vol * 512
+            ));
+        }
+        let span_us = entries.last().map_or(0, |e| e.time_us);
+        let window = Window {
+            warmup: Nanos(0),
+            duration: Nanos((span_us + 1_000_000) * 1000),
+            sample: Nanos((self.sample_s * 1e9) as u64),
+        };
+        Ok(sim.run(Load::Trace(entries), window))
     }
 
     /// Runs every workload under every config.

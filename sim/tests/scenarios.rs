@@ -83,3 +83,30 @@ fn every_shipped_scenario_parses() {
     );
     assert!(Scenario::parse("name = 1").is_err());
 }
+
+#[test]
+fn a_trace_replays_open_loop_and_every_request_completes() {
+    let sc = Scenario::load("ram-vs-nvme").unwrap();
+    // 200 reads of 4 KiB, one every 10 ms: far below what the HDD can serve.
+    let text: String = std::iter::once("time_us,op,offset,length\n".to_string())
+        .chain(
+            (0..200u64).map(|i| format!("{},R,{},4096\n", i * 10_000, (i * 7919 % 100_000) * 4096)),
+        )
+        .collect();
+    let entries = tiercache_sim::workload::parse_trace(&text).unwrap();
+    for c in &sc.config {
+        let r = sc.run_trace(&entries, c).unwrap();
+        assert_eq!(r.ops, 200, "{}: every request completes", c.name);
+        assert_eq!(r.reads, 200);
+        let mean_ms = r.latency.mean_ns() / 1e6;
+        if c.cache {
+            assert!(mean_ms < 20.0, "{}: {mean_ms} ms", c.name);
+        }
+    }
+    let too_far = tiercache_sim::workload::parse_trace("0,R,1099511627776,4096").unwrap();
+    assert!(
+        sc.run_trace(&too_far, &sc.config[0])
+            .unwrap_err()
+            .contains("past")
+    );
+}

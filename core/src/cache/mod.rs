@@ -79,6 +79,51 @@ pub(crate) enum IoOwner {
     Wb { job: u32, kind: WbIo },
 }
 
+/// The IOs in flight, by id. An id is a slot index, reused once its IO has completed (a driver
+/// sees each id in exactly one action and gives it back in exactly one `IoDone`), so issuing and
+/// completing an IO costs no hashing.
+#[derive(Debug, Default)]
+pub(crate) struct IoTable {
+    slots: Vec<Option<IoOwner>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl IoTable {
+    fn insert(&mut self, owner: IoOwner) -> IoId {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(owner);
+                IoId(i as u64)
+            }
+            None => {
+                self.slots.push(Some(owner));
+                IoId((self.slots.len() - 1) as u64)
+            }
+        }
+    }
+
+    fn remove(&mut self, io: &IoId) -> Option<IoOwner> {
+        let owner = self.slots.get_mut(usize::try_from(io.0).ok()?)?.take()?;
+        self.free.push(io.0 as u32);
+        self.live -= 1;
+        Some(owner)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &IoOwner> {
+        self.slots.iter().flatten()
+    }
+}
+
 /// What a request's IO was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum IoKind {
@@ -139,8 +184,7 @@ pub struct Cache {
     pub(crate) waiting: VecDeque<ReqId>,
     /// Writes delayed by the rate controller: (release time, request), unsorted (few).
     pub(crate) throttled: Vec<(Nanos, ReqId)>,
-    pub(crate) ios: FxHashMap<IoId, IoOwner>,
-    pub(crate) next_io: u64,
+    pub(crate) ios: IoTable,
     pub(crate) jobs: FxHashMap<u32, writeback::Job>,
     pub(crate) next_job: u32,
     pub(crate) free_slots: Vec<u32>,
@@ -234,8 +278,7 @@ impl Cache {
             reqs: FxHashMap::default(),
             waiting: VecDeque::new(),
             throttled: Vec::new(),
-            ios: FxHashMap::default(),
-            next_io: 0,
+            ios: IoTable::default(),
             jobs: FxHashMap::default(),
             next_job: 0,
             free_slots: (0..cfg.pool_slots).rev().collect(),
@@ -318,10 +361,7 @@ impl Cache {
 
     /// A fresh IO id, registered to `owner`.
     pub(crate) fn new_io(&mut self, owner: IoOwner) -> IoId {
-        let io = IoId(self.next_io);
-        self.next_io += 1;
-        self.ios.insert(io, owner);
-        io
+        self.ios.insert(owner)
     }
 
     /// Always-run upkeep after each event.

@@ -30,18 +30,28 @@ const EMPTY: u64 = u64::MAX;
 struct Stream {
     bytes: u64,
     requests: u32,
-    age: u64,
+    /// Recency list (slot ids): towards more and less recently used.
+    newer: u8,
+    older: u8,
 }
+
+/// Index slots (twice the streams: probe runs stay short).
+const INDEX: usize = 2 * STREAMS_MAX;
+const NO_SLOT: u8 = u8::MAX;
 
 /// A core's sequential-stream detector and cutoff decision.
 #[derive(Clone, Debug)]
 pub struct SeqCutoff {
     params: CutoffParams,
     /// Per slot: next expected block with the direction in the top bit; `EMPTY` if unused.
-    /// Kept apart from the rest so the lookup scans 1 KiB.
     keys: Box<[u64; STREAMS_MAX]>,
     streams: Box<[Stream; STREAMS_MAX]>,
-    clock: u64,
+    /// Key → slot: open addressing with linear probing over `INDEX` entries, so a request
+    /// finds its stream in a probe or two instead of scanning all of them.
+    index: Box<[u8; INDEX]>,
+    /// Most and least recently used slots.
+    newest: u8,
+    oldest: u8,
 }
 
 impl SeqCutoff {
@@ -51,8 +61,103 @@ impl SeqCutoff {
             params,
             keys: Box::new([EMPTY; STREAMS_MAX]),
             streams: Box::new([Stream::default(); STREAMS_MAX]),
-            clock: 0,
+            index: Box::new([NO_SLOT; INDEX]),
+            newest: 0,
+            oldest: 0,
         }
+        .with_recency_chain()
+    }
+
+    /// Links every slot into the recency list, slot 0 newest.
+    fn with_recency_chain(mut self) -> Self {
+        for i in 0..STREAMS_MAX {
+            self.streams[i].newer = if i == 0 { NO_SLOT } else { (i - 1) as u8 };
+            self.streams[i].older = if i + 1 == STREAMS_MAX {
+                NO_SLOT
+            } else {
+                (i + 1) as u8
+            };
+        }
+        self.newest = 0;
+        self.oldest = (STREAMS_MAX - 1) as u8;
+        self
+    }
+
+    /// Makes `slot` the most recently used.
+    fn touch(&mut self, slot: usize) {
+        if self.newest as usize == slot {
+            return;
+        }
+        let (newer, older) = (self.streams[slot].newer, self.streams[slot].older);
+        // Unlink (slot is not the newest, so `newer` is a slot).
+        self.streams[newer as usize].older = older;
+        if older == NO_SLOT {
+            self.oldest = newer;
+        } else {
+            self.streams[older as usize].newer = newer;
+        }
+        // Link at the front.
+        self.streams[slot].newer = NO_SLOT;
+        self.streams[slot].older = self.newest;
+        self.streams[self.newest as usize].newer = slot as u8;
+        self.newest = slot as u8;
+    }
+
+    #[inline]
+    fn home(key: u64) -> usize {
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % INDEX
+    }
+
+    /// The slot whose key is `key`.
+    fn find(&self, key: u64) -> Option<usize> {
+        let mut i = Self::home(key);
+        loop {
+            let s = self.index[i];
+            if s == NO_SLOT {
+                return None;
+            }
+            if self.keys[s as usize] == key {
+                return Some(s as usize);
+            }
+            i = (i + 1) % INDEX;
+        }
+    }
+
+    fn index_insert(&mut self, slot: usize) {
+        let mut i = Self::home(self.keys[slot]);
+        while self.index[i] != NO_SLOT {
+            i = (i + 1) % INDEX;
+        }
+        self.index[i] = slot as u8;
+    }
+
+    /// Removes `slot`'s entry (keyed by its current key) with backward-shift deletion.
+    fn index_remove(&mut self, slot: usize) {
+        let mut i = Self::home(self.keys[slot]);
+        while self.index[i] as usize != slot {
+            debug_assert_ne!(self.index[i], NO_SLOT, "stream missing from its index");
+            i = (i + 1) % INDEX;
+        }
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) % INDEX;
+            let s = self.index[j];
+            if s == NO_SLOT {
+                break;
+            }
+            let h = Self::home(self.keys[s as usize]);
+            let stays = if hole <= j {
+                h > hole && h <= j
+            } else {
+                h > hole || h <= j
+            };
+            if !stays {
+                self.index[hole] = s;
+                hole = j;
+            }
+        }
+        self.index[hole] = NO_SLOT;
     }
 
     /// The parameters in force.
@@ -74,8 +179,7 @@ impl SeqCutoff {
         let key = (lba.0 & !WRITE_BIT) | dir;
         let next = (lba.0.saturating_add(blocks as u64) & !WRITE_BIT) | dir;
         let bytes = blocks as u64 * 512;
-        self.clock += 1;
-        let continues = self.keys.iter().position(|&k| k == key);
+        let continues = self.find(key);
         let slot = match continues {
             Some(i) => {
                 let s = &mut self.streams[i];
@@ -85,25 +189,25 @@ impl SeqCutoff {
             }
             None => {
                 // A new stream replaces the least recently used one.
-                let i = (0..STREAMS_MAX)
-                    .min_by_key(|&i| {
-                        if self.keys[i] == EMPTY {
-                            0
-                        } else {
-                            self.streams[i].age + 1
-                        }
-                    })
-                    .expect("STREAMS_MAX > 0");
-                self.streams[i] = Stream {
-                    bytes,
-                    requests: 1,
-                    age: 0,
-                };
+                let i = self.oldest as usize;
+                self.streams[i].bytes = bytes;
+                self.streams[i].requests = 1;
                 i
             }
         };
+        if self.keys[slot] != EMPTY {
+            self.index_remove(slot);
+        }
         self.keys[slot] = next;
-        self.streams[slot].age = self.clock;
+        if self.find(next).is_some() {
+            // Two streams now expect the same block (one caught up with the other): keep the
+            // one just extended, forget the other.
+            let other = self.find(next).expect("just found");
+            self.index_remove(other);
+            self.keys[other] = EMPTY;
+        }
+        self.index_insert(slot);
+        self.touch(slot);
         let over = continues.is_some() && self.streams[slot].bytes >= self.params.threshold_bytes;
         match self.params.policy {
             CutoffPolicy::Always => over,
@@ -114,7 +218,7 @@ impl SeqCutoff {
 
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
-        STREAMS_MAX * (8 + std::mem::size_of::<Stream>())
+        STREAMS_MAX * (8 + std::mem::size_of::<Stream>()) + INDEX
     }
 }
 
