@@ -51,7 +51,7 @@ canary() {
         return 1
     fi
     local found
-    found=$(grep -m1 -oE 'STALE READ|DURABILITY' "$log" || true)
+    found=$(grep -m1 -oE 'STALE READ|DURABILITY|CRASH \([A-Za-z]+\)' "$log" || true)
     if [ -z "$found" ]; then
         echo "canary $feature made '$test' fail, but not through the oracle:"
         grep -m3 -E 'panicked|error' "$log" || tail -5 "$log"
@@ -65,6 +65,7 @@ step "canary: clean before the core write is durable" canary canary-clean-before
 step "canary: flush acknowledged before what it covers" canary canary-early-flush-ack model
 step "canary: stale read after a partial-line write" canary canary-stale-partial model
 step "canary: eviction policy that evicts dirty lines" canary canary-broken-eviction model
+step "canary: early flush ack, caught by a crash at a device write" canary canary-early-flush-ack crash
 
 section "benchmarks and the study scenario (numbers printed, not asserted)"
 step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000

@@ -23,6 +23,8 @@ use tiercache_core::event::{Action, BufRef, Dev, Event, IoError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
 
+pub mod workload;
+
 pub const BS: usize = 512;
 
 /// A small deterministic PRNG (xorshift64*).
@@ -171,6 +173,21 @@ struct InFlightReq {
 struct PendingIo {
     action: Action,
     applied: bool,
+    /// A slow IO: passed over most of the time when an IO is picked to complete.
+    slow: bool,
+}
+
+/// What a crash does to writes the device completed but did not flush (and to writes whose
+/// data already reached the volatile image while still in flight).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum CrashPattern {
+    /// Every such write survives.
+    Kept,
+    /// None survives: the device holds its durable image.
+    Dropped,
+    /// Each block independently survives or not (seeded), so a multi-block write may tear.
+    Torn,
 }
 
 /// Coverage counters the model test requires to be non-zero.
@@ -196,6 +213,10 @@ pub struct Knobs {
     pub p_apply_at_submit: f64,
     pub qd: usize,
     pub step_ns_max: u64,
+    /// Share of IOs that are slow (complete about ten times later than the others).
+    pub p_slow: f64,
+    /// Stop at the n-th device write (write, write-zeroes, trim) issued: a crash point.
+    pub crash_at_write: Option<u64>,
 }
 
 impl Default for Knobs {
@@ -205,6 +226,8 @@ impl Default for Knobs {
             p_apply_at_submit: 0.5,
             qd: 8,
             step_ns_max: 2_000_000,
+            p_slow: 0.0,
+            crash_at_write: None,
         }
     }
 }
@@ -228,6 +251,10 @@ pub struct Env {
     pub check_durability: bool,
     /// Every device IO action issued, when recording.
     pub record: Option<Vec<Action>>,
+    /// Device writes issued so far.
+    pub device_writes: u64,
+    /// The crash point was reached: the run must stop and be checked with `crash_check`.
+    pub crashed: bool,
 }
 
 impl Env {
@@ -252,6 +279,8 @@ impl Env {
             trace: Vec::new(),
             check_durability: true,
             record: None,
+            device_writes: 0,
+            crashed: false,
         }
     }
 
@@ -321,9 +350,20 @@ impl Env {
                     if let Some(rec) = self.record.as_mut() {
                         rec.push(a.clone());
                     }
+                    if matches!(
+                        a,
+                        Action::Write { .. } | Action::WriteZeroes { .. } | Action::Trim { .. }
+                    ) {
+                        self.device_writes += 1;
+                        if self.knobs.crash_at_write == Some(self.device_writes) {
+                            self.crashed = true;
+                        }
+                    }
+                    let slow = self.rng.chance(self.knobs.p_slow);
                     let mut p = PendingIo {
                         action: a,
                         applied: false,
+                        slow,
                     };
                     let is_flush = matches!(p.action, Action::Flush { .. });
                     if !is_flush && self.rng.chance(self.knobs.p_apply_at_submit) {
@@ -443,7 +483,13 @@ impl Env {
         if self.pending.is_empty() {
             return false;
         }
-        let i = self.rng.below(self.pending.len() as u64) as usize;
+        let mut i = self.rng.below(self.pending.len() as u64) as usize;
+        if self.pending[i].1.slow && self.rng.chance(0.9) {
+            // A slow IO is passed over nine times in ten while others are pending.
+            if let Some(j) = self.pending.iter().position(|p| !p.1.slow) {
+                i = j;
+            }
+        }
         let (io, p) = self.pending.swap_remove(i);
         let fail = self.rng.chance(self.knobs.p_io_error);
         if fail {
@@ -745,6 +791,75 @@ impl Env {
                 self.fail("writeback did not finish");
             }
         }
+    }
+
+    /// The crash check: what each core device would hold after a crash now, with `pattern`
+    /// applied to its un-flushed writes, must be legal for every block — the newest write
+    /// covered by a completed flush or anything after it, or a write still in flight. Only
+    /// meaningful while nothing dirty lives in the cache (non-lazy modes) until the cache's
+    /// metadata is persistent. Returns the post-crash core images.
+    pub fn crash_check(&mut self, pattern: CrashPattern) -> BTreeMap<u16, Vec<u8>> {
+        let cores: Vec<u16> = self.cores.keys().copied().collect();
+        let mut images = BTreeMap::new();
+        for core in cores {
+            let n = self.core_blocks(core) as usize;
+            let mut img = self.cores[&core].0.dur.clone();
+            for b in 0..n {
+                let keep = match pattern {
+                    CrashPattern::Kept => true,
+                    CrashPattern::Dropped => false,
+                    CrashPattern::Torn => self.rng.chance(0.5),
+                };
+                if keep {
+                    img[b * BS..(b + 1) * BS]
+                        .copy_from_slice(&self.cores[&core].0.vol[b * BS..(b + 1) * BS]);
+                }
+            }
+            for b in 0..n {
+                let m = &self.cores[&core].1[b];
+                let mut legal: HashSet<Content> =
+                    m.history[m.floor..].iter().map(|x| x.0).collect();
+                for r in self.reqs.values() {
+                    if r.core.0 == core
+                        && (b as u64) >= r.lba
+                        && (b as u64) < r.lba + r.blocks as u64
+                        && let Some(c) = Self::content_of(r, b as u64)
+                    {
+                        legal.insert(c);
+                    }
+                }
+                let got = decode_block(&img[b * BS..(b + 1) * BS], core, b as u64);
+                if !legal.contains(&got) {
+                    let m = &self.cores[&core].1[b];
+                    self.fail(&format!(
+                        "CRASH ({pattern:?}) after device write {}: core {core} block {b} would hold {got:?}; legal {legal:?}; history {:?} floor {}",
+                        self.device_writes, m.history, m.floor
+                    ));
+                }
+            }
+            images.insert(core, img);
+        }
+        images
+    }
+
+    /// A new environment after a crash: a cold cache with `cfg` over core devices holding
+    /// `images` (what `crash_check` returned); the oracle starts from what they hold.
+    pub fn restart(cfg: Config, seed: u64, knobs: Knobs, images: BTreeMap<u16, Vec<u8>>) -> Env {
+        let mut env = Env::new(cfg, seed, knobs);
+        // Write ids after the restart must not collide with ids the images already hold.
+        env.next_write = 1 << 40;
+        for (core, img) in images {
+            let n = (img.len() / BS) as u64;
+            env.add_core(core, n);
+            let (dev, model) = env.cores.get_mut(&core).expect("just added");
+            for b in 0..n as usize {
+                let c = decode_block(&img[b * BS..(b + 1) * BS], core, b as u64);
+                model[b].history = vec![(c, true)];
+            }
+            dev.vol.copy_from_slice(&img);
+            dev.dur.copy_from_slice(&img);
+        }
+        env
     }
 
     /// Reads every block of every core and checks it (through the cache).
