@@ -187,6 +187,9 @@ fn table(sc: &Scenario, runs: &[Run]) -> String {
                 "  {:<18} published {} ({}); predicted here x{ours:.2} vs x{:.2}",
                 "", p.figure, p.source, p.ratio
             );
+            if !p.why_different.is_empty() {
+                let _ = writeln!(o, "  {:<18} why: {}", "", p.why_different.trim());
+            }
         }
     }
     if sc.show_series {
@@ -238,6 +241,7 @@ fn to_json(sc: &Scenario, seed: u64, runs: &[Run]) -> serde_json::Value {
         }).collect::<Vec<_>>(),
         "published": sc.published.iter().map(|p| json!({
             "workload": p.workload, "figure": p.figure, "ratio": p.ratio, "source": p.source,
+            "why_different": p.why_different,
         })).collect::<Vec<_>>(),
     })
 }

@@ -90,6 +90,9 @@ pub struct Published {
     pub ratio: f64,
     /// Where it comes from.
     pub source: String,
+    /// Why the simulated figure may differ.
+    #[serde(default)]
+    pub why_different: String,
 }
 
 /// One core device behind one cache.

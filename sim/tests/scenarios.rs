@@ -110,3 +110,28 @@ fn a_trace_replays_open_loop_and_every_request_completes() {
             .contains("past")
     );
 }
+
+#[test]
+fn a_device_can_come_from_a_toml_file() {
+    let dir = std::env::temp_dir().join(format!("tiercache-dev-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("my-hdd.toml");
+    let text = tiercache_sim::device::PRESETS[0]
+        .toml
+        .replace("rpm = 10000.0", "rpm = 15000.0");
+    std::fs::write(&path, text).unwrap();
+    let spec = tiercache_sim::device::preset(path.to_str().unwrap()).unwrap();
+    match spec {
+        tiercache_sim::device::DeviceSpec::Hdd(h) => assert_eq!(h.rpm, 15000.0),
+        other => panic!("{other:?}"),
+    }
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "model = \"hdd\"\nrpm = \"fast\"\n").unwrap();
+    assert!(tiercache_sim::device::preset(bad.to_str().unwrap()).is_err());
+    assert!(
+        tiercache_sim::device::preset("no-such")
+            .unwrap_err()
+            .contains("known")
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -119,16 +119,20 @@ pub const PRESETS: &[Preset] = &[
     },
 ];
 
-/// A preset's spec by name.
+/// A preset's spec by name, or a device TOML file by path (a name ending in `.toml`).
 pub fn preset(name: &str) -> Result<DeviceSpec, String> {
-    let p = PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
-        let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-        format!(
-            "unknown device preset '{name}' (known: {})",
-            names.join(", ")
-        )
-    })?;
-    parse_spec(p.toml).map_err(|e| format!("preset {name}: {e}"))
+    if let Some(p) = PRESETS.iter().find(|p| p.name == name) {
+        return parse_spec(p.toml).map_err(|e| format!("preset {name}: {e}"));
+    }
+    if name.ends_with(".toml") {
+        let text = std::fs::read_to_string(name).map_err(|e| format!("cannot read {name}: {e}"))?;
+        return parse_spec(&text).map_err(|e| format!("{name}: {e}"));
+    }
+    let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+    Err(format!(
+        "unknown device preset '{name}' (known: {}; or a path to a .toml file)",
+        names.join(", ")
+    ))
 }
 
 /// Parses a device spec from TOML text.
