@@ -1,0 +1,127 @@
+//! The record frame: every journal entry, checkpoint chunk and table tiercache writes is one.
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic    b"tcRC"
+//!      4    2 kind     what the payload is (RecordKind)
+//!      6    2 version  format version that wrote it
+//!      8    4 length   payload bytes (at most RECORD_PAYLOAD_MAX)
+//!     12    4 crc      CRC32C of bytes 0..12 followed by the payload
+//!     16    …  payload
+//! ```
+//!
+//! A torn write (a prefix of the record on disk) fails the checksum; a record from another
+//! place (stale sector) fails the magic or checksum; a newer tiercache's record says so by
+//! version.
+
+use crate::codec::{Reader, Writer};
+use crate::crc::{crc32c, crc32c_update};
+use crate::{DecodeError, FORMAT_VERSION};
+
+/// Record magic.
+pub const RECORD_MAGIC: [u8; 4] = *b"tcRC";
+/// Header bytes.
+pub const RECORD_HEADER: usize = 16;
+/// Largest payload a record may carry (64 MiB): a bound for decoders, far above any real one.
+pub const RECORD_PAYLOAD_MAX: u32 = 64 << 20;
+
+/// What a record's payload is. Kinds are never reused; an unknown kind is reported, not
+/// guessed at.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum RecordKind {
+    /// The cache configuration (mode, policies, parameters).
+    Config = 1,
+    /// The core table: ids, identities, sizes, per-core settings.
+    CoreTable = 2,
+    /// A journal entry: line state changes since the last checkpoint.
+    Journal = 3,
+    /// A checkpoint chunk: the full state of a range of lines.
+    Checkpoint = 4,
+}
+
+impl RecordKind {
+    /// The kind with code `v`.
+    pub fn from_u16(v: u16) -> Option<RecordKind> {
+        Some(match v {
+            1 => RecordKind::Config,
+            2 => RecordKind::CoreTable,
+            3 => RecordKind::Journal,
+            4 => RecordKind::Checkpoint,
+            _ => return None,
+        })
+    }
+}
+
+/// A decoded record.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Its kind.
+    pub kind: RecordKind,
+    /// The format version that wrote it.
+    pub version: u16,
+    /// The payload.
+    pub payload: &'a [u8],
+}
+
+/// Encodes a record of `kind` with `payload`, at the current format version.
+///
+/// # Panics
+/// If the payload is larger than [`RECORD_PAYLOAD_MAX`] (a bug in the caller, not input).
+pub fn encode(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|&l| l <= RECORD_PAYLOAD_MAX);
+    let len = len.expect("record payload over RECORD_PAYLOAD_MAX");
+    let mut w = Writer::new();
+    w.bytes(&RECORD_MAGIC)
+        .u16(kind as u16)
+        .u16(FORMAT_VERSION)
+        .u32(len);
+    let crc = crc32c_update(crc32c(&w.buf), payload);
+    w.u32(crc).bytes(payload);
+    w.buf
+}
+
+/// Decodes the record at the start of `buf`; returns it and the bytes it occupies.
+pub fn decode(buf: &[u8]) -> Result<(Record<'_>, usize), DecodeError> {
+    const WHAT: &str = "record";
+    let mut r = Reader::new(buf, WHAT);
+    let head = r.take(12)?;
+    if head[0..4] != RECORD_MAGIC {
+        return Err(DecodeError::BadMagic { what: WHAT });
+    }
+    let mut h = Reader::new(&head[4..], WHAT);
+    let kind = h.u16()?;
+    let version = h.u16()?;
+    let len = h.u32()?;
+    let crc = r.u32()?;
+    if version > FORMAT_VERSION {
+        return Err(DecodeError::TooNew {
+            what: WHAT,
+            version,
+        });
+    }
+    if len > RECORD_PAYLOAD_MAX {
+        return Err(DecodeError::BadField {
+            what: WHAT,
+            detail: format!("payload length {len} over the maximum"),
+        });
+    }
+    let payload = r.take(len as usize)?;
+    if crc32c_update(crc32c(head), payload) != crc {
+        return Err(DecodeError::BadChecksum { what: WHAT });
+    }
+    let kind = RecordKind::from_u16(kind).ok_or_else(|| DecodeError::BadField {
+        what: WHAT,
+        detail: format!("unknown record kind {kind}"),
+    })?;
+    Ok((
+        Record {
+            kind,
+            version,
+            payload,
+        },
+        r.pos(),
+    ))
+}

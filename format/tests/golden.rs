@@ -1,0 +1,191 @@
+//! Golden bytes: the on-disk encodings are pinned. A change here is a format change: bump
+//! FORMAT_VERSION, keep decoding the old bytes, and add the new golden beside the old (see
+//! docs/FORMAT.md, "Versions").
+
+use tiercache_format::record::{self, RecordKind};
+use tiercache_format::superblock::{CacheState, Layout, SUPERBLOCK_BYTES, Superblock};
+use tiercache_format::{DecodeError, FORMAT_VERSION};
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// A 64 GiB cache device with 4 KiB lines and a 64 MiB journal.
+fn sample() -> Superblock {
+    let (layout, lines) = Layout::plan(64 << 30, 4096, 64 << 20).unwrap();
+    Superblock {
+        version: FORMAT_VERSION,
+        generation: 7,
+        cache_id: *b"0123456789abcdef",
+        device_bytes: 64 << 30,
+        line_size: 4096,
+        lines,
+        state: CacheState::Clean,
+        checkpoint: 1,
+        journal_seq: 42,
+        layout,
+    }
+}
+
+const GOLDEN_SUPERBLOCK_V1: &str = "746965726361636801008800e25fefb307000000000000003031323334353637383961626364656600000000100000000010000000bffd0001010000000000002a000000000000000000100000000000000000040000000000001004000000000000e00f000000000000f013000000000000e00f000000000000d023000000000000f0db0f000000";
+const GOLDEN_RECORD_V1: &str =
+    "7463524303000100190000001f55f9726c696e6520353a2076616c6964206666206469727479203066";
+
+#[test]
+fn superblock_v1_bytes() {
+    let sb = sample();
+    let bytes = sb.encode();
+    assert_eq!(bytes.len(), SUPERBLOCK_BYTES);
+    println!("superblock v1 header: {}", hex(&bytes[..136]));
+    assert!(bytes[136..].iter().all(|&b| b == 0));
+    assert_eq!(
+        hex(&bytes[..136]),
+        GOLDEN_SUPERBLOCK_V1,
+        "superblock encoding changed"
+    );
+    let mut block = unhex(GOLDEN_SUPERBLOCK_V1);
+    block.resize(SUPERBLOCK_BYTES, 0);
+    assert_eq!(Superblock::decode(&block).unwrap(), sb);
+}
+
+#[test]
+fn record_v1_bytes() {
+    let bytes = record::encode(RecordKind::Journal, b"line 5: valid ff dirty 0f");
+    println!("record v1: {}", hex(&bytes));
+    assert_eq!(hex(&bytes), GOLDEN_RECORD_V1, "record encoding changed");
+    let golden = unhex(GOLDEN_RECORD_V1);
+    let (r, used) = record::decode(&golden).unwrap();
+    assert_eq!(used, bytes.len());
+    assert_eq!(r.kind, RecordKind::Journal);
+    assert_eq!(r.payload, b"line 5: valid ff dirty 0f");
+}
+
+#[test]
+fn layout_is_sane_across_sizes() {
+    for &dev in &[8u64 << 20, 100 << 20, 1 << 30, 64 << 30, 2 << 40] {
+        for ls in [4096u32, 8192, 16384, 32768, 65536] {
+            let Some((l, lines)) = Layout::plan(dev, ls, 64 << 20) else {
+                assert!(dev < 200 << 20, "{dev} bytes should fit lines of {ls}");
+                continue;
+            };
+            l.validate(dev).unwrap();
+            assert!(l.data.offset % ls as u64 == 0 && l.data.offset % (1 << 20) == 0);
+            assert_eq!(l.data.bytes, lines as u64 * ls as u64);
+            // The checkpoints hold every line.
+            let per = tiercache_format::superblock::checkpoint_bytes_per_line(ls);
+            assert!(l.checkpoint[0].bytes >= lines as u64 * per);
+            // Metadata is a small share of a big device.
+            if dev >= 64 << 30 {
+                assert!(
+                    l.data.offset < dev / 50,
+                    "{dev} {ls}: metadata {} bytes",
+                    l.data.offset
+                );
+            }
+        }
+    }
+    assert!(Layout::plan(1 << 20, 4096, 1 << 20).is_none());
+}
+
+#[test]
+fn the_newer_valid_copy_wins_and_damage_is_detected() {
+    let a = sample();
+    let b = Superblock {
+        generation: 8,
+        state: CacheState::Running,
+        ..a
+    };
+    let (ea, eb) = (a.encode(), b.encode());
+    let (sb, copy) = Superblock::newest(Superblock::decode(&ea), Superblock::decode(&eb)).unwrap();
+    assert_eq!((sb.generation, copy), (8, 1));
+    // A torn write of B (first 512 bytes only) leaves A in charge.
+    let mut torn = ea.clone();
+    torn[..512].copy_from_slice(&eb[..512]);
+    let (sb, copy) =
+        Superblock::newest(Superblock::decode(&ea), Superblock::decode(&torn)).unwrap();
+    assert!(
+        copy == 0 || sb == b,
+        "a torn copy must not be trusted unless whole"
+    );
+    // Every single-byte flip in the checksummed header is caught.
+    for i in 0..136 {
+        let mut x = ea.clone();
+        x[i] ^= 0x5a;
+        assert!(
+            Superblock::decode(&x).is_err(),
+            "flip at byte {i} not detected"
+        );
+    }
+    // A newer format is refused by name.
+    let mut newer = ea.clone();
+    newer[8..10].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+    assert!(matches!(
+        Superblock::decode(&newer),
+        Err(DecodeError::TooNew { .. })
+    ));
+    assert!(
+        Superblock::decode(&newer)
+            .unwrap_err()
+            .to_string()
+            .contains("upgrade")
+    );
+}
+
+/// Decoders never panic: seeded, structure-aware mutations of valid encodings (flips,
+/// truncations, splices, length-field lies), plus pure noise.
+#[test]
+fn decoders_never_panic() {
+    let mut x = 0x1234_5678_9abc_def1u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let sb = sample().encode();
+    let rec = record::encode(RecordKind::Checkpoint, &[7u8; 300]);
+    let mut accepted = 0;
+    for i in 0..20_000 {
+        let base = if i % 2 == 0 { &sb } else { &rec };
+        let mut v = base.clone();
+        match next() % 5 {
+            0 => {
+                for _ in 0..1 + next() % 4 {
+                    let p = (next() as usize) % v.len();
+                    v[p] ^= 1 << (next() % 8);
+                }
+            }
+            1 => v.truncate((next() as usize) % (v.len() + 1)),
+            2 => {
+                // Lie about a length field.
+                let at = if i % 2 == 0 { 10 } else { 8 };
+                let n = (next() as u32).to_le_bytes();
+                v[at..at + 2].copy_from_slice(&n[..2]);
+            }
+            3 => v = (0..(next() % 5000)).map(|_| next() as u8).collect(),
+            _ => {
+                let p = (next() as usize) % v.len();
+                v.splice(
+                    p..p,
+                    std::iter::repeat_n(next() as u8, (next() % 64) as usize),
+                );
+            }
+        }
+        let ok_sb = Superblock::decode(&v).is_ok();
+        let ok_rec = record::decode(&v).is_ok();
+        accepted += ok_sb as u32 + ok_rec as u32;
+    }
+    // Some mutations leave a valid structure (e.g. bytes after a record); most must not.
+    assert!(
+        accepted < 20_000 / 2,
+        "{accepted} of 20000 mutated inputs accepted"
+    );
+}
