@@ -20,6 +20,7 @@ pub mod cache;
 pub mod config;
 pub mod event;
 mod hash;
+mod hint;
 pub mod lists;
 pub mod map;
 pub mod mode;

@@ -167,6 +167,13 @@ impl ListArena {
         })
     }
 
+    /// Hints that `node`'s links are about to be read (see `crate::hint`).
+    #[inline]
+    pub fn prefetch(&self, node: u32) {
+        crate::hint::prefetch(&self.prev, node as usize);
+        crate::hint::prefetch(&self.next, node as usize);
+    }
+
     /// Bytes of heap this arena holds.
     pub fn heap_bytes(&self) -> usize {
         (self.prev.capacity() + self.next.capacity()) * 4

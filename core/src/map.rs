@@ -84,9 +84,32 @@ impl Mapping {
         1u32.checked_shl(self.id_bits).map_or(u32::MAX, |b| b - 1)
     }
 
+    /// Hints the CPU to start loading the table slot `lookup(core, core_line)` will read first,
+    /// so the miss overlaps other work (the caller looks up a little later). No effect on
+    /// results; a nothing off x86-64.
+    #[inline]
+    pub fn prefetch(&self, core: CoreId, core_line: u64) {
+        if let Ok(cl) = u32::try_from(core_line) {
+            crate::hint::prefetch(&self.slots, self.home(core, cl).0);
+        }
+    }
+
     /// The cache line holding `core_line` of `core`, if any.
     #[inline]
     pub fn lookup(&self, core: CoreId, core_line: u64) -> Option<LineId> {
+        self.lookup_hinted(core, core_line, |_| {})
+    }
+
+    /// [`Mapping::lookup`], calling `candidate(line)` for a slot whose fingerprint matches
+    /// before its reverse record is read — so the caller can start loading that line's other
+    /// state (a prefetch) while the key is verified.
+    #[inline]
+    pub fn lookup_hinted(
+        &self,
+        core: CoreId,
+        core_line: u64,
+        candidate: impl Fn(u32),
+    ) -> Option<LineId> {
         let Ok(cl) = u32::try_from(core_line) else {
             return None;
         };
@@ -100,6 +123,10 @@ impl Mapping {
             }
             let l = s & mask;
             if s & !mask == fp
+                && {
+                    candidate(l);
+                    true
+                }
                 && self.rev_line(l as usize) == cl
                 && self.rev_core(l as usize) as u16 == core.0
             {

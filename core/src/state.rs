@@ -47,6 +47,12 @@ impl LineStates {
         v[at..at + n].copy_from_slice(&m.to_le_bytes()[..n]);
     }
 
+    /// Hints the CPU to start loading `line`'s record (see `Mapping::lookup_hinted`).
+    #[inline]
+    pub fn prefetch(&self, line: u32) {
+        crate::hint::prefetch(&self.data, line as usize * self.stride);
+    }
+
     /// Valid blocks of `line`.
     #[inline]
     pub fn valid(&self, line: LineId) -> BlockMask {

@@ -205,6 +205,15 @@ impl Cache {
             return Self::reply(actions, req, Err(ReqError::NoSuchCore));
         };
         let size = core_state.size_blocks;
+        if op != Op::Flush && blocks > 0 {
+            // Start the mapping-table misses now; validation, classification and the cutoff
+            // check below run while they are in flight.
+            let first = lba.0 >> self.shift;
+            let last = (lba.0.saturating_add(blocks as u64 - 1) >> self.shift).min(first + 3);
+            for cl in first..=last {
+                self.map.prefetch(core, cl);
+            }
+        }
         let end = lba.0.checked_add(blocks as u64);
         if op != Op::Flush {
             if end.is_none_or(|e| e > size) || blocks > REQUEST_BLOCKS_MAX {
@@ -300,7 +309,12 @@ impl Cache {
         (first..=last)
             .filter(|&cl| {
                 self.map
-                    .lookup(core, cl)
+                    .lookup_hinted(core, cl, |l| {
+                        // A write hit will move the line between lists: load its links too.
+                        self.state.prefetch(l);
+                        self.eviction.prefetch(l);
+                        self.lists.prefetch(l);
+                    })
                     .is_none_or(|l| self.state.dirty(l) == 0)
             })
             .count() as u32
@@ -318,7 +332,10 @@ impl Cache {
                 let full_hit = (r.first..=r.last).all(|cl| {
                     let mask = self.part_mask(r, cl);
                     self.map
-                        .lookup(r.core, cl)
+                        .lookup_hinted(r.core, cl, |l| {
+                            self.state.prefetch(l);
+                            self.eviction.prefetch(l);
+                        })
                         .is_some_and(|l| self.state.valid(l) & mask == mask)
                 });
                 if full_hit {

@@ -35,6 +35,9 @@ pub trait Eviction: Send {
     fn len(&self, class: u8) -> u32;
     /// Heap bytes held, beyond the shared list arena (for the RAM-per-line figure).
     fn heap_bytes(&self) -> usize;
+    /// Hints that `line` is about to be looked at (a hit will `touch` it): start loading its
+    /// per-line state. Default: nothing.
+    fn prefetch(&self, _line: u32) {}
 }
 
 /// Builds the policy `which` for a cache of `lines` lines.

@@ -179,6 +179,10 @@ impl Eviction for S3Fifo {
         self.small_len[class as usize] + self.main_len[class as usize]
     }
 
+    fn prefetch(&self, line: u32) {
+        crate::hint::prefetch(&self.meta, line as usize);
+    }
+
     fn heap_bytes(&self) -> usize {
         self.meta.capacity()
             + self.ghost.capacity()
