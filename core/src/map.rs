@@ -2,12 +2,12 @@
 //!
 //! Set-less and fully associative, like Open CAS: any core line can live in any cache line.
 //! The forward map is an open-addressing hash table of `u32` slots with linear probing and
-//! backward-shift deletion (no tombstones), sized at 1.25 slots per line; the reverse map is one
+//! backward-shift deletion (no tombstones), sized at 1.125 slots per line; the reverse map is one
 //! 5-byte record per line (core line, core id). Keys are never stored twice: a slot holds a line id in
 //! its low bits and, in the bits a line id does not need, a **fingerprint** of the key's hash
 //! (8 bits at 16M lines). A probe reads the reverse map only when the fingerprint matches, so a
 //! lookup costs about one cache miss in the table and one in the reverse map instead of one per
-//! probed slot. Memory: 5 (reverse) + 5 (table) bytes per line.
+//! probed slot. Memory: 5 (reverse) + 4.5 (table) bytes per line.
 //!
 //! A core line number is `u32`, so a core can have at most 2^32 lines (16 TiB with 4 KiB lines,
 //! 256 TiB with 64 KiB lines); `Cache::add_core` refuses bigger cores with a message naming the
@@ -40,7 +40,7 @@ const REV: usize = 5;
 impl Mapping {
     /// A mapping for `lines` cache lines, all unmapped.
     pub fn new(lines: u32) -> Mapping {
-        let cap = (lines as usize + lines as usize / 4 + 1).max(2);
+        let cap = (lines as usize + lines as usize / 8 + 1).max(2);
         // Line ids are < 2^id_bits - 1, so no slot can equal EMPTY (all ones).
         let id_bits = 32 - lines.leading_zeros();
         Mapping {

@@ -15,7 +15,8 @@
 //! the main queue, where the hot set lives. LRU, by contrast, lets a scan push out everything.
 //!
 //! Memory: one byte per line (counter and queue bit) plus the ghost filter, a direct-mapped table
-//! of 8-bit key fingerprints with one slot per cache line (1 byte per line). The ghost filter is
+//! of 8-bit key fingerprints with one slot per two cache lines (half a byte per line; the paper's
+//! ghost queue remembers about as many keys as the main queue holds). The ghost filter is
 //! approximate: a newer key overwrites an older one in the same slot (which ages the filter the
 //! way the paper's FIFO ghost queue does), and a fingerprint collision (under 1 in 255) can send
 //! a new line straight to main — a performance effect only, never a correctness one.
@@ -57,7 +58,7 @@ impl S3Fifo {
             small_len: vec![0; IO_CLASSES_MAX],
             main_len: vec![0; IO_CLASSES_MAX],
             meta: vec![0; lines as usize],
-            ghost: vec![0; (lines as usize).max(64)],
+            ghost: vec![0; (lines as usize / 2).max(64)],
         }
     }
 
