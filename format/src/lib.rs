@@ -14,11 +14,13 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`checkpoint`] | checkpoint chunks: one fixed-size record per cache line |
 //! | [`crc`] | CRC32C (Castagnoli) |
 //! | [`codec`] | bounds-checked little-endian reader and writer |
 //! | [`record`] | the record frame: header + payload, checksummed |
 //! | [`superblock`] | the superblock and the device layout it describes; two copies |
 
+pub mod checkpoint;
 pub mod codec;
 pub mod crc;
 pub mod record;

@@ -189,3 +189,114 @@ fn decoders_never_panic() {
         "{accepted} of 20000 mutated inputs accepted"
     );
 }
+
+mod checkpoint {
+    use super::hex;
+    use tiercache_format::checkpoint::{LineRecord, decode_chunk, encode_chunk};
+    use tiercache_format::record::{self, RecordKind};
+
+    fn lines() -> Vec<LineRecord> {
+        vec![
+            LineRecord {
+                core: Some(0),
+                core_line: 5,
+                class: 1,
+                valid: 0xff,
+                dirty: 0x0f,
+            },
+            LineRecord::default(),
+            LineRecord {
+                core: Some(3),
+                core_line: 1 << 33,
+                class: 33,
+                valid: 0x81,
+                dirty: 0,
+            },
+        ]
+    }
+
+    const GOLDEN_CHUNK_V1: &str = "0a000000030000000010000005000000000000000001ff0f000000000000000000000000ff0000000000000000000000020000000321810000000000";
+
+    #[test]
+    fn chunk_v1_bytes_and_round_trip() {
+        let p = encode_chunk(10, &lines(), 4096);
+        println!("checkpoint chunk v1: {}", hex(&p));
+        assert_eq!(hex(&p), GOLDEN_CHUNK_V1, "checkpoint encoding changed");
+        assert_eq!(decode_chunk(&p).unwrap(), (10, lines()));
+        // Every line size round-trips, full masks included.
+        for ls in [4096u32, 8192, 16384, 32768, 65536] {
+            let full = if ls == 65536 {
+                u128::MAX
+            } else {
+                (1u128 << (ls / 512)) - 1
+            };
+            let l = vec![LineRecord {
+                core: Some(7),
+                core_line: 9,
+                class: 2,
+                valid: full,
+                dirty: full >> 1,
+            }];
+            let p = encode_chunk(0, &l, ls);
+            assert_eq!(decode_chunk(&p).unwrap().1, l);
+            // Framed, damage is caught.
+            let framed = record::encode(RecordKind::Checkpoint, &p);
+            for i in 0..framed.len() {
+                let mut x = framed.clone();
+                x[i] ^= 0x01;
+                assert!(record::decode(&x).is_err(), "flip at {i} not detected");
+            }
+        }
+    }
+
+    #[test]
+    fn impossible_states_are_refused() {
+        let p = encode_chunk(0, &lines(), 4096);
+        let per = 16;
+        // Line 0's dirty byte: make a block dirty that is not valid... valid is ff, so use line 2.
+        let mut x = p.clone();
+        x[12 + 2 * per + 11] = 0x02; // line 2 dirty bit 1, valid 0x81
+        assert!(decode_chunk(&x).unwrap_err().to_string().contains("line 2"));
+        let mut x = p.clone();
+        x[12 + per + 10] = 0x01; // unmapped line 1 with a valid block
+        assert!(
+            decode_chunk(&x)
+                .unwrap_err()
+                .to_string()
+                .contains("unmapped")
+        );
+        let mut x = p.clone();
+        x[12 + 9] = 34; // class
+        assert!(decode_chunk(&x).is_err());
+        let mut x = p.clone();
+        x.pop();
+        assert!(decode_chunk(&x).is_err());
+        let mut x = p;
+        x[8..12].copy_from_slice(&3000u32.to_le_bytes());
+        assert!(decode_chunk(&x).is_err());
+    }
+
+    #[test]
+    fn chunk_decoder_never_panics() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let base = encode_chunk(0, &lines(), 4096);
+        for _ in 0..20_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let mut v = base.clone();
+            match s % 3 {
+                0 => {
+                    let p = (s >> 8) as usize % v.len();
+                    v[p] = (s >> 24) as u8;
+                }
+                1 => v.truncate((s >> 8) as usize % (v.len() + 1)),
+                _ => {
+                    let p = (s >> 8) as usize % 12;
+                    v[p] = (s >> 24) as u8;
+                }
+            }
+            let _ = decode_chunk(&v);
+        }
+    }
+}

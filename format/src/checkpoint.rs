@@ -1,0 +1,179 @@
+//! Checkpoint chunks: the full persistent state of a range of cache lines, one fixed-size record
+//! per line, carried in a [`crate::record`] frame of kind `Checkpoint`.
+//!
+//! Chunk payload:
+//!
+//! ```text
+//! offset size field
+//!      0    4 first line
+//!      4    4 line count
+//!      8    4 line size (bytes)
+//!     12    …  count × line record
+//! ```
+//!
+//! Line record ([`crate::superblock::checkpoint_bytes_per_line`] bytes):
+//!
+//! ```text
+//!      0    8 core line
+//!      8    1 core id (255: line unmapped)
+//!      9    1 IO class
+//!     10    n valid bits, one per 512-byte block (n = blocks per line / 8)
+//!   10+n    n dirty bits
+//!  10+2n    …  zero to the record size
+//! ```
+//!
+//! The decoder checks what an encoder guarantees: an unmapped line has no state, dirty blocks
+//! are valid, no bit beyond the line's blocks, a class below 34.
+
+use crate::DecodeError;
+use crate::codec::{Reader, Writer};
+use crate::superblock::checkpoint_bytes_per_line;
+
+/// Core id of an unmapped line.
+pub const UNMAPPED: u8 = u8::MAX;
+/// IO classes (ids below this).
+pub const CLASSES: u8 = 34;
+
+/// One line's persistent state.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct LineRecord {
+    /// Core id, or `None` if the line is unmapped.
+    pub core: Option<u8>,
+    /// Core line number.
+    pub core_line: u64,
+    /// IO class.
+    pub class: u8,
+    /// Valid blocks.
+    pub valid: u128,
+    /// Dirty blocks (a subset of `valid`).
+    pub dirty: u128,
+}
+
+fn mask_bytes(line_size: u32) -> usize {
+    (line_size as usize / 512).div_ceil(8)
+}
+
+fn check_line_size(line_size: u32) -> Result<(), DecodeError> {
+    if (4096..=65536).contains(&line_size) && line_size.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(DecodeError::BadField {
+            what: "checkpoint",
+            detail: format!("line size {line_size}"),
+        })
+    }
+}
+
+/// Encodes a chunk payload for lines `first..first + lines.len()`.
+///
+/// # Panics
+/// On a record an encoder must never produce (dirty not valid, bits beyond the line, an
+/// unmapped line with state) or a bad line size: those are bugs in the caller.
+pub fn encode_chunk(first: u32, lines: &[LineRecord], line_size: u32) -> Vec<u8> {
+    check_line_size(line_size).expect("valid line size");
+    let n = mask_bytes(line_size);
+    let per = checkpoint_bytes_per_line(line_size) as usize;
+    let blocks_mask = if line_size == 65536 {
+        u128::MAX
+    } else {
+        (1u128 << (line_size / 512)) - 1
+    };
+    let mut w = Writer::new();
+    w.u32(first)
+        .u32(u32::try_from(lines.len()).expect("chunk too long"))
+        .u32(line_size);
+    for l in lines {
+        assert_eq!(l.dirty & !l.valid, 0, "dirty blocks must be valid");
+        assert_eq!(l.valid & !blocks_mask, 0, "bits beyond the line");
+        assert!(l.class < CLASSES, "class {}", l.class);
+        let start = w.buf.len();
+        match l.core {
+            Some(c) => {
+                assert_ne!(c, UNMAPPED, "core id 255 is reserved");
+                w.u64(l.core_line).u8(c).u8(l.class);
+            }
+            None => {
+                assert!(
+                    l.valid == 0 && l.core_line == 0 && l.class == 0,
+                    "unmapped line with state"
+                );
+                w.u64(0).u8(UNMAPPED).u8(0);
+            }
+        }
+        w.bytes(&l.valid.to_le_bytes()[..n])
+            .bytes(&l.dirty.to_le_bytes()[..n]);
+        w.pad_to(start + per);
+    }
+    w.buf
+}
+
+/// Decodes a chunk payload: the first line and the records.
+pub fn decode_chunk(payload: &[u8]) -> Result<(u32, Vec<LineRecord>), DecodeError> {
+    const WHAT: &str = "checkpoint";
+    let bad = |detail: String| DecodeError::BadField { what: WHAT, detail };
+    let mut r = Reader::new(payload, WHAT);
+    let first = r.u32()?;
+    let count = r.u32()?;
+    let line_size = r.u32()?;
+    check_line_size(line_size)?;
+    let n = mask_bytes(line_size);
+    let per = checkpoint_bytes_per_line(line_size) as usize;
+    let need = (count as usize)
+        .checked_mul(per)
+        .ok_or_else(|| bad(format!("{count} lines")))?;
+    if payload.len() - r.pos() != need {
+        return Err(bad(format!(
+            "{} bytes of records for {count} lines of {per}",
+            payload.len() - r.pos()
+        )));
+    }
+    if first.checked_add(count).is_none() {
+        return Err(bad(format!("lines {first}+{count} overflow")));
+    }
+    let blocks_mask = if line_size == 65536 {
+        u128::MAX
+    } else {
+        (1u128 << (line_size / 512)) - 1
+    };
+    let mut out = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        let rec = r.take(per)?;
+        let mut x = Reader::new(rec, WHAT);
+        let core_line = x.u64()?;
+        let core = x.u8()?;
+        let class = x.u8()?;
+        let mut m = [0u8; 16];
+        m[..n].copy_from_slice(x.take(n)?);
+        let valid = u128::from_le_bytes(m);
+        m[..n].copy_from_slice(x.take(n)?);
+        let dirty = u128::from_le_bytes(m);
+        let line = first + i;
+        if x.take(per - x.pos())?.iter().any(|&b| b != 0) {
+            return Err(bad(format!("line {line}: padding not zero")));
+        }
+        if dirty & !valid != 0 || valid & !blocks_mask != 0 {
+            return Err(bad(format!(
+                "line {line}: dirty blocks not valid, or bits beyond the line"
+            )));
+        }
+        if class >= CLASSES {
+            return Err(bad(format!("line {line}: IO class {class}")));
+        }
+        let core = if core == UNMAPPED {
+            if core_line != 0 || class != 0 || valid != 0 {
+                return Err(bad(format!("line {line}: unmapped but has state")));
+            }
+            None
+        } else {
+            Some(core)
+        };
+        out.push(LineRecord {
+            core,
+            core_line,
+            class,
+            valid,
+            dirty,
+        });
+    }
+    Ok((first, out))
+}
