@@ -1,0 +1,48 @@
+//! `tiercache bench core --json`: one JSON object with the keys the issue names (the figures
+//! themselves are printed, never asserted).
+
+use std::process::Command;
+
+#[test]
+fn bench_core_json_has_the_promised_keys() {
+    let path = std::env::temp_dir().join(format!("tiercache-bench-{}.json", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args([
+            "bench", "core", "--lines", "65536", "--ops", "5000", "--json",
+        ])
+        .arg(&path)
+        .output()
+        .expect("run tiercache");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for k in [
+        "read_hit_ns",
+        "read_hit_ns_p99",
+        "write_hit_ns",
+        "write_hit_ns_p99",
+        "memcpy_4k_ns",
+        "ram_bytes_per_line",
+    ] {
+        assert!(
+            v[k].as_f64().is_some_and(|x| x > 0.0),
+            "{k} missing or not positive in {v}"
+        );
+    }
+    std::fs::remove_file(&path).ok();
+    let bad = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["bench", "core", "--lines", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&bad.stderr)
+            .trim_end()
+            .lines()
+            .count(),
+        1
+    );
+}
