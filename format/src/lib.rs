@@ -17,12 +17,14 @@
 //! | [`checkpoint`] | checkpoint chunks: one fixed-size record per cache line |
 //! | [`crc`] | CRC32C (Castagnoli) |
 //! | [`codec`] | bounds-checked little-endian reader and writer |
+//! | [`journal`] | journal entries: line-state changes, grouped |
 //! | [`record`] | the record frame: header + payload, checksummed |
 //! | [`superblock`] | the superblock and the device layout it describes; two copies |
 
 pub mod checkpoint;
 pub mod codec;
 pub mod crc;
+pub mod journal;
 pub mod record;
 pub mod superblock;
 

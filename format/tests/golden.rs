@@ -300,3 +300,106 @@ mod checkpoint {
         }
     }
 }
+
+mod journal {
+    use super::hex;
+    use tiercache_format::journal::{Entry, LineOp};
+
+    fn entry() -> Entry {
+        Entry {
+            seq: 99,
+            line_size: 8192,
+            ops: vec![
+                LineOp::Map {
+                    line: 4,
+                    core: 1,
+                    core_line: 77,
+                    class: 2,
+                },
+                LineOp::State {
+                    line: 4,
+                    valid: 0xffff,
+                    dirty: 0x00f0,
+                },
+                LineOp::Class { line: 4, class: 0 },
+                LineOp::Unmap { line: 9 },
+            ],
+        }
+    }
+
+    const GOLDEN_JOURNAL_V1: &str = "630000000000000000200000040000000104000000014d00000000000000020304000000fffff0000404000000000209000000";
+
+    #[test]
+    fn entry_v1_bytes_and_round_trip() {
+        let p = entry().encode();
+        println!("journal entry v1: {}", hex(&p));
+        assert_eq!(hex(&p), GOLDEN_JOURNAL_V1, "journal encoding changed");
+        assert_eq!(Entry::decode(&p).unwrap(), entry());
+        let full = Entry {
+            seq: 1,
+            line_size: 65536,
+            ops: vec![LineOp::State {
+                line: 0,
+                valid: u128::MAX,
+                dirty: u128::MAX,
+            }],
+        };
+        assert_eq!(Entry::decode(&full.encode()).unwrap(), full);
+    }
+
+    #[test]
+    fn lies_and_impossible_states_are_refused() {
+        let p = entry().encode();
+        let mut x = p.clone();
+        x[12..16].copy_from_slice(&1_000_000u32.to_le_bytes());
+        assert!(Entry::decode(&x).is_err(), "op count lie");
+        let mut x = p.clone();
+        x.push(0);
+        assert!(
+            Entry::decode(&x)
+                .unwrap_err()
+                .to_string()
+                .contains("after the last op")
+        );
+        let mut x = p.clone();
+        x[16] = 9;
+        assert!(
+            Entry::decode(&x)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown tag")
+        );
+        // The state op's dirty mask (last 2 bytes of its 1+4+2+2) made not a subset of valid.
+        let state_at = 16 + 15;
+        let mut x = p;
+        x[state_at + 1 + 4] = 0x00;
+        x[state_at + 1 + 4 + 1] = 0x00;
+        assert!(
+            Entry::decode(&x)
+                .unwrap_err()
+                .to_string()
+                .contains("impossible")
+        );
+    }
+
+    #[test]
+    fn journal_decoder_never_panics() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let base = entry().encode();
+        for _ in 0..20_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let mut v = base.clone();
+            match s % 3 {
+                0 => {
+                    let p = (s >> 8) as usize % v.len();
+                    v[p] = (s >> 24) as u8;
+                }
+                1 => v.truncate((s >> 8) as usize % (v.len() + 1)),
+                _ => v.extend((0..(s >> 40) % 40).map(|i| (s >> (i % 56)) as u8)),
+            }
+            let _ = Entry::decode(&v);
+        }
+    }
+}

@@ -1,28 +1,47 @@
 //! Sequential cutoff: detect sequential streams per core and pass them through, so a backup or
 //! a copy does not flush the cache's working set (Open CAS semantics, `ocf_seq_cutoff.c`).
 //!
-//! Each core tracks up to [`STREAMS_MAX`] streams: the next expected block, the direction, the
-//! bytes and requests seen, and an age for LRU recycling. A request **continues** a stream when
-//! it has the stream's direction and starts exactly where the stream's last request ended. The
-//! rule, as in Open CAS: a request is cut off (goes pass-through) when it continues a stream and
-//! `stream bytes + request bytes >= threshold`, and the policy allows it — `always`: always;
-//! `full`: only when the cache is full (the caller decides that: free lines ≤ 512 + the
-//! request's lines, Open CAS's margin); `never`: never (and nothing is tracked). A request that
-//! starts no known stream begins a new one in the least recently used slot, and is never cut
-//! (one large random request is not a stream).
+//! Each core tracks up to [`STREAMS_MAX`] streams: the next expected block with the direction
+//! (reads and writes are separate streams), the bytes and requests seen, and a place in a
+//! recency list for LRU recycling. The exact rule, per [`SeqCutoff::check`]:
+//!
+//! 1. `never`: return false; nothing is tracked.
+//! 2. The request **continues** a stream iff some stream has its direction and expects its
+//!    first block (`lba == stream end`). Then `bytes += request bytes`, `requests += 1`, the
+//!    stream's end moves to the request's end and the stream becomes the most recently used.
+//! 3. Otherwise the request **starts** a stream in the least recently used slot (`bytes` =
+//!    the request's bytes, `requests` = 1), replacing whatever was there. A direction change
+//!    is such a new stream: a read at a write stream's end starts a read stream from zero bytes
+//!    and leaves the write stream as it was.
+//! 4. The request is cut off (goes pass-through) iff it **continued** a stream, the stream's
+//!    bytes *including this request* are ≥ `threshold_bytes`, and the policy allows it:
+//!    `always` always, `full` only when the caller says the cache is full (Open CAS: free lines
+//!    ≤ 512 + the request's lines). So the first request of a stream is never cut, however
+//!    large (Open CAS requires a tracked stream too); with a 16 KiB threshold and 4 KiB
+//!    sequential requests the 4th request is the first cut.
+//! 5. If another stream expected the same next block (one stream caught up with another),
+//!    that other stream is forgotten and its slot is reused first.
 //!
 //! `promotion_count` is accepted and kept for Open CAS compatibility. In Open CAS it moves a
-//! stream from a per-queue detector to the per-core one after that many requests; tiercache's
-//! core is single-threaded and keeps one detector per core, so every stream is visible at once
-//! and the count changes no decision.
+//! stream from a per-queue detector (64 streams) to the per-core one (128) after that many
+//! requests; tiercache's core is single-threaded and keeps one detector per core, so every
+//! stream is visible at once and the count changes no decision.
+//!
+//! Lookup is O(1): the slots are a fixed array allocated once, found through an open-addressing
+//! index (256 entries, linear probing, backward-shift deletion) keyed by the next expected
+//! block, and recycled through an intrusive doubly linked recency list.
 
 use crate::policy::{CutoffParams, CutoffPolicy};
-use crate::units::Lba;
+use crate::units::{BLOCK_BYTES, Lba};
 
 /// Streams tracked per core (Open CAS: 128 per core).
 pub const STREAMS_MAX: usize = 128;
 
+/// Key bit for writes: a stream's key is its next expected block with the direction on top.
 const WRITE_BIT: u64 = 1 << 63;
+/// Highest block a key holds (so no key is [`EMPTY`]).
+const LBA_MAX: u64 = WRITE_BIT - 2;
+/// Key of an unused slot.
 const EMPTY: u64 = u64::MAX;
 
 /// One stream.
@@ -103,6 +122,26 @@ impl SeqCutoff {
         self.newest = slot as u8;
     }
 
+    /// Makes `slot` the least recently used (the next one a new stream takes).
+    fn demote(&mut self, slot: usize) {
+        if self.oldest as usize == slot {
+            return;
+        }
+        let (newer, older) = (self.streams[slot].newer, self.streams[slot].older);
+        // Unlink (slot is not the oldest, so `older` is a slot).
+        self.streams[older as usize].newer = newer;
+        if newer == NO_SLOT {
+            self.newest = older;
+        } else {
+            self.streams[newer as usize].older = older;
+        }
+        // Link at the back.
+        self.streams[slot].older = NO_SLOT;
+        self.streams[slot].newer = self.oldest;
+        self.streams[self.oldest as usize].older = slot as u8;
+        self.oldest = slot as u8;
+    }
+
     #[inline]
     fn home(key: u64) -> usize {
         (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % INDEX
@@ -176,9 +215,11 @@ impl SeqCutoff {
             return false;
         }
         let dir = if is_write { WRITE_BIT } else { 0 };
-        let key = (lba.0 & !WRITE_BIT) | dir;
-        let next = (lba.0.saturating_add(blocks as u64) & !WRITE_BIT) | dir;
-        let bytes = blocks as u64 * 512;
+        // Addresses are clamped below the direction bit (and below `EMPTY`); no real device
+        // reaches 2^63 blocks.
+        let key = lba.0.min(LBA_MAX) | dir;
+        let next = lba.0.saturating_add(blocks as u64).min(LBA_MAX) | dir;
+        let bytes = blocks as u64 * BLOCK_BYTES;
         let continues = self.find(key);
         let slot = match continues {
             Some(i) => {
@@ -199,12 +240,12 @@ impl SeqCutoff {
             self.index_remove(slot);
         }
         self.keys[slot] = next;
-        if self.find(next).is_some() {
+        if let Some(other) = self.find(next) {
             // Two streams now expect the same block (one caught up with the other): keep the
-            // one just extended, forget the other.
-            let other = self.find(next).expect("just found");
+            // one just extended, forget the other and make its slot the next to be reused.
             self.index_remove(other);
             self.keys[other] = EMPTY;
+            self.demote(other);
         }
         self.index_insert(slot);
         self.touch(slot);
