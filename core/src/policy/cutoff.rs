@@ -44,10 +44,12 @@ const LBA_MAX: u64 = WRITE_BIT - 2;
 /// Key of an unused slot.
 const EMPTY: u64 = u64::MAX;
 
-/// One stream.
+/// One stream (its next expected block and direction are its key, kept apart for the index).
 #[derive(Copy, Clone, Debug, Default)]
 struct Stream {
+    /// Bytes of the requests that made up the stream.
     bytes: u64,
+    /// Requests that made up the stream (kept for Open CAS's `promotion_count`, see above).
     requests: u32,
     /// Recency list (slot ids): towards more and less recently used.
     newer: u8,
@@ -56,7 +58,9 @@ struct Stream {
 
 /// Index slots (twice the streams: probe runs stay short).
 const INDEX: usize = 2 * STREAMS_MAX;
+/// An empty index entry or the end of the recency list.
 const NO_SLOT: u8 = u8::MAX;
+const _: () = assert!(STREAMS_MAX < NO_SLOT as usize && INDEX > STREAMS_MAX);
 
 /// A core's sequential-stream detector and cutoff decision.
 #[derive(Clone, Debug)]
@@ -257,6 +261,11 @@ impl SeqCutoff {
         }
     }
 
+    /// Streams currently tracked (at most [`STREAMS_MAX`]).
+    pub fn tracked(&self) -> usize {
+        self.keys.iter().filter(|&&k| k != EMPTY).count()
+    }
+
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
         STREAMS_MAX * (8 + std::mem::size_of::<Stream>()) + INDEX
@@ -283,6 +292,19 @@ mod tests {
             .collect();
         // 4, 8, 12, 16 KiB: the 4th request reaches 16 KiB.
         assert_eq!(got, vec![false, false, false, true, true, true]);
+        assert_eq!(c.tracked(), 1);
+        // Uneven sizes: 2 + 6 + 7 = 15 KiB, then 16.5 KiB.
+        let mut c = cut(CutoffPolicy::Always, 16);
+        let mut at = 1000;
+        let got: Vec<bool> = [4u32, 12, 14, 3]
+            .iter()
+            .map(|&b| {
+                let r = c.check(true, Lba(at), b, false);
+                at += b as u64;
+                r
+            })
+            .collect();
+        assert_eq!(got, vec![false, false, false, true]);
     }
 
     #[test]
@@ -293,6 +315,7 @@ mod tests {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
             assert!(!c.check(x & 1 == 0, Lba((x >> 20) % (1 << 30) * 8), 8, false));
         }
+        assert_eq!(c.tracked(), STREAMS_MAX);
         assert!(
             !c.check(false, Lba(1 << 40), 2048, false),
             "one 1 MiB request is not a stream"
@@ -309,6 +332,7 @@ mod tests {
                 assert_eq!(got, round >= 3, "stream {j} round {round}");
             }
         }
+        assert_eq!(c.tracked(), 4);
     }
 
     #[test]
@@ -319,6 +343,7 @@ mod tests {
         for s in 0..STREAMS_MAX as u64 {
             c.check(false, Lba((s + 1) << 20), 8, false);
         }
+        assert_eq!(c.tracked(), STREAMS_MAX);
         assert!(!c.check(false, Lba(8), 8, false));
         // With 127 others A survives.
         let mut c = cut(CutoffPolicy::Always, 8);
@@ -327,10 +352,22 @@ mod tests {
             c.check(false, Lba((s + 1) << 20), 8, false);
         }
         assert!(c.check(false, Lba(8), 8, false));
+        // A continuing stream is recent again: A, then 127 others, A continues, 127 more: A
+        // is still there (the oldest were the first others).
+        let mut c = cut(CutoffPolicy::Always, 12);
+        c.check(false, Lba(0), 8, false);
+        for s in 0..STREAMS_MAX as u64 - 1 {
+            c.check(false, Lba((s + 1) << 20), 8, false);
+        }
+        assert!(!c.check(false, Lba(8), 8, false), "8 KiB of 12");
+        for s in 0..STREAMS_MAX as u64 - 1 {
+            c.check(false, Lba((s + 1000) << 20), 8, false);
+        }
+        assert!(c.check(false, Lba(16), 8, false), "12 KiB: A survived");
     }
 
     #[test]
-    fn full_never_and_direction() {
+    fn full_only_when_the_cache_is_full_and_never_never() {
         let mut c = cut(CutoffPolicy::Full, 8);
         c.check(true, Lba(0), 8, false);
         assert!(
@@ -339,19 +376,200 @@ mod tests {
         );
         assert!(c.check(true, Lba(16), 8, true), "full: cut when full");
         assert!(
-            !c.check(false, Lba(24), 8, true),
-            "a read does not continue a write stream"
+            !c.check(true, Lba(24), 8, false),
+            "and not once room is back"
+        );
+        let mut a = cut(CutoffPolicy::Always, 8);
+        a.check(true, Lba(0), 8, true);
+        assert!(
+            a.check(true, Lba(8), 8, false),
+            "always: regardless of room"
         );
         let mut n = cut(CutoffPolicy::Never, 4);
         for i in 0..10 {
             assert!(!n.check(false, Lba(i * 8), 8, true));
         }
+        assert_eq!(n.tracked(), 0, "never tracks nothing");
+        // set_params switches the policy and keeps streams.
         let mut p = cut(CutoffPolicy::Never, 4);
         p.set_params(CutoffParams {
             policy: CutoffPolicy::Always,
             ..p.params()
         });
+        assert_eq!(p.params().policy, CutoffPolicy::Always);
         p.check(false, Lba(0), 8, false);
         assert!(p.check(false, Lba(8), 8, false));
+        p.set_params(CutoffParams {
+            threshold_bytes: 64 << 10,
+            ..p.params()
+        });
+        assert!(
+            !p.check(false, Lba(16), 8, false),
+            "12 KiB of 64: kept, not cut"
+        );
+    }
+
+    #[test]
+    fn a_direction_change_starts_from_zero() {
+        let mut c = cut(CutoffPolicy::Always, 12);
+        assert!(!c.check(true, Lba(0), 8, false));
+        assert!(!c.check(true, Lba(8), 8, false));
+        assert!(c.check(true, Lba(16), 8, false), "writes reach 12 KiB");
+        // Reads carry on where the writes ended: a new read stream, counted from zero.
+        assert!(!c.check(false, Lba(24), 8, false));
+        assert!(!c.check(false, Lba(32), 8, false));
+        assert!(
+            c.check(false, Lba(40), 8, false),
+            "reads reach 12 KiB on their own"
+        );
+        // Reads and writes are tracked separately: the write stream is still there.
+        assert!(
+            c.check(true, Lba(24), 8, false),
+            "writes resume, still over"
+        );
+        assert_eq!(c.tracked(), 2);
+    }
+
+    #[test]
+    fn a_stream_catching_up_with_another_absorbs_it() {
+        let mut c = cut(CutoffPolicy::Always, 20);
+        // B: 16.. (4 KiB), A: 0..16 (8 KiB); A now expects 16, B expects 24.
+        c.check(false, Lba(16), 8, false);
+        c.check(false, Lba(0), 8, false);
+        c.check(false, Lba(8), 8, false);
+        assert_eq!(c.tracked(), 2);
+        // A reads 16..24 and now expects 24 like B: B is forgotten, A goes on (12 KiB).
+        assert!(!c.check(false, Lba(16), 8, false));
+        assert_eq!(c.tracked(), 1);
+        assert!(!c.check(false, Lba(24), 8, false), "16 KiB");
+        assert!(c.check(false, Lba(32), 8, false), "20 KiB");
+    }
+
+    #[test]
+    fn edge_addresses_and_sizes() {
+        let mut c = cut(CutoffPolicy::Always, 0);
+        // Zero-length requests continue a stream without moving it.
+        c.check(false, Lba(5), 0, false);
+        assert!(c.check(false, Lba(5), 0, false));
+        // Addresses near the top of the range do not wrap or collide with empty slots.
+        for i in 0..4u64 {
+            c.check(true, Lba(u64::MAX - 3 + i), 1, false);
+            c.check(false, Lba((1 << 63) + i), 1, false);
+        }
+        assert!(c.tracked() <= STREAMS_MAX);
+        assert!(
+            c.check(true, Lba(u64::MAX), 1, false),
+            "clamped: the same stream"
+        );
+    }
+
+    #[test]
+    fn matches_a_linear_scan_model() {
+        // Reference: the same rule with a plain scan over 128 (key, bytes, age) entries.
+        struct Model {
+            keys: Vec<u64>,
+            bytes: Vec<u64>,
+            age: Vec<i64>,
+            clock: i64,
+            low: i64,
+        }
+        impl Model {
+            fn check(
+                &mut self,
+                p: CutoffParams,
+                w: bool,
+                lba: u64,
+                blocks: u32,
+                full: bool,
+            ) -> bool {
+                let dir = if w { WRITE_BIT } else { 0 };
+                let key = lba.min(LBA_MAX) | dir;
+                let next = lba.saturating_add(blocks as u64).min(LBA_MAX) | dir;
+                let found = self.keys.iter().position(|&k| k == key);
+                let slot = match found {
+                    Some(i) => {
+                        self.bytes[i] += blocks as u64 * 512;
+                        i
+                    }
+                    None => {
+                        let i = (0..STREAMS_MAX).min_by_key(|&i| self.age[i]).unwrap();
+                        self.bytes[i] = blocks as u64 * 512;
+                        i
+                    }
+                };
+                self.keys[slot] = EMPTY;
+                if let Some(o) = self.keys.iter().position(|&k| k == next) {
+                    self.keys[o] = EMPTY;
+                    self.low -= 1;
+                    self.age[o] = self.low;
+                }
+                self.keys[slot] = next;
+                self.clock += 1;
+                self.age[slot] = self.clock;
+                let over = found.is_some() && self.bytes[slot] >= p.threshold_bytes;
+                match p.policy {
+                    CutoffPolicy::Always => over,
+                    CutoffPolicy::Full => over && full,
+                    CutoffPolicy::Never => false,
+                }
+            }
+        }
+        for (seed, policy) in [(1u64, CutoffPolicy::Always), (2, CutoffPolicy::Full)] {
+            let p = CutoffParams {
+                policy,
+                threshold_bytes: 32 << 10,
+                promotion_count: 8,
+            };
+            let mut c = SeqCutoff::new(p);
+            let mut m = Model {
+                keys: vec![EMPTY; STREAMS_MAX],
+                bytes: vec![0; STREAMS_MAX],
+                age: (0..STREAMS_MAX as i64).map(|i| -i).collect(),
+                clock: 0,
+                low: -(STREAMS_MAX as i64),
+            };
+            // Up to 160 sequential streams (more than the table holds), requests just ahead of
+            // them and random ones.
+            let mut next = vec![0u64; 160];
+            for (i, n) in next.iter_mut().enumerate() {
+                *n = (i as u64) << 24;
+            }
+            let mut x = seed;
+            let mut cuts = 0;
+            for step in 0..200_000u32 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let live = if step < 100_000 { 40 } else { 160 };
+                let s = (x % live) as usize;
+                let blocks = [8u32, 8, 16, 1, 0, 256][(x >> 8) as usize % 6];
+                let w = s.is_multiple_of(3);
+                let lba = if (x >> 16) % 8 == 0 {
+                    (x >> 20) % (1 << 36)
+                } else if (x >> 16) % 8 == 1 {
+                    // Just ahead of another stream, which will catch up with it.
+                    next[(s + 1) % live as usize] + 8 * ((x >> 24) % 4)
+                } else {
+                    let l = next[s];
+                    next[s] += blocks as u64;
+                    l
+                };
+                let full = (x >> 40) & 1 == 1;
+                let got = c.check(w, Lba(lba), blocks, full);
+                assert_eq!(got, m.check(p, w, lba, blocks, full), "step {step}");
+                cuts += got as u32;
+            }
+            assert!(
+                cuts > 10_000,
+                "{cuts} cuts: the model test exercises cutting"
+            );
+            assert_eq!(c.tracked(), m.keys.iter().filter(|&&k| k != EMPTY).count());
+        }
+    }
+
+    #[test]
+    fn memory_is_fixed() {
+        let c = cut(CutoffPolicy::Full, 1024);
+        assert_eq!(c.heap_bytes(), STREAMS_MAX * 24 + 2 * STREAMS_MAX);
     }
 }
