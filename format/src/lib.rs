@@ -20,6 +20,7 @@
 //! | [`journal`] | journal entries: line-state changes, grouped |
 //! | [`record`] | the record frame: header + payload, checksummed |
 //! | [`superblock`] | the superblock and the device layout it describes; two copies |
+//! | [`tables`] | the configuration and the core table (with each core's identity) |
 
 pub mod checkpoint;
 pub mod codec;
@@ -27,6 +28,7 @@ pub mod crc;
 pub mod journal;
 pub mod record;
 pub mod superblock;
+pub mod tables;
 
 /// The newest format version this build writes (and the newest it reads).
 pub const FORMAT_VERSION: u16 = 1;

@@ -403,3 +403,110 @@ mod journal {
         }
     }
 }
+
+mod tables {
+    use super::hex;
+    use tiercache_format::tables::*;
+
+    fn cores() -> Vec<CoreEntry> {
+        vec![
+            CoreEntry {
+                id: 0,
+                size_blocks: 1 << 31,
+                identity: CoreIdentity::Block {
+                    serial: "WWN-5000c500a1b2c3d4".into(),
+                },
+                export_name: "osd0".into(),
+                cutoff: (1, 16384, 8),
+            },
+            CoreEntry {
+                id: 3,
+                size_blocks: 2048,
+                identity: CoreIdentity::File {
+                    fs_uuid: [7; 16],
+                    inode: 1234,
+                },
+                export_name: "img".into(),
+                cutoff: (2, 1 << 20, 8),
+            },
+            CoreEntry {
+                id: 4,
+                size_blocks: 4096,
+                identity: CoreIdentity::Rbd {
+                    pool_id: 2,
+                    image_id: "10226b8b4567".into(),
+                },
+                export_name: "vm1".into(),
+                cutoff: (3, 0, 1),
+            },
+        ]
+    }
+
+    fn config() -> ConfigRecord {
+        ConfigRecord {
+            mode: 2,
+            eviction: 2,
+            promotion: (1, 3, 80),
+            cleaning: 1,
+            alru: [20, 120, 100, 1000],
+            acp: [10, 128],
+            rate: (true, 50, 200),
+            io_classes_csv:
+                "IO class id,IO class name,Eviction priority,Allocation\n0,unclassified,22,1\n"
+                    .into(),
+        }
+    }
+
+    const GOLDEN_CORES_V1: &str = "030000000000800000000001140057574e2d3530303063353030613162326333643404006f736430010040000000000000080000000300080000000000000207070707070707070707070707070707d2040000000000000300696d67020000100000000000080000000400100000000000000302000000000000000c003130323236623862343536370300766d3103000000000000000001000000";
+    const GOLDEN_CONFIG_V1: &str = "020201030000005001140000007800000064000000e80300000a000000800000000132c80000004b00494f20636c6173732069642c494f20636c617373206e616d652c4576696374696f6e207072696f726974792c416c6c6f636174696f6e0a302c756e636c61737369666965642c32322c310a";
+
+    #[test]
+    fn core_table_and_config_v1_bytes_and_round_trip() {
+        let c = encode_cores(&cores());
+        let g = encode_config(&config());
+        println!("core table v1: {}", hex(&c));
+        println!("config v1: {}", hex(&g));
+        assert_eq!(hex(&c), GOLDEN_CORES_V1, "core table encoding changed");
+        assert_eq!(hex(&g), GOLDEN_CONFIG_V1, "config encoding changed");
+        assert_eq!(decode_cores(&c).unwrap(), cores());
+        assert_eq!(decode_config(&g).unwrap(), config());
+        let nbd = vec![CoreEntry {
+            id: 9,
+            size_blocks: 8,
+            identity: CoreIdentity::Nbd {
+                uri: "nbd+unix:///x?socket=/tmp/s".into(),
+            },
+            export_name: "n".into(),
+            cutoff: (3, 0, 1),
+        }];
+        assert_eq!(decode_cores(&encode_cores(&nbd)).unwrap(), nbd);
+    }
+
+    #[test]
+    fn repeated_ids_bad_codes_and_garbage_are_refused() {
+        let mut two = cores();
+        two[1].id = 0;
+        // The encoder does not check id uniqueness (a cache never has two cores with one id);
+        // the decoder must.
+        let e = decode_cores(&encode_cores(&two)).unwrap_err();
+        assert!(e.to_string().contains("repeated"), "{e}");
+        let mut g = encode_config(&config());
+        g[0] = 9;
+        assert!(decode_config(&g).is_err());
+        let mut s = 0x1234_5678u64;
+        let base = encode_cores(&cores());
+        for _ in 0..20_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let mut v = base.clone();
+            let p = (s >> 8) as usize % v.len();
+            v[p] = (s >> 20) as u8;
+            if s.is_multiple_of(4) {
+                v.truncate((s >> 30) as usize % v.len());
+            }
+            let _ = decode_cores(&v);
+            let _ = decode_config(&v);
+        }
+    }
+}
