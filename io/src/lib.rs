@@ -1,0 +1,176 @@
+//! IO backends of tiercache behind one trait, [`Backend`], with one conformance suite
+//! ([`conformance::conformance`]) that every backend passes.
+//!
+//! Backends speak block-device semantics in 512-byte blocks ([`BLOCK`]):
+//! - [`FileBackend`]: a regular file or a block device, with `O_DIRECT` where the file system
+//!   allows it (buffered otherwise) and io_uring where the kernel allows it (`pread`/`pwrite`
+//!   otherwise), chosen at run time; the path in use is reported by [`Backend::name`].
+//! - [`RamBackend`]: volatile memory; flush is a no-op.
+//! - [`FaultBackend`]: a wrapper that injects seeded errors and delays, and emulates a power cut
+//!   that drops or tears (at 512 B granularity) writes not covered by a completed flush.
+//!
+//! The API is synchronous: the engine calls it from its worker threads. Every request is checked
+//! first: a buffer whose length is not a multiple of 512 gives [`IoErr::Misaligned`], a range past
+//! the end gives [`IoErr::OutOfRange`]; neither changes anything and nothing panics.
+
+mod aligned;
+pub mod conformance;
+mod error;
+mod fault;
+mod file;
+mod ram;
+mod uring;
+
+pub use aligned::{ALIGN, AlignedBuf};
+pub use error::IoErr;
+pub use fault::{FaultBackend, FaultConfig, OpKind, PowerCutPattern, PowerCutReport};
+pub use file::{FileBackend, FileOptions, IoPath};
+pub use ram::RamBackend;
+
+/// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple
+/// of it.
+pub const BLOCK: usize = 512;
+
+/// A block device: reads, writes, zeroing, trim and flush in 512-byte blocks.
+///
+/// Implementations are shared between threads; concurrent requests to disjoint ranges must all
+/// land. Requests to overlapping ranges that run concurrently have no defined order.
+pub trait Backend: Send + Sync {
+    /// A human-readable description, including the IO path in use
+    /// (for example `file:/dev/nvme0n1 (O_DIRECT, pread/pwrite)`).
+    fn name(&self) -> String;
+
+    /// The capacity in 512-byte blocks.
+    fn blocks(&self) -> u64;
+
+    /// Reads `buf.len() / 512` blocks starting at `lba` into `buf`.
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr>;
+
+    /// Writes `buf` at `lba`. With `fua` the data is durable when the call returns
+    /// (force unit access); otherwise it is durable after the next completed [`Backend::flush`].
+    fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr>;
+
+    /// Writes `blocks` blocks of zeros at `lba` (durable at return with `fua`).
+    fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr>;
+
+    /// Discards `blocks` blocks at `lba`. Discarded blocks read back as zeros.
+    fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr>;
+
+    /// Makes everything completed before this call durable, including the device's volatile
+    /// write cache (`fdatasync` for files and block devices).
+    fn flush(&self) -> Result<(), IoErr>;
+
+    /// Executes a batch of requests and returns one result per request, in order.
+    ///
+    /// The default runs them one after the other; a backend with an asynchronous path (such as
+    /// io_uring) may overlap them. Requests in one batch must not overlap each other.
+    fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
+        reqs.iter_mut()
+            .map(|r| match r {
+                Req::Read { lba, buf } => self.read(*lba, buf),
+                Req::Write { lba, buf, fua } => self.write(*lba, buf, *fua),
+                Req::WriteZeroes { lba, blocks, fua } => self.write_zeroes(*lba, *blocks, *fua),
+                Req::Trim { lba, blocks } => self.trim(*lba, *blocks),
+                Req::Flush => self.flush(),
+            })
+            .collect()
+    }
+}
+
+/// One request of a [`Backend::submit_batch`] call.
+#[derive(Debug)]
+pub enum Req<'a> {
+    /// Read into `buf` from `lba`.
+    Read {
+        /// First block.
+        lba: u64,
+        /// Destination, a multiple of 512 bytes.
+        buf: &'a mut [u8],
+    },
+    /// Write `buf` at `lba`.
+    Write {
+        /// First block.
+        lba: u64,
+        /// Source, a multiple of 512 bytes.
+        buf: &'a [u8],
+        /// Durable on completion.
+        fua: bool,
+    },
+    /// Write zeros.
+    WriteZeroes {
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u64,
+        /// Durable on completion.
+        fua: bool,
+    },
+    /// Discard blocks (they read back as zeros).
+    Trim {
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u64,
+    },
+    /// Make everything completed before it durable.
+    Flush,
+}
+
+/// Checks a request of `len` bytes at `lba` against a device of `dev_blocks` blocks and returns
+/// its length in blocks: [`IoErr::Misaligned`] when `len` is not a multiple of [`BLOCK`],
+/// [`IoErr::OutOfRange`] when the range does not fit (without overflowing).
+pub fn check_bytes(lba: u64, len: usize, dev_blocks: u64) -> Result<u64, IoErr> {
+    if len % BLOCK != 0 {
+        return Err(IoErr::Misaligned { len });
+    }
+    let blocks = (len / BLOCK) as u64;
+    check_blocks(lba, blocks, dev_blocks)?;
+    Ok(blocks)
+}
+
+/// Checks that `blocks` blocks at `lba` fit in a device of `dev_blocks` blocks.
+pub fn check_blocks(lba: u64, blocks: u64, dev_blocks: u64) -> Result<(), IoErr> {
+    match lba.checked_add(blocks) {
+        Some(end) if end <= dev_blocks => Ok(()),
+        _ => Err(IoErr::OutOfRange {
+            lba,
+            blocks,
+            dev_blocks,
+        }),
+    }
+}
+
+macro_rules! forward_backend {
+    ($($t:ty),*) => {$(
+        /// Forwards every operation to the pointed-to backend, so that wrappers such as
+        /// [`FaultBackend`] can hold a shared or boxed (also `dyn`) backend.
+        impl<T: Backend + ?Sized> Backend for $t {
+            fn name(&self) -> String {
+                (**self).name()
+            }
+            fn blocks(&self) -> u64 {
+                (**self).blocks()
+            }
+            fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
+                (**self).read(lba, buf)
+            }
+            fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
+                (**self).write(lba, buf, fua)
+            }
+            fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
+                (**self).write_zeroes(lba, blocks, fua)
+            }
+            fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
+                (**self).trim(lba, blocks)
+            }
+            fn flush(&self) -> Result<(), IoErr> {
+                (**self).flush()
+            }
+            fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
+                (**self).submit_batch(reqs)
+            }
+        }
+    )*};
+}
+
+forward_backend!(Box<T>, std::sync::Arc<T>);
