@@ -41,6 +41,48 @@ pub struct Config {
     pub pool_slots: u32,
     /// Blocks per staging slot (the longest merged writeback extent).
     pub pool_slot_blocks: u32,
+    /// Persistent metadata on the cache device; `None`: nothing is persisted (a volatile cache,
+    /// benchmarks, the simulator's performance runs).
+    pub persist: Option<Persist>,
+}
+
+/// Where and how a cache persists its metadata (see `cache/meta.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct Persist {
+    /// The superblock in force on the device (for a new cache: the one to write; the core
+    /// owns its generation, state, checkpoint and journal fields from here on).
+    pub superblock: tiercache_format::superblock::Superblock,
+    /// The copy (0 or 1) that holds it; for a new cache 1, so the first write goes to copy 0.
+    pub superblock_copy: usize,
+}
+
+impl Persist {
+    /// Persistence for a new cache with this identity and layout: the core zeroes the journal
+    /// and writes the first superblock before it serves anything.
+    pub fn new_cache(
+        cache_id: [u8; 16],
+        device_bytes: u64,
+        line_size: LineSize,
+        lines: u32,
+        layout: tiercache_format::superblock::Layout,
+    ) -> Persist {
+        Persist {
+            superblock: tiercache_format::superblock::Superblock {
+                version: tiercache_format::FORMAT_VERSION,
+                generation: 0,
+                cache_id,
+                device_bytes,
+                line_size: line_size.bytes() as u32,
+                lines,
+                state: tiercache_format::superblock::CacheState::Running,
+                checkpoint: 0,
+                has_checkpoint: false,
+                journal_seq: 1,
+                layout,
+            },
+            superblock_copy: 1,
+        }
+    }
 }
 
 impl Config {
@@ -61,6 +103,7 @@ impl Config {
             rate: RateParams::default(),
             pool_slots: 64,
             pool_slot_blocks: 2048,
+            persist: None,
         }
     }
 
@@ -89,6 +132,19 @@ impl Config {
         }
         if self.pool_slot_blocks < self.line_size.blocks() {
             return Err("a staging slot must hold at least one line".into());
+        }
+        if let Some(p) = &self.persist {
+            let sb = &p.superblock;
+            if self.volatile {
+                return Err("a volatile (ram:) cache device cannot persist metadata".into());
+            }
+            if sb.line_size as u64 != self.line_size.bytes() || sb.lines != self.lines {
+                return Err("the superblock's geometry does not match the configuration".into());
+            }
+            if self.data_offset.0 * 512 != sb.layout.data.offset {
+                return Err("data_offset must be the superblock's data region".into());
+            }
+            sb.layout.validate(sb.device_bytes)?;
         }
         Ok(())
     }

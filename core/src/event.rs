@@ -55,6 +55,14 @@ pub enum BufRef {
         /// Offset into the request's buffer.
         offset: u32,
     },
+    /// A metadata buffer the core encoded (journal record, checkpoint chunk, superblock and
+    /// tables); the driver reads it through [`crate::Cache::meta_buf`]. Only ever a write source.
+    Meta {
+        /// Buffer id.
+        id: u32,
+        /// Offset into the buffer.
+        offset: u32,
+    },
     /// A slot of the core's staging pool.
     Pool {
         /// Slot index, `< Config::pool_slots`.

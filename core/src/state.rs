@@ -11,6 +11,9 @@ use crate::units::{BlockMask, LineId};
 
 /// Bit in the class byte: the line has been dirty since it was mapped (coverage accounting).
 const FLAG_WAS_DIRTY: u8 = 0x80;
+/// Bit in the class byte: the persistent metadata may still say this line holds dirty data, so
+/// its slot must not be reused for other data until a durable journal entry says otherwise.
+const FLAG_DURABLE_DIRTY: u8 = 0x40;
 const CLASS_MASK: u8 = 0x3f;
 
 /// Valid/dirty masks, class and flag of every line.
@@ -106,6 +109,24 @@ impl LineStates {
     #[inline]
     pub fn was_dirty(&self, line: LineId) -> bool {
         self.data[self.class_at(line)] & FLAG_WAS_DIRTY != 0
+    }
+
+    /// Whether the persistent metadata may still show dirty data in `line` (see
+    /// `cache/meta.rs`).
+    #[inline]
+    pub fn durable_dirty(&self, line: LineId) -> bool {
+        self.data[self.class_at(line)] & FLAG_DURABLE_DIRTY != 0
+    }
+
+    /// Sets or clears the durable-dirty flag of `line`.
+    #[inline]
+    pub fn set_durable_dirty(&mut self, line: LineId, on: bool) {
+        let at = self.class_at(line);
+        if on {
+            self.data[at] |= FLAG_DURABLE_DIRTY;
+        } else {
+            self.data[at] &= !FLAG_DURABLE_DIRTY;
+        }
     }
 
     /// Clears masks, class and flag (the line is being unmapped).

@@ -25,6 +25,13 @@ pub fn run_seed(seed: u64, steps: u64) -> Coverage {
         step_ns_max: 3_000_000,
         p_slow: 0.0,
         crash_at_write: None,
+        crash_at_meta_write: None,
+    };
+    // One seed in four persists its metadata (journal commits, checkpoints, deferred replies).
+    let cfg = if seed % 4 == 1 {
+        harness::workload::persistent(cfg, &mut rng)
+    } else {
+        cfg
     };
     let mut env = Env::new(cfg.clone(), seed, knobs);
     for (i, &n) in core_sizes.iter().enumerate() {

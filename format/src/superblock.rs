@@ -43,6 +43,11 @@ pub const SUPERBLOCK_BYTES: usize = 4096;
 pub const SUPERBLOCK_OFFSETS: [u64; 2] = [0, 64 << 10];
 /// Bytes of the header the checksum covers in this version.
 const USED_V1: u16 = 136;
+/// Byte offsets of the table areas that go with each superblock copy: the configuration and
+/// core-table records written just before that copy (see [`TABLES_BYTES`]).
+pub const TABLES_OFFSETS: [u64; 2] = [4 << 10, 68 << 10];
+/// Bytes of each table area: up to the next copy (A) or a same-sized area (B).
+pub const TABLES_BYTES: usize = 60 << 10;
 /// Alignment of every region (and of the data region to a line, see [`Layout::plan`]).
 pub const REGION_ALIGN: u64 = 1 << 20;
 
@@ -83,6 +88,23 @@ pub fn checkpoint_bytes_per_line(line_size: u32) -> u64 {
     (8 + 1 + 1 + masks).div_ceil(8) * 8
 }
 
+/// Bytes of one checkpoint chunk slot: each chunk record (frame and payload) is written into a
+/// slot of this size, so chunk `i` lives at `i * CHECKPOINT_CHUNK_BYTES` in its region.
+pub const CHECKPOINT_CHUNK_BYTES: u64 = 64 << 10;
+
+/// Lines per checkpoint chunk: as many records as fit in a slot with the frame (16 bytes) and
+/// the chunk header (12 bytes).
+pub fn lines_per_chunk(line_size: u32) -> u32 {
+    ((CHECKPOINT_CHUNK_BYTES - 16 - 12) / checkpoint_bytes_per_line(line_size)) as u32
+}
+
+/// Bytes a checkpoint of `lines` lines needs: one slot per chunk.
+pub fn checkpoint_region_bytes(lines: u64, line_size: u32) -> Option<u64> {
+    lines
+        .div_ceil(lines_per_chunk(line_size) as u64)
+        .checked_mul(CHECKPOINT_CHUNK_BYTES)
+}
+
 impl Layout {
     /// Plans a device of `device_bytes` for lines of `line_size`: superblocks, then the journal
     /// (`journal_bytes`, at least 1 MiB), then two checkpoints sized for every line, then as
@@ -98,10 +120,9 @@ impl Layout {
             bytes: align(journal_bytes.max(REGION_ALIGN))?,
         };
         // Lines that could fit if metadata were free bounds the checkpoint size; then shrink.
-        let per_line = checkpoint_bytes_per_line(line_size);
         let mut lines = device_bytes.checked_sub(journal.end())? / line_size as u64;
         loop {
-            let cp = align(lines.checked_mul(per_line)?.max(1))?;
+            let cp = align(checkpoint_region_bytes(lines, line_size)?.max(1))?;
             let c0 = Region {
                 offset: journal.end(),
                 bytes: cp,
@@ -184,6 +205,9 @@ pub struct Superblock {
     pub state: CacheState,
     /// Current checkpoint region (0 or 1).
     pub checkpoint: u8,
+    /// Whether that checkpoint region holds a complete checkpoint. A new cache has none: every
+    /// line is free and the journal alone says what changed.
+    pub has_checkpoint: bool,
     /// Oldest journal entry still needed.
     pub journal_seq: u64,
     /// The regions.
@@ -204,8 +228,9 @@ impl Superblock {
         w.u32(self.line_size)
             .u32(self.lines)
             .u8(self.state as u8)
-            .u8(self.checkpoint);
-        w.bytes(&[0; 6]).u64(self.journal_seq);
+            .u8(self.checkpoint)
+            .u8(self.has_checkpoint as u8);
+        w.bytes(&[0; 5]).u64(self.journal_seq);
         for r in [
             self.layout.journal,
             self.layout.checkpoint[0],
@@ -261,7 +286,12 @@ impl Superblock {
         if checkpoint > 1 {
             return Err(bad(format!("checkpoint index {checkpoint}")));
         }
-        r.bytes::<6>()?;
+        let has_checkpoint = match r.u8()? {
+            0 => false,
+            1 => true,
+            v => return Err(bad(format!("checkpoint flag {v}"))),
+        };
+        r.bytes::<5>()?;
         let journal_seq = r.u64()?;
         let mut regions = [Region::default(); 4];
         for reg in &mut regions {
@@ -291,6 +321,7 @@ impl Superblock {
             lines,
             state,
             checkpoint,
+            has_checkpoint,
             journal_seq,
             layout,
         })

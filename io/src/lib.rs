@@ -15,16 +15,20 @@
 
 mod aligned;
 pub mod conformance;
+mod emu;
 mod error;
 mod fault;
 mod file;
+mod nbd;
 mod ram;
 mod uring;
 
 pub use aligned::{ALIGN, AlignedBuf};
+pub use emu::{EmuBackend, EmuStats, EmuTarget, open_emu, parse_emu};
 pub use error::IoErr;
 pub use fault::{FaultBackend, FaultConfig, OpKind, PowerCutPattern, PowerCutReport};
 pub use file::{FileBackend, FileOptions, IoPath};
+pub use nbd::{NbdBackend, NbdExportInfo, NbdOptions};
 pub use ram::RamBackend;
 
 /// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple

@@ -1,7 +1,8 @@
 //! Runs the conformance suite on every backend, and tests the fault wrapper.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+mod common;
+use common::TempDir;
+use std::path::Path;
 use std::time::{Duration, Instant};
 use tiercache_io::conformance::{self, fill_pattern, pattern};
 use tiercache_io::{
@@ -9,32 +10,10 @@ use tiercache_io::{
     PowerCutPattern, RamBackend, Req,
 };
 
-/// A fresh directory under `base`, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(base: &Path) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let p = base.join(format!(
-            "tiercache-io-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 const DEV_BLOCKS: u64 = 4096;
 
 fn file_conformance(base: &Path) {
-    let dir = TempDir::new(base);
+    let dir = TempDir::new(base, "io-test");
     let path = dir.0.join("dev.img");
     let f = FileBackend::create(&path, DEV_BLOCKS, false).unwrap();
     println!("IO path in {}: {}", base.display(), f.name());
@@ -61,7 +40,7 @@ fn file_conformance_every_io_path() {
     // Each fallback forced in turn: O_DIRECT or buffered, io_uring or pread/pwrite.
     for direct in [true, false] {
         for io_uring in [true, false] {
-            let dir = TempDir::new(&std::env::temp_dir());
+            let dir = TempDir::in_tmp("io-test");
             let path = dir.0.join("dev.img");
             drop(FileBackend::create(&path, DEV_BLOCKS, false).unwrap());
             let f = FileBackend::open_with(&path, FileOptions { direct, io_uring }).unwrap();
@@ -148,7 +127,7 @@ fn big_batch(b: &dyn Backend) {
 
 #[test]
 fn batches_on_every_backend() {
-    let dir = TempDir::new(&std::env::temp_dir());
+    let dir = TempDir::in_tmp("io-test");
     let path = dir.0.join("dev.img");
     let f = FileBackend::create(&path, DEV_BLOCKS, false).unwrap();
     println!("IO path: {}", f.name());
@@ -190,7 +169,7 @@ fn fault_conformance_faults_off() {
 
 #[test]
 fn fault_over_file_conformance_and_reopen() {
-    let dir = TempDir::new(&std::env::temp_dir());
+    let dir = TempDir::in_tmp("io-test");
     let path = dir.0.join("dev.img");
     let f = FaultBackend::new(
         FileBackend::create(&path, DEV_BLOCKS, false).unwrap(),
@@ -212,7 +191,7 @@ fn fault_over_file_conformance_and_reopen() {
 
 #[test]
 fn file_create_refuses_non_empty_without_force() {
-    let dir = TempDir::new(&std::env::temp_dir());
+    let dir = TempDir::in_tmp("io-test");
     let path = dir.0.join("dev.img");
     std::fs::write(&path, b"precious").unwrap();
     let e = FileBackend::create(&path, 64, false).unwrap_err();

@@ -101,6 +101,7 @@ impl Cache {
             let view = View {
                 map: &self.map,
                 locks: &self.locks,
+                state: &self.state,
             };
             if let Some(l) = self.eviction.evict(&mut self.lists, c, &view) {
                 debug_assert_eq!(self.state.dirty(l), 0, "eviction returned a dirty line");
@@ -126,6 +127,7 @@ impl Cache {
                     &View {
                         map: &self.map,
                         locks: &self.locks,
+                        state: &self.state,
                     },
                     l,
                 )
@@ -138,6 +140,7 @@ impl Cache {
                         &View {
                             map: &self.map,
                             locks: &self.locks,
+                            state: &self.state,
                         },
                     );
                     self.dirty_lines -= 1;
@@ -165,8 +168,12 @@ impl Cache {
     pub(crate) fn free_line(&mut self, line: LineId) {
         debug_assert_eq!(self.state.dirty(line), 0, "freeing a dirty line");
         let class = self.state.class(line);
+        let durable_dirty = self.state.durable_dirty(line);
         self.eviction.remove(&mut self.lists, line, class);
         self.unmap_line(line);
-        self.lists.push_back(self.free, line.0);
+        // A slot the persistent metadata may still name waits in limbo before reuse.
+        if !self.meta_limbo(line, durable_dirty) {
+            self.lists.push_back(self.free, line.0);
+        }
     }
 }

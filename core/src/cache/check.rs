@@ -86,6 +86,7 @@ impl Cache {
                 super::IoOwner::Wb { job, .. } => {
                     assert!(self.jobs.contains_key(job), "IO of a finished job")
                 }
+                super::IoOwner::Meta { .. } => {}
             }
         }
     }

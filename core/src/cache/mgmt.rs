@@ -87,7 +87,9 @@ impl Cache {
             cutoff: SeqCutoff::new(CutoffParams::default()),
             counters: ReqCounters::default(),
             flush: FlushState::default(),
+            record: None,
         });
+        self.tables_changed();
         Ok(())
     }
 
@@ -132,6 +134,7 @@ impl Cache {
         }
         self.invalidate_core(core).expect("checked");
         self.cores[core.0 as usize] = None;
+        self.tables_changed();
         Ok(())
     }
 
@@ -164,11 +167,13 @@ impl Cache {
                     &View {
                         map: &self.map,
                         locks: &self.locks,
+                        state: &self.state,
                     },
                 );
                 self.dirty_lines -= 1;
                 let v = self.state.valid(l);
                 self.state.set(l, v, 0);
+                self.meta_note(l);
                 let (c, cl) = self.map.position(l);
                 let class = self.state.class(l);
                 self.eviction.insert(
@@ -199,6 +204,7 @@ impl Cache {
             self.mode = mode;
             self.target_mode = None;
         }
+        self.tables_changed();
         Ok(())
     }
 
@@ -207,6 +213,7 @@ impl Cache {
     pub fn load_io_classes(&mut self, table: IoClassTable) {
         self.classes = table;
         self.rebuild_evict_order();
+        self.tables_changed();
     }
 
     /// Sequential cutoff parameters of `core`.
@@ -217,6 +224,7 @@ impl Cache {
             .and_then(|c| c.as_mut())
             .ok_or(MgmtError::NoSuchCore(core))?;
         c.cutoff.set_params(p);
+        self.tables_changed();
         Ok(())
     }
 
@@ -225,6 +233,7 @@ impl Cache {
         self.cfg.promotion = which;
         self.cfg.nhit = nhit;
         self.promotion = crate::policy::promotion::build(which, nhit, self.cfg.lines);
+        self.tables_changed();
     }
 
     /// Replaces the cleaning policy (dirty lines move to the new policy's lists).
@@ -239,6 +248,7 @@ impl Cache {
                     &View {
                         map: &self.map,
                         locks: &self.locks,
+                        state: &self.state,
                     },
                 );
                 moved.push(l);
@@ -252,16 +262,19 @@ impl Cache {
             let view = View {
                 map: &self.map,
                 locks: &self.locks,
+                state: &self.state,
             };
             self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
         }
         self.cleaner_next = self.now;
+        self.tables_changed();
     }
 
     /// Rate controller parameters.
     pub fn set_rate(&mut self, p: RateParams) {
         self.cfg.rate = p;
         self.rate.set_params(p);
+        self.tables_changed();
     }
 
     /// Writes back every dirty line, regardless of the cleaning policy. Progress:
@@ -290,8 +303,29 @@ impl Cache {
         dirty: u128,
         class: u8,
     ) -> Result<LineId, String> {
+        let Some(l) = self.lists.back(self.free) else {
+            return Err("more lines than the cache holds".into());
+        };
+        self.restore_at(LineId(l), core, core_line, valid, dirty, class)?;
+        Ok(LineId(l))
+    }
+
+    /// Puts `line` back exactly as the persistent metadata says: the same slot, so the data
+    /// on the cache device is found where it was written. Loading only.
+    pub(crate) fn restore_at(
+        &mut self,
+        line: LineId,
+        core: CoreId,
+        core_line: u64,
+        valid: u128,
+        dirty: u128,
+        class: u8,
+    ) -> Result<(), String> {
         let Some(cs) = self.core(core) else {
-            return Err(format!("no core {}", core.0));
+            return Err(format!(
+                "it names core {}, which is not in the core table",
+                core.0
+            ));
         };
         if core_line >= cs.size_blocks.div_ceil(self.bpl as u64) {
             return Err(format!(
@@ -312,20 +346,22 @@ impl Cache {
                 core.0
             ));
         }
-        let Some(l) = self.lists.back(self.free) else {
-            return Err("more lines than the cache holds".into());
-        };
-        self.lists.unlink(l);
-        let line = LineId(l);
+        if line.0 >= self.cfg.lines || self.map.is_mapped(line) {
+            return Err(format!("line {} is out of range or mapped twice", line.0));
+        }
+        self.lists.unlink(line.0);
         self.map.insert(line, core, core_line);
         self.state.set(line, valid, dirty);
         self.state.set_class(line, class);
         self.class_lines[class as usize] += 1;
         if dirty != 0 {
+            // Persistent metadata names this dirty line (without persistence the flag is unused).
+            self.state.set_durable_dirty(line, self.meta.is_some());
             self.dirty_lines += 1;
             let view = View {
                 map: &self.map,
                 locks: &self.locks,
+                state: &self.state,
             };
             self.cleaning
                 .on_dirty(&mut self.lists, line, self.now, &view);
@@ -333,6 +369,6 @@ impl Cache {
             let key = crate::policy::position_key(core, core_line);
             self.eviction.insert(&mut self.lists, line, class, key);
         }
-        Ok(line)
+        Ok(())
     }
 }

@@ -15,9 +15,12 @@
 
 mod alloc;
 mod check;
+mod load;
 pub mod lock;
+mod meta;
 mod mgmt;
 mod request;
+mod tables;
 mod writeback;
 
 use crate::config::Config;
@@ -39,6 +42,8 @@ use crate::units::{CoreId, IoId, LineId, Nanos, ReqId};
 use lock::{LockTable, lock_key};
 use std::collections::VecDeque;
 
+pub use load::{LoadReport, open, read_superblock, read_tables, scan_journal};
+pub use meta::{MetaCounters, RECORD_ALIGN};
 pub use mgmt::MgmtError;
 pub use request::Request;
 
@@ -52,6 +57,18 @@ pub struct CoreState {
     pub counters: ReqCounters,
     /// Flush bookkeeping for this core's device.
     pub flush: FlushState,
+    /// What the core table records about it beyond its size (identity, export name); set by
+    /// the driver with [`Cache::set_core_record`].
+    pub record: Option<CoreRecord>,
+}
+
+/// A core's identity and export name, as the persistent core table keeps them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreRecord {
+    /// How the core device is recognised.
+    pub identity: tiercache_format::tables::CoreIdentity,
+    /// The NBD export name.
+    pub export_name: String,
 }
 
 /// What a device has been asked to make durable.
@@ -77,6 +94,8 @@ pub(crate) enum IoOwner {
     Req { req: ReqId, kind: IoKind },
     /// A writeback job.
     Wb { job: u32, kind: WbIo },
+    /// The metadata machinery (journal, checkpoint, superblock).
+    Meta { kind: meta::MetaIo },
 }
 
 /// The IOs in flight, by id. An id is a slot index, reused once its IO has completed (a driver
@@ -210,6 +229,10 @@ pub struct Cache {
     pub(crate) parts_pool: Vec<Vec<request::Part>>,
     /// Scratch for assembling device IOs.
     pub(crate) runs_buf: Vec<request::Run>,
+    /// Persistent metadata, if the cache has any.
+    pub(crate) meta: Option<meta::Meta>,
+    /// A cache without persistence was stopped.
+    pub(crate) stopped_volatile: bool,
     #[cfg(feature = "canary-broken-eviction")]
     pub(crate) canary_hand: u32,
 }
@@ -218,6 +241,7 @@ pub struct Cache {
 pub(crate) struct View<'a> {
     pub(crate) map: &'a Mapping,
     pub(crate) locks: &'a LockTable,
+    pub(crate) state: &'a LineStates,
 }
 
 impl LineView for View<'_> {
@@ -228,6 +252,10 @@ impl LineView for View<'_> {
         }
         let (c, cl) = self.map.position(line);
         self.locks.busy(lock_key(c, cl))
+    }
+    #[inline]
+    fn evictable(&self, line: LineId) -> bool {
+        !self.state.durable_dirty(line) && !self.busy(line)
     }
     #[inline]
     fn position(&self, line: LineId) -> (CoreId, u64) {
@@ -294,6 +322,8 @@ impl Cache {
             pick_buf: Vec::new(),
             parts_pool: Vec::new(),
             runs_buf: Vec::new(),
+            meta: None,
+            stopped_volatile: false,
             #[cfg(feature = "canary-broken-eviction")]
             canary_hand: 0,
             cfg,
@@ -301,6 +331,15 @@ impl Cache {
             check_every: 1,
         };
         cache.rebuild_evict_order();
+        if let Some(p) = cache.cfg.persist {
+            let limbo = cache.lists.new_list();
+            let mut m = meta::Meta::new(&p, limbo, p.superblock.journal_seq);
+            if p.superblock.generation == 0 {
+                // A new cache: zero the journal, write the first superblock, then serve.
+                m.push_task(meta::Task::ZeroJournal);
+            }
+            cache.meta = Some(m);
+        }
         Ok(cache)
     }
 
@@ -356,6 +395,7 @@ impl Cache {
         match owner {
             IoOwner::Req { req, kind } => self.req_io_done(req, kind, result, actions),
             IoOwner::Wb { job, kind } => self.wb_io_done(job, kind, result, actions),
+            IoOwner::Meta { kind } => self.meta_io_done(kind, result, actions),
         }
     }
 
@@ -383,10 +423,12 @@ impl Cache {
         {
             self.mode = target;
             self.target_mode = None;
+            self.tables_changed();
         }
         if self.force_clean && self.dirty_lines == 0 && self.jobs.is_empty() {
             self.force_clean = false;
         }
+        self.meta_maintain(actions);
     }
 
     /// The cache device block of block `offset` of `line`.
@@ -462,6 +504,11 @@ impl Cache {
     /// Nothing in flight at all.
     pub fn is_idle(&self) -> bool {
         self.reqs.is_empty() && self.ios.is_empty() && self.jobs.is_empty()
+    }
+    /// Whether the cache has work it will do without a new request: IO in flight, writeback,
+    /// metadata commits or tasks pending. A driver that stops must wait until this is false.
+    pub fn has_work(&self) -> bool {
+        !self.is_idle() || self.meta.as_ref().is_some_and(|m| m.has_work())
     }
     /// Valid and dirty masks of the line holding `core_line` of `core`, if mapped (tests and
     /// inspection).

@@ -201,6 +201,9 @@ impl Cache {
             !self.reqs.contains_key(&req),
             "request id {req:?} reused while in flight"
         );
+        if self.refusing() {
+            return Self::reply(actions, req, Err(ReqError::NotRunning));
+        }
         let Some(core_state) = self.core(core) else {
             return Self::reply(actions, req, Err(ReqError::NoSuchCore));
         };
@@ -713,6 +716,7 @@ impl Cache {
                             let v = self.state.valid(l) | p.fill;
                             let d = self.state.dirty(l);
                             self.state.set(l, v, d);
+                            self.meta_note(l);
                         }
                     }
                 }
@@ -940,6 +944,7 @@ impl Cache {
                         v = crate::units::full_mask(self.bpl);
                     }
                     self.state.set(l, v, old_d | p.mask);
+                    self.meta_note(l);
                     if old_d == 0 {
                         let class = self.state.class(l);
                         self.eviction.remove(&mut self.lists, l, class);
@@ -948,6 +953,7 @@ impl Cache {
                     let view = super::View {
                         map: &self.map,
                         locks: &self.locks,
+                        state: &self.state,
                     };
                     self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
                 }
@@ -977,6 +983,7 @@ impl Cache {
                     }
                     let d = self.state.dirty(l);
                     self.state.set(l, v, d);
+                    self.meta_note(l);
                 }
                 self.finish(r, Ok(()), actions);
             }
@@ -1063,6 +1070,7 @@ impl Cache {
             return;
         }
         self.state.set(line, nv, nd);
+        self.meta_note(line);
         if d != 0 && nd == 0 {
             self.dirty_lines -= 1;
             self.cleaning.on_clean(
@@ -1071,6 +1079,7 @@ impl Cache {
                 &super::View {
                     map: &self.map,
                     locks: &self.locks,
+                    state: &self.state,
                 },
             );
             let (c, cl) = self.map.position(line);
@@ -1208,11 +1217,21 @@ impl Cache {
                 c.errors += 1;
             }
         }
-        if r.locked {
-            self.locks.unlock(r.core, r.first, r.last, r.lock);
-            self.wake_waiters = true;
+        if self.meta_must_wait() {
+            // Its change must be journaled first; it keeps its locks until then.
+            let lock = r.locked.then_some((r.core, r.first, r.last, r.lock));
+            self.meta_park(super::meta::Waiter {
+                req: r.id,
+                result,
+                lock,
+            });
+        } else {
+            if r.locked {
+                self.locks.unlock(r.core, r.first, r.last, r.lock);
+                self.wake_waiters = true;
+            }
+            Self::reply(actions, r.id, result);
         }
-        Self::reply(actions, r.id, result);
         let mut parts = r.parts;
         if self.parts_pool.len() < 256 && parts.capacity() <= 64 {
             parts.clear();

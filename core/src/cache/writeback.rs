@@ -67,6 +67,10 @@ impl Cache {
         if self.dirty_lines == 0 || self.free_slots.is_empty() || self.now < self.wb_backoff_until {
             return;
         }
+        // Stopping (the final checkpoint must see a quiet cache) or not ready yet.
+        if self.refusing() {
+            return;
+        }
         let forced = self.force_clean
             || self.target_mode.is_some()
             || self.ondemand_clean > 0
@@ -89,6 +93,7 @@ impl Cache {
         let view = View {
             map: &self.map,
             locks: &self.locks,
+            state: &self.state,
         };
         let next = self
             .cleaning
@@ -165,6 +170,7 @@ impl Cache {
                 let view = View {
                     map: &self.map,
                     locks: &self.locks,
+                    state: &self.state,
                 };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
                 continue;
@@ -324,6 +330,7 @@ impl Cache {
                 self.counters.writeback_blocks += (d & mask).count_ones() as u64;
                 let v = self.state.valid(l);
                 self.state.set(l, v, nd);
+                self.meta_note(l);
                 if d != 0 && nd == 0 {
                     self.dirty_lines -= 1;
                     self.cleaning.on_clean(
@@ -332,6 +339,7 @@ impl Cache {
                         &View {
                             map: &self.map,
                             locks: &self.locks,
+                            state: &self.state,
                         },
                     );
                     let class = self.state.class(l);
@@ -346,6 +354,7 @@ impl Cache {
                 let view = View {
                     map: &self.map,
                     locks: &self.locks,
+                    state: &self.state,
                 };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
             }

@@ -24,6 +24,11 @@ use crate::units::{CoreId, LineId};
 pub trait LineView {
     /// The line is locked by a request or being written back: a policy must not choose it now.
     fn busy(&self, line: LineId) -> bool;
+    /// The line may be evicted now: not busy, and its slot not held by persistent metadata that
+    /// may still name it (see `cache/meta.rs`). Eviction policies ask this, cleaning asks `busy`.
+    fn evictable(&self, line: LineId) -> bool {
+        !self.busy(line)
+    }
     /// Where the line's data belongs: its core and core line number (core LBA / blocks per line).
     fn position(&self, line: LineId) -> (CoreId, u64);
     /// A well-mixed 64-bit hash of [`LineView::position`], for ghost lists and sketches.

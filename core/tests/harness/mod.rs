@@ -53,6 +53,10 @@ impl Rng {
 pub struct Device {
     pub vol: Vec<u8>,
     pub dur: Vec<u8>,
+    /// Blocks whose volatile content may differ from the durable one, and the device write
+    /// that last touched each.
+    unflushed: BTreeMap<u64, u64>,
+    writes: u64,
 }
 
 impl Device {
@@ -60,7 +64,65 @@ impl Device {
         Device {
             vol: vec![0; blocks as usize * BS],
             dur: vec![0; blocks as usize * BS],
+            unflushed: Default::default(),
+            writes: 0,
         }
+    }
+
+    pub fn from_image(img: Vec<u8>) -> Device {
+        Device {
+            vol: img.clone(),
+            dur: img,
+            unflushed: Default::default(),
+            writes: 0,
+        }
+    }
+
+    /// Starts a device write: blocks `put` until the next one belong to it.
+    fn begin_write(&mut self) {
+        self.writes += 1;
+    }
+
+    fn put(&mut self, b: u64, data: Option<&[u8]>, fua: bool) {
+        let s = b as usize * BS;
+        match data {
+            Some(d) => self.vol[s..s + BS].copy_from_slice(d),
+            None => self.vol[s..s + BS].fill(0),
+        }
+        if fua {
+            let (v, d) = (&self.vol[s..s + BS], &mut self.dur[s..s + BS]);
+            d.copy_from_slice(v);
+        } else {
+            self.unflushed.insert(b, self.writes);
+        }
+    }
+
+    fn flush(&mut self) {
+        for b in std::mem::take(&mut self.unflushed).into_keys() {
+            let s = b as usize * BS;
+            let (v, d) = (&self.vol[s..s + BS], &mut self.dur[s..s + BS]);
+            d.copy_from_slice(v);
+        }
+    }
+
+    /// What a power cut now leaves: the durable image, with each unflushed block's volatile
+    /// content kept or not as `pattern` says.
+    pub fn crash_image(&self, pattern: CrashPattern, rng: &mut Rng) -> Vec<u8> {
+        let mut img = self.dur.clone();
+        let salt = rng.next();
+        for (&b, &w) in &self.unflushed {
+            let keep = match pattern {
+                CrashPattern::Kept => true,
+                CrashPattern::Dropped => false,
+                CrashPattern::Torn => rng.chance(0.5),
+                CrashPattern::Reordered => Rng::new(salt ^ w).next() & 1 == 1,
+            };
+            if keep {
+                let s = b as usize * BS;
+                img[s..s + BS].copy_from_slice(&self.vol[s..s + BS]);
+            }
+        }
+        img
     }
     fn range(&self, lba: u64, blocks: u32) -> std::ops::Range<usize> {
         let s = lba as usize * BS;
@@ -188,6 +250,9 @@ pub enum CrashPattern {
     Dropped,
     /// Each block independently survives or not (seeded), so a multi-block write may tear.
     Torn,
+    /// Each write survives whole or not at all (seeded): the device reordered them, so a
+    /// later write may outlive an earlier one.
+    Reordered,
 }
 
 /// Coverage counters the model test requires to be non-zero.
@@ -206,6 +271,30 @@ pub struct Coverage {
     pub durability_checks: u64,
 }
 
+/// What every device holds after a power cut.
+pub struct CrashImages {
+    pub cache: Vec<u8>,
+    pub cores: BTreeMap<u16, Vec<u8>>,
+}
+
+/// What a read of core block `b` returns after a crash: the recovered cache's dirty copy if
+/// it has one (persistent caches), else the core image's.
+fn post_crash(cache: Option<&Cache>, images: &CrashImages, core: u16, b: u64) -> Content {
+    if let Some(c) = cache {
+        let bpl = c.config().line_size.blocks() as u64;
+        if let Some((line, _v, d)) = c.line_state(CoreId(core), b / bpl) {
+            let bit = b % bpl;
+            if d >> bit & 1 == 1 {
+                let cb = c.config().data_offset.0 + line.0 as u64 * bpl + bit;
+                let s = cb as usize * BS;
+                return decode_block(&images.cache[s..s + BS], core, b);
+            }
+        }
+    }
+    let img = &images.cores[&core];
+    decode_block(&img[b as usize * BS..(b as usize + 1) * BS], core, b)
+}
+
 /// Harness knobs.
 #[derive(Clone, Debug)]
 pub struct Knobs {
@@ -217,6 +306,9 @@ pub struct Knobs {
     pub p_slow: f64,
     /// Stop at the n-th device write (write, write-zeroes, trim) issued: a crash point.
     pub crash_at_write: Option<u64>,
+    /// Stop at the n-th metadata write (journal record, checkpoint chunk, tables, superblock)
+    /// issued: a crash point where metadata and data races are likeliest.
+    pub crash_at_meta_write: Option<u64>,
 }
 
 impl Default for Knobs {
@@ -228,6 +320,7 @@ impl Default for Knobs {
             step_ns_max: 2_000_000,
             p_slow: 0.0,
             crash_at_write: None,
+            crash_at_meta_write: None,
         }
     }
 }
@@ -253,22 +346,35 @@ pub struct Env {
     pub record: Option<Vec<Action>>,
     /// Device writes issued so far.
     pub device_writes: u64,
+    /// Metadata writes issued so far.
+    pub meta_writes: u64,
     /// The crash point was reached: the run must stop and be checked with `crash_check`.
     pub crashed: bool,
 }
 
 impl Env {
     pub fn new(cfg: Config, seed: u64, knobs: Knobs) -> Env {
+        let cache_blocks = match &cfg.persist {
+            Some(p) => p.superblock.device_bytes / BS as u64,
+            None => cfg.data_offset.0 + cfg.lines as u64 * cfg.line_size.blocks() as u64,
+        };
+        let cache = Cache::new(cfg).expect("valid config");
+        let mut env = Env::with_cache(cache, Device::new(cache_blocks), seed, knobs);
+        env.settle();
+        env
+    }
+
+    /// An environment around a cache (new or loaded) and its cache device.
+    pub fn with_cache(cache: Cache, cache_dev: Device, seed: u64, knobs: Knobs) -> Env {
+        let cfg = cache.config().clone();
         let slot_bytes = cfg.pool_slot_blocks as usize * BS;
         let pool = (0..cfg.pool_slots).map(|_| vec![0u8; slot_bytes]).collect();
-        let cache_blocks = cfg.data_offset.0 + cfg.lines as u64 * cfg.line_size.blocks() as u64;
-        let cache = Cache::new(cfg).expect("valid config");
         Env {
             cache,
             rng: Rng::new(seed),
             knobs,
             now: Nanos(1),
-            cache_dev: Device::new(cache_blocks),
+            cache_dev,
             cores: BTreeMap::new(),
             pool,
             reqs: BTreeMap::new(),
@@ -280,12 +386,46 @@ impl Env {
             check_durability: true,
             record: None,
             device_writes: 0,
+            meta_writes: 0,
             crashed: false,
+        }
+    }
+
+    /// Runs the cache's own work (metadata writes, superblock, recovery checkpoint) until it is
+    /// ready and its tables are durable, or the crash point is reached.
+    pub fn settle(&mut self) {
+        let mut guard = 0;
+        while !self.crashed && (!self.cache.is_ready() || !self.cache.tables_durable()) {
+            if !self.complete_one() {
+                self.now = self.now.plus(Nanos::from_ms(200));
+                self.tick();
+            }
+            guard += 1;
+            if guard > 1_000_000 {
+                self.fail("the cache never became ready");
+            }
         }
     }
 
     pub fn add_core(&mut self, core: u16, blocks: u64) {
         self.cache.add_core(CoreId(core), blocks).expect("add core");
+        self.cache
+            .set_core_record(
+                CoreId(core),
+                tiercache_core::cache::CoreRecord {
+                    identity: tiercache_format::tables::CoreIdentity::File {
+                        fs_uuid: [7; 16],
+                        inode: core as u64,
+                    },
+                    export_name: format!("core{core}"),
+                },
+            )
+            .expect("core record");
+        self.add_core_model(core, blocks);
+        self.settle();
+    }
+
+    fn add_core_model(&mut self, core: u16, blocks: u64) {
         let model = vec![
             BlockModel {
                 history: vec![(Content::Zero, true)],
@@ -358,6 +498,16 @@ impl Env {
                         if self.knobs.crash_at_write == Some(self.device_writes) {
                             self.crashed = true;
                         }
+                        if let Action::Write {
+                            buf: BufRef::Meta { .. },
+                            ..
+                        } = a
+                        {
+                            self.meta_writes += 1;
+                            if self.knobs.crash_at_meta_write == Some(self.meta_writes) {
+                                self.crashed = true;
+                            }
+                        }
                     }
                     let slow = self.rng.chance(self.knobs.p_slow);
                     let mut p = PendingIo {
@@ -397,10 +547,15 @@ impl Env {
                 let s = offset as usize * BS;
                 &mut self.pool[slot as usize][s..s + len]
             }
+            BufRef::Meta { .. } => unreachable!("metadata buffers are write sources only"),
         }
     }
 
     fn buf_read(&mut self, b: BufRef, blocks: u32) -> Vec<u8> {
+        if let BufRef::Meta { id, offset } = b {
+            let s = offset as usize * BS;
+            return self.cache.meta_buf(id)[s..s + blocks as usize * BS].to_vec();
+        }
         self.buf_slice(b, blocks).to_vec()
     }
 
@@ -439,13 +594,10 @@ impl Env {
                 let data = self.buf_read(buf, blocks);
                 let mask: Vec<bool> = (0..blocks).map(|_| ok || self.rng.chance(0.5)).collect();
                 let d = self.dev_mut(dev);
+                d.begin_write();
                 for (i, m) in mask.into_iter().enumerate() {
                     if m {
-                        let s = (lba.0 as usize + i) * BS;
-                        d.vol[s..s + BS].copy_from_slice(&data[i * BS..(i + 1) * BS]);
-                        if fua {
-                            d.dur[s..s + BS].copy_from_slice(&data[i * BS..(i + 1) * BS]);
-                        }
+                        d.put(lba.0 + i as u64, Some(&data[i * BS..(i + 1) * BS]), fua);
                     }
                 }
             }
@@ -458,20 +610,16 @@ impl Env {
                 let fua = matches!(a, Action::WriteZeroes { fua: true, .. });
                 let mask: Vec<bool> = (0..blocks).map(|_| ok || self.rng.chance(0.5)).collect();
                 let d = self.dev_mut(dev);
+                d.begin_write();
                 for (i, m) in mask.into_iter().enumerate() {
                     if m {
-                        let s = (lba.0 as usize + i) * BS;
-                        d.vol[s..s + BS].fill(0);
-                        if fua {
-                            d.dur[s..s + BS].fill(0);
-                        }
+                        d.put(lba.0 + i as u64, None, fua);
                     }
                 }
             }
             Action::Flush { dev, .. } => {
                 if ok {
-                    let d = self.dev_mut(dev);
-                    d.dur.copy_from_slice(&d.vol);
+                    self.dev_mut(dev).flush();
                 }
             }
             Action::Copy { .. } | Action::Complete { .. } => unreachable!(),
@@ -793,72 +941,190 @@ impl Env {
         }
     }
 
-    /// The crash check: what each core device would hold after a crash now, with `pattern`
-    /// applied to its un-flushed writes, must be legal for every block — the newest write
-    /// covered by a completed flush or anything after it, or a write still in flight. Only
-    /// meaningful while nothing dirty lives in the cache (non-lazy modes) until the cache's
-    /// metadata is persistent. Returns the post-crash core images.
-    pub fn crash_check(&mut self, pattern: CrashPattern) -> BTreeMap<u16, Vec<u8>> {
-        let cores: Vec<u16> = self.cores.keys().copied().collect();
-        let mut images = BTreeMap::new();
-        for core in cores {
-            let n = self.core_blocks(core) as usize;
-            let mut img = self.cores[&core].0.dur.clone();
-            for b in 0..n {
-                let keep = match pattern {
-                    CrashPattern::Kept => true,
-                    CrashPattern::Dropped => false,
-                    CrashPattern::Torn => self.rng.chance(0.5),
-                };
-                if keep {
-                    img[b * BS..(b + 1) * BS]
-                        .copy_from_slice(&self.cores[&core].0.vol[b * BS..(b + 1) * BS]);
-                }
+    /// The legal post-crash contents of core block `b`: the newest write covered by a
+    /// completed flush or anything after it, or a write still in flight.
+    fn crash_legal(&self, core: u16, b: u64) -> HashSet<Content> {
+        let m = &self.cores[&core].1[b as usize];
+        let mut legal: HashSet<Content> = m.history[m.floor..].iter().map(|x| x.0).collect();
+        for r in self.reqs.values() {
+            if r.core.0 == core
+                && b >= r.lba
+                && b < r.lba + r.blocks as u64
+                && let Some(c) = Self::content_of(r, b)
+            {
+                legal.insert(c);
             }
+        }
+        legal
+    }
+
+    /// A power cut now: the images every device would hold, with `pattern` applied to the
+    /// writes not covered by a completed flush.
+    pub fn crash_images(&mut self, pattern: CrashPattern) -> CrashImages {
+        let mut rng = self.rng.clone();
+        let cache = self.cache_dev.crash_image(pattern, &mut rng);
+        let cores = self
+            .cores
+            .iter()
+            .map(|(&c, d)| (c, d.0.crash_image(pattern, &mut rng)))
+            .collect();
+        self.rng = rng;
+        CrashImages { cache, cores }
+    }
+
+    /// The crash check. Persistent caches are recovered from the cache image (`open`); then
+    /// every block of every core — the recovered cache's dirty copy if it has one, else the
+    /// core image's — must be legal. Returns the images and the recovered cache (`None`: no
+    /// persistence, or the crash came before the cache's first superblock was durable).
+    pub fn crash_check(&mut self, pattern: CrashPattern) -> (CrashImages, Option<Cache>) {
+        let images = self.crash_images(pattern);
+        let recovered = if self.cache.config().persist.is_some() {
+            let base = self.cache.config().clone();
+            let img = &images.cache;
+            let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+                let s = off as usize;
+                buf.copy_from_slice(&img[s..s + buf.len()]);
+                Ok(())
+            };
+            match tiercache_core::cache::open(&base, &mut read) {
+                Ok((c, _report)) => Some(c),
+                Err(e) if e.contains("holds no tiercache cache") => None,
+                Err(e) => self.fail(&format!(
+                    "CRASH ({pattern:?}) after device write {}: recovery failed: {e}",
+                    self.device_writes
+                )),
+            }
+        } else {
+            None
+        };
+        let cores: Vec<u16> = self.cores.keys().copied().collect();
+        for core in cores {
+            let n = self.core_blocks(core);
             for b in 0..n {
-                let m = &self.cores[&core].1[b];
-                let mut legal: HashSet<Content> =
-                    m.history[m.floor..].iter().map(|x| x.0).collect();
-                for r in self.reqs.values() {
-                    if r.core.0 == core
-                        && (b as u64) >= r.lba
-                        && (b as u64) < r.lba + r.blocks as u64
-                        && let Some(c) = Self::content_of(r, b as u64)
-                    {
-                        legal.insert(c);
-                    }
-                }
-                let got = decode_block(&img[b * BS..(b + 1) * BS], core, b as u64);
+                let got = post_crash(recovered.as_ref(), &images, core, b);
+                let legal = self.crash_legal(core, b);
                 if !legal.contains(&got) {
-                    let m = &self.cores[&core].1[b];
+                    let m = &self.cores[&core].1[b as usize];
                     self.fail(&format!(
                         "CRASH ({pattern:?}) after device write {}: core {core} block {b} would hold {got:?}; legal {legal:?}; history {:?} floor {}",
                         self.device_writes, m.history, m.floor
                     ));
                 }
             }
-            images.insert(core, img);
         }
-        images
+        (images, recovered)
     }
 
-    /// A new environment after a crash: a cold cache with `cfg` over core devices holding
-    /// `images` (what `crash_check` returned); the oracle starts from what they hold.
-    pub fn restart(cfg: Config, seed: u64, knobs: Knobs, images: BTreeMap<u16, Vec<u8>>) -> Env {
-        let mut env = Env::new(cfg, seed, knobs);
+    /// A new environment after a crash: the recovered cache (or a cold one with `cfg`) over
+    /// devices holding `images`; the oracle starts from what a read must now return. Cores
+    /// the recovered cache does not know (a crash while adding them) are added again.
+    pub fn restart(
+        cfg: Config,
+        seed: u64,
+        knobs: Knobs,
+        images: CrashImages,
+        recovered: Option<Cache>,
+    ) -> Env {
+        let persistent = cfg.persist.is_some();
+        let (cache, cache_dev) = match recovered {
+            Some(c) => (c, Device::from_image(images.cache.clone())),
+            None => {
+                let blocks = images.cache.len() as u64 / BS as u64;
+                let mut cfg = cfg;
+                if let Some(p) = cfg.persist.as_mut() {
+                    // No cache survived: create it again on the same device.
+                    p.superblock.generation = 0;
+                    p.superblock_copy = 1;
+                }
+                (Cache::new(cfg).expect("valid config"), Device::new(blocks))
+            }
+        };
+        let mut env = Env::with_cache(cache, cache_dev, seed, knobs);
         // Write ids after the restart must not collide with ids the images already hold.
         env.next_write = 1 << 40;
-        for (core, img) in images {
+        let values: BTreeMap<u16, Vec<Content>> = images
+            .cores
+            .keys()
+            .map(|&c| {
+                let n = (images.cores[&c].len() / BS) as u64;
+                let vals = (0..n)
+                    .map(|b| post_crash(Some(&env.cache).filter(|_| persistent), &images, c, b))
+                    .collect();
+                (c, vals)
+            })
+            .collect();
+        for (core, img) in images.cores {
             let n = (img.len() / BS) as u64;
-            env.add_core(core, n);
-            let (dev, model) = env.cores.get_mut(&core).expect("just added");
-            for b in 0..n as usize {
-                let c = decode_block(&img[b * BS..(b + 1) * BS], core, b as u64);
-                model[b].history = vec![(c, true)];
+            if env.cache.core(CoreId(core)).is_some() {
+                env.add_core_model(core, n);
+            } else {
+                env.add_core(core, n);
             }
-            dev.vol.copy_from_slice(&img);
-            dev.dur.copy_from_slice(&img);
+            let (dev, model) = env.cores.get_mut(&core).expect("just added");
+            for (b, c) in values[&core].iter().enumerate() {
+                model[b].history = vec![(*c, true)];
+            }
+            *dev = Device::from_image(img);
         }
+        env.settle();
+        env
+    }
+
+    /// A clean stop, then a load of the cache from its device (warm), as a new environment
+    /// with the same oracle. Nothing may change: every block must read as before.
+    pub fn stop_and_reload(mut self, seed: u64) -> Env {
+        self.drain();
+        self.cache.stop();
+        let mut guard = 0;
+        while !self.cache.is_stopped() {
+            if !self.complete_one() {
+                self.now = self.now.plus(Nanos::from_ms(200));
+                self.tick();
+            }
+            guard += 1;
+            if guard > 1_000_000 {
+                self.fail("stop never completed");
+            }
+        }
+        let base = self.cache.config().clone();
+        let img = &self.cache_dev.vol;
+        let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+            let s = off as usize;
+            buf.copy_from_slice(&img[s..s + buf.len()]);
+            Ok(())
+        };
+        let (cache, report) = tiercache_core::cache::open(&base, &mut read)
+            .unwrap_or_else(|e| self.fail(&format!("load after a clean stop failed: {e}")));
+        assert!(report.clean, "a clean stop must load as clean");
+        // Every line with data comes back, with the same blocks valid and dirty.
+        let mut with_data = 0;
+        for (&core, d) in &self.cores {
+            let bpl = self.cache.config().line_size.blocks() as u64;
+            for cl in 0..(d.1.len() as u64).div_ceil(bpl) {
+                let before = self.cache.line_state(CoreId(core), cl);
+                let Some((_, v, dd)) = before.filter(|x| x.1 != 0) else {
+                    continue;
+                };
+                with_data += 1;
+                let after = cache.line_state(CoreId(core), cl).map(|x| (x.1, x.2));
+                if after != Some((v, dd)) {
+                    self.fail(&format!(
+                        "load after a clean stop: core {core} line {cl} was {:?}, loaded {after:?}",
+                        (v, dd)
+                    ));
+                }
+            }
+        }
+        assert_eq!(
+            report.lines, with_data,
+            "a clean load brings back every line"
+        );
+        let cache_dev = std::mem::replace(&mut self.cache_dev, Device::new(0));
+        let mut env = Env::with_cache(cache, cache_dev, seed, self.knobs.clone());
+        env.next_write = self.next_write;
+        env.cores = std::mem::take(&mut self.cores);
+        env.cov = self.cov.clone();
+        env.settle();
         env
     }
 

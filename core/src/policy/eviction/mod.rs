@@ -7,7 +7,7 @@
 //!   [`Eviction::touch`] on a hit to a line that is on a list.
 //! - The caller guarantees `insert` is only called for an unlinked line and `remove`/`touch`
 //!   only for a line this policy holds.
-//! - [`Eviction::evict`] MUST return a line of the asked class that is not `view.busy`, and MUST
+//! - [`Eviction::evict`] MUST return a line of the asked class that is `view.evictable`, and MUST
 //!   unlink it before returning; it returns `None` only if the class has no such line.
 //! - Lists live in the shared [`ListArena`]; the policy creates its lists at construction.
 //!   A policy keeps per-class state so the cache can evict by IO-class priority.

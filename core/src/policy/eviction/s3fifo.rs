@@ -138,7 +138,7 @@ impl Eviction for S3Fifo {
             let small_over = self.small_len[c] as u64 * 100 >= total * SMALL_PCT;
             if let Some(n) = cs.filter(|_| small_over || cm.is_none()) {
                 cs = lists.next_towards_back(small, n);
-                if view.busy(LineId(n)) {
+                if !view.evictable(LineId(n)) {
                     continue;
                 }
                 lists.unlink(n);
@@ -159,7 +159,7 @@ impl Eviction for S3Fifo {
             }
             let n = cm?;
             cm = lists.next_towards_back(main, n);
-            if !view.busy(LineId(n)) {
+            if view.evictable(LineId(n)) {
                 let m = &mut self.meta[n as usize];
                 if *m & FREQ_MASK == 0 {
                     lists.unlink(n);

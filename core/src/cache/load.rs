@@ -1,0 +1,337 @@
+//! Loading a persistent cache: superblock, tables, checkpoint, journal replay — after a clean
+//! stop (warm: every line comes back) or after a crash (dirty lines come back, clean ones are
+//! dropped; see `meta.rs` for why). Pure: the driver supplies a function that reads bytes of
+//! the cache device; nothing is written here. The loaded cache then writes a superblock (clean
+//! load) or a checkpoint (recovery) before it serves ([`Cache::is_ready`]).
+
+use super::meta::Task;
+use super::{Cache, CoreRecord};
+use crate::config::{Config, Persist};
+use crate::hash::FxHashMap;
+use crate::units::{CoreId, LineId, LineSize};
+use std::collections::BTreeMap;
+use tiercache_format::DecodeError;
+use tiercache_format::checkpoint::{LineRecord, decode_chunk};
+use tiercache_format::journal::{Entry, LineOp};
+use tiercache_format::record::{self, RecordKind};
+use tiercache_format::superblock::{
+    CHECKPOINT_CHUNK_BYTES, CacheState, SUPERBLOCK_BYTES, SUPERBLOCK_OFFSETS, Superblock,
+    TABLES_BYTES, TABLES_OFFSETS, lines_per_chunk,
+};
+use tiercache_format::tables::{CoreEntry, decode_config, decode_cores};
+
+/// What loading found.
+#[derive(Clone, Debug)]
+pub struct LoadReport {
+    /// The superblock in force and the copy it came from.
+    pub superblock: Superblock,
+    /// Copy (0 or 1).
+    pub superblock_copy: usize,
+    /// The other copy could not be decoded (what was wrong), if so.
+    pub other_copy_error: Option<String>,
+    /// The cache was stopped cleanly (otherwise this load is a recovery).
+    pub clean: bool,
+    /// Cores in the core table.
+    pub cores: Vec<CoreEntry>,
+    /// Lines loaded, and how many of them hold dirty data.
+    pub lines: u32,
+    /// Lines with dirty blocks.
+    pub dirty_lines: u32,
+    /// Lines whose clean data was dropped because the cache was not stopped cleanly.
+    pub dropped_clean_lines: u32,
+    /// Checkpoint chunks read.
+    pub checkpoint_chunks: u32,
+    /// Journal records replayed, and the sequence numbers they span.
+    pub journal_records: u64,
+    /// First and last sequence number replayed (equal-and-empty when none).
+    pub journal_span: (u64, u64),
+    /// Valid journal records found that replay did not need (older, or after a gap).
+    pub journal_ignored: u64,
+}
+
+fn damaged(what: &str, e: impl std::fmt::Display) -> String {
+    format!(
+        "{what} is damaged ({e}); nothing was loaded — run `tiercache check` on the cache device"
+    )
+}
+
+/// Reads `len` bytes at byte `offset`.
+type ReadFn<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> Result<(), String>;
+
+fn read_vec(read: ReadFn<'_>, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+    let mut v = vec![0u8; len];
+    read(offset, &mut v)?;
+    Ok(v)
+}
+
+/// Reads and decodes both superblock copies: the newest valid one, its copy, and what was
+/// wrong with the other (if anything).
+pub fn read_superblock(read: ReadFn<'_>) -> Result<(Superblock, usize, Option<String>), String> {
+    let a = read_vec(read, SUPERBLOCK_OFFSETS[0], SUPERBLOCK_BYTES)?;
+    let b = read_vec(read, SUPERBLOCK_OFFSETS[1], SUPERBLOCK_BYTES)?;
+    let (da, db) = (Superblock::decode(&a), Superblock::decode(&b));
+    let errs = (da.as_ref().err().cloned(), db.as_ref().err().cloned());
+    match Superblock::newest(da, db) {
+        Ok((sb, copy)) => {
+            let other = if copy == 0 { errs.1 } else { errs.0 };
+            Ok((sb, copy, other.map(|e| e.to_string())))
+        }
+        Err((DecodeError::BadMagic { .. }, DecodeError::BadMagic { .. })) => {
+            Err("this device holds no tiercache cache (no superblock at either copy)".to_string())
+        }
+        Err((ea, eb)) => Err(damaged(
+            "the superblock",
+            format!("copy A: {ea}; copy B: {eb}"),
+        )),
+    }
+}
+
+/// Reads the tables beside superblock copy `copy`: configuration and core table.
+pub fn read_tables(
+    read: ReadFn<'_>,
+    copy: usize,
+) -> Result<(tiercache_format::tables::ConfigRecord, Vec<CoreEntry>), String> {
+    let buf = read_vec(read, TABLES_OFFSETS[copy], TABLES_BYTES)?;
+    let (r, used) = record::decode(&buf).map_err(|e| damaged("the configuration record", e))?;
+    if r.kind != RecordKind::Config {
+        return Err(damaged("the tables", format!("{:?} record first", r.kind)));
+    }
+    let config = decode_config(r.payload).map_err(|e| damaged("the configuration record", e))?;
+    let (r, _) = record::decode(&buf[used..]).map_err(|e| damaged("the core table", e))?;
+    if r.kind != RecordKind::CoreTable {
+        return Err(damaged("the tables", format!("{:?} record second", r.kind)));
+    }
+    let cores = decode_cores(r.payload).map_err(|e| damaged("the core table", e))?;
+    Ok((config, cores))
+}
+
+/// The journal records in the region: every valid one by sequence number, and the highest
+/// sequence number seen. Records sit at 4 KiB boundaries; anything else is skipped.
+pub fn scan_journal(
+    read: ReadFn<'_>,
+    sb: &Superblock,
+) -> Result<(BTreeMap<u64, Entry>, u64), String> {
+    let j = sb.layout.journal;
+    let buf = read_vec(read, j.offset, j.bytes as usize)?;
+    let mut found = BTreeMap::new();
+    let mut max_seq = 0;
+    let mut off = 0usize;
+    let align = super::meta::RECORD_ALIGN as usize;
+    while off < buf.len() {
+        let Ok((r, used)) = record::decode(&buf[off..]) else {
+            off += align;
+            continue;
+        };
+        if r.kind == RecordKind::Journal
+            && let Ok(e) = Entry::decode(r.payload)
+            && e.line_size == sb.line_size
+        {
+            max_seq = max_seq.max(e.seq);
+            found.insert(e.seq, e);
+            off += used.div_ceil(align) * align;
+            continue;
+        }
+        off += align;
+    }
+    Ok((found, max_seq))
+}
+
+fn apply_op(rec: &mut LineRecord, op: &LineOp) {
+    match *op {
+        LineOp::Map {
+            core,
+            core_line,
+            class,
+            ..
+        } => {
+            *rec = LineRecord {
+                core: Some(core),
+                core_line,
+                class,
+                valid: 0,
+                dirty: 0,
+            }
+        }
+        LineOp::Unmap { .. } => *rec = LineRecord::default(),
+        LineOp::State { valid, dirty, .. } => {
+            if rec.core.is_some() {
+                rec.valid = valid;
+                rec.dirty = dirty;
+            }
+        }
+        LineOp::Class { class, .. } => {
+            if rec.core.is_some() {
+                rec.class = class;
+            }
+        }
+    }
+}
+
+fn op_line(op: &LineOp) -> u32 {
+    match *op {
+        LineOp::Map { line, .. }
+        | LineOp::Unmap { line }
+        | LineOp::State { line, .. }
+        | LineOp::Class { line, .. } => line,
+    }
+}
+
+/// Opens the cache on a device: `base` gives what is not stored (pool sizes and the like);
+/// geometry, mode, policies, parameters, IO classes and cores come from the device. Returns the
+/// cache — which first writes its superblock (or, after a crash, a checkpoint) and serves once
+/// [`Cache::is_ready`] — and what was found. Errors are one line, say what is wrong and which
+/// command helps; nothing on the device is changed by a failed open.
+pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), String> {
+    let (sb, copy, other) = read_superblock(read)?;
+    let line_size = LineSize::ALL
+        .into_iter()
+        .find(|l| l.bytes() == sb.line_size as u64)
+        .ok_or_else(|| damaged("the superblock", format!("line size {}", sb.line_size)))?;
+    let (config, cores) = read_tables(read, copy)?;
+    let mut cfg = base.clone();
+    cfg.lines = sb.lines;
+    cfg.line_size = line_size;
+    cfg.data_offset = crate::units::Lba(sb.layout.data.offset / 512);
+    cfg.volatile = false;
+    cfg.persist = Some(Persist {
+        superblock: sb,
+        superblock_copy: copy,
+    });
+    let classes = super::tables::apply_config_record(&mut cfg, &config)
+        .map_err(|e| damaged("the configuration record", e))?;
+    let mut cache = Cache::new(cfg).map_err(|e| damaged("the superblock", e))?;
+    cache.classes = classes;
+    cache.rebuild_evict_order();
+    for e in &cores {
+        let id = CoreId(e.id as u16);
+        cache
+            .add_core(id, e.size_blocks)
+            .map_err(|err| damaged("the core table", err))?;
+        let p = super::tables::cutoff_params(e).map_err(|err| damaged("the core table", err))?;
+        cache
+            .set_cutoff(id, p)
+            .map_err(|err| damaged("the core table", err))?;
+        cache
+            .set_core_record(
+                id,
+                CoreRecord {
+                    identity: e.identity.clone(),
+                    export_name: e.export_name.clone(),
+                },
+            )
+            .map_err(|err| damaged("the core table", err))?;
+    }
+
+    // Journal: the consecutive run of records from the superblock's start.
+    let (found, max_seq) = scan_journal(read, &sb)?;
+    let mut per_line: FxHashMap<u32, Vec<LineOp>> = FxHashMap::default();
+    let mut seq = sb.journal_seq;
+    let mut replayed = 0u64;
+    while let Some(e) = found.get(&seq) {
+        for op in &e.ops {
+            per_line.entry(op_line(op)).or_default().push(*op);
+        }
+        replayed += 1;
+        seq += 1;
+    }
+    let journal_ignored = found.len() as u64 - replayed;
+
+    // Checkpoint chunks, merged with the journal line by line.
+    let clean = sb.state == CacheState::Clean;
+    let lpc = lines_per_chunk(sb.line_size);
+    let chunks = sb.lines.div_ceil(lpc);
+    let mut report = LoadReport {
+        superblock: sb,
+        superblock_copy: copy,
+        other_copy_error: other,
+        clean,
+        cores,
+        lines: 0,
+        dirty_lines: 0,
+        dropped_clean_lines: 0,
+        checkpoint_chunks: 0,
+        journal_records: replayed,
+        journal_span: (sb.journal_seq, seq.saturating_sub(1)),
+        journal_ignored,
+    };
+    for i in 0..chunks {
+        let first = i * lpc;
+        let count = (first + lpc).min(sb.lines) - first;
+        let recs = if sb.has_checkpoint {
+            let region = sb.layout.checkpoint[sb.checkpoint as usize];
+            let buf = read_vec(
+                read,
+                region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES,
+                CHECKPOINT_CHUNK_BYTES as usize,
+            )?;
+            let what = format!("checkpoint chunk {i}");
+            let (r, _) = record::decode(&buf).map_err(|e| damaged(&what, e))?;
+            if r.kind != RecordKind::Checkpoint {
+                return Err(damaged(&what, format!("{:?} record", r.kind)));
+            }
+            let (f, recs) = decode_chunk(r.payload).map_err(|e| damaged(&what, e))?;
+            if f != first || recs.len() as u32 != count {
+                return Err(damaged(
+                    &what,
+                    format!(
+                        "it holds lines {f}+{} instead of {first}+{count}",
+                        recs.len()
+                    ),
+                ));
+            }
+            report.checkpoint_chunks += 1;
+            recs
+        } else {
+            vec![LineRecord::default(); count as usize]
+        };
+        for (k, mut rec) in recs.into_iter().enumerate() {
+            let l = first + k as u32;
+            if let Some(ops) = per_line.get(&l) {
+                for op in ops {
+                    apply_op(&mut rec, op);
+                }
+            }
+            let Some(core) = rec.core else { continue };
+            if !clean {
+                if rec.dirty == 0 {
+                    if rec.valid != 0 {
+                        report.dropped_clean_lines += 1;
+                    }
+                    continue;
+                }
+                rec.valid = rec.dirty;
+            }
+            if rec.valid == 0 {
+                continue;
+            }
+            cache
+                .restore_at(
+                    LineId(l),
+                    CoreId(core as u16),
+                    rec.core_line,
+                    rec.valid,
+                    rec.dirty,
+                    rec.class,
+                )
+                .map_err(|e| damaged(&format!("the state of line {l}"), e))?;
+            report.lines += 1;
+            if rec.dirty != 0 {
+                report.dirty_lines += 1;
+            }
+        }
+    }
+
+    let m = cache.meta.as_mut().expect("persistent");
+    m.next_seq = (max_seq + 1).max(sb.journal_seq);
+    m.reset_tasks();
+    m.push_task(if clean {
+        Task::Superblock {
+            state: CacheState::Running,
+        }
+    } else {
+        Task::Checkpoint {
+            state: CacheState::Running,
+        }
+    });
+    Ok((cache, report))
+}

@@ -1,0 +1,925 @@
+//! Persistent metadata: the journal with group commit, checkpoints, and the superblock with its
+//! tables. Active when [`crate::Config::persist`] is set; everything is still events in,
+//! actions out — metadata writes are device writes whose source is a buffer the core encoded
+//! ([`BufRef::Meta`]).
+//!
+//! What is persisted, and why that is enough (docs/SAFETY.md has the argument in full):
+//! - **Dirty state is journaled.** A line whose persistent state may show dirty blocks carries
+//!   the *durable-dirty* flag. Every change to such a line queues it; a *commit* captures the
+//!   current state of every queued line (absolute records: mapping, class, valid and dirty
+//!   masks, or "unmapped") into one journal record. A commit first flushes the cache device
+//!   (so the data a record points at is durable before the record can be), then writes the
+//!   record. A request whose completion changed such a line is acknowledged only once the commit
+//!   holding its change is written: a lazy write is acknowledged when its data and the metadata
+//!   that finds it are written, and durable at the next flush.
+//! - **Slots are not reused while metadata may name them.** A durable-dirty line is never
+//!   evicted, and when it is unmapped it waits in *limbo* (not on the free list) until a commit
+//!   that captured it clean or unmapped is covered by a device flush. So after a crash a dirty
+//!   record always finds its own data — the block holds the data of some write to it since the
+//!   last flush, never another core line's.
+//! - **Clean state is not journaled.** After a crash, clean blocks are dropped (the cache
+//!   restarts cold for them: a clean copy overwritten in place since the last checkpoint cannot
+//!   be told from one that was not, and a wrong "clean" copy would flip-flop against the core).
+//!   After a clean stop the final checkpoint holds every line, clean ones included: warm start.
+//! - **Checkpoints** (fuzzy, while running) bound the journal: every line's current state is
+//!   written in fixed-size chunks to the other checkpoint region, the device is flushed, then
+//!   the superblock flips to it with the journal's new start. Replaying the journal from that
+//!   start over the checkpoint gives each line its newest journaled state.
+//! - **The superblock** (two copies, alternating) is written after its tables (configuration
+//!   and core table, beside each copy) and a flush, with FUA.
+
+use super::{Cache, IoOwner};
+use crate::config::Persist;
+use crate::event::{Action, BufRef, Dev, IoError, ReqError};
+use crate::hash::{FxHashMap, FxHashSet};
+use crate::lists::ListId;
+use crate::units::{Lba, LineId, Nanos, ReqId};
+use std::collections::VecDeque;
+use tiercache_format::checkpoint::{LineRecord, encode_chunk};
+use tiercache_format::journal::{Entry, LineOp};
+use tiercache_format::record::{self, RecordKind};
+use tiercache_format::superblock::{
+    CHECKPOINT_CHUNK_BYTES, CacheState, SUPERBLOCK_OFFSETS, Superblock, TABLES_BYTES,
+    TABLES_OFFSETS, lines_per_chunk,
+};
+
+/// Journal records are padded to this (the largest sector size we support).
+pub const RECORD_ALIGN: u64 = 4096;
+/// Most lines captured by one commit (about 80 KiB of record at 64 KiB lines).
+const COMMIT_LINES_MAX: usize = 1500;
+/// Checkpoint chunk writes in flight at once.
+const CHUNKS_IN_FLIGHT: u32 = 8;
+/// Wait after a failed metadata IO before trying again.
+const RETRY_NS: u64 = 100_000_000;
+
+/// What a metadata IO was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MetaIo {
+    /// The flush before a commit's record write; `seq` is the newest record written at issue.
+    CommitPreflush { seq: u64, covers: u64 },
+    /// A commit's record write.
+    CommitWrite,
+    /// A flush that makes written records durable so limbo lines can be reused.
+    JournalFlush { seq: u64, covers: u64 },
+    /// An IO of the running admin task, and the buffer it wrote from.
+    Admin { buf: Option<u32> },
+}
+
+/// A management task on the metadata, run one at a time in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Task {
+    /// Zero the journal region (a new cache: no stale record may be replayed).
+    ZeroJournal,
+    /// Write the superblock (and its tables) with `state`.
+    Superblock { state: CacheState },
+    /// Write a checkpoint, then the superblock with `state`.
+    Checkpoint { state: CacheState },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Zero,
+    Chunks,
+    ChunkFlush,
+    Tables,
+    TablesFlush,
+    Super,
+}
+
+struct TaskRun {
+    task: Task,
+    phase: Phase,
+    in_flight: u32,
+    failed: bool,
+    next_chunk: u32,
+    chunks: u32,
+    /// Checkpoint: the journal sequence number replay starts from once this checkpoint is in
+    /// force; the region it goes to.
+    cp_seq: u64,
+    cp_region: u8,
+    /// The superblock being written.
+    sb: Superblock,
+    copy: usize,
+    tables_gen: u64,
+}
+
+/// A finished request whose reply waits for a commit. It keeps its line locks until then, so
+/// overlapping requests take effect and are acknowledged in the same order.
+pub(crate) struct Waiter {
+    pub(crate) req: ReqId,
+    pub(crate) result: Result<(), ReqError>,
+    pub(crate) lock: Option<(crate::units::CoreId, u64, u64, super::lock::LockKind)>,
+}
+
+struct Commit {
+    seq: u64,
+    /// Byte offset in the journal region, record length (padded), bytes skipped at the end of
+    /// the region before it.
+    at: u64,
+    len: u64,
+    skipped: u64,
+    buf: u32,
+    /// Lines captured: (line, captured with dirty blocks).
+    lines: Vec<(u32, bool)>,
+    waiters: Vec<Waiter>,
+    written: bool,
+}
+
+/// Counters of the metadata machinery.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetaCounters {
+    /// Journal records written.
+    pub commits: u64,
+    /// Line states captured by commits.
+    pub commit_lines: u64,
+    /// Journal bytes written (padded records).
+    pub journal_bytes: u64,
+    /// Checkpoints completed.
+    pub checkpoints: u64,
+    /// Superblock writes completed.
+    pub superblocks: u64,
+    /// Metadata IOs that failed (each retried).
+    pub errors: u64,
+    /// Lines that waited in limbo before reuse.
+    pub limbo_lines: u64,
+}
+
+/// The metadata state of a persistent cache.
+pub(crate) struct Meta {
+    pub(crate) sb: Superblock,
+    pub(crate) sb_copy: usize,
+    /// Byte offset of the next record in the journal region.
+    head: u64,
+    pub(crate) next_seq: u64,
+    /// Records replay still needs: (seq, bytes they hold in the region).
+    live: VecDeque<(u64, u64)>,
+    used: u64,
+    pub(crate) queued: FxHashSet<u32>,
+    waiters_next: Vec<Waiter>,
+    commit: Option<Commit>,
+    retry_at: Nanos,
+    last_written_seq: u64,
+    durable_seq: u64,
+    /// Lines captured without dirty blocks, waiting for their commit to be durable.
+    dd_queue: VecDeque<(u64, u32)>,
+    dd_wait: FxHashMap<u32, u64>,
+    flush_in_flight: bool,
+    pub(crate) limbo: ListId,
+    pub(crate) limbo_len: u32,
+    tasks: VecDeque<Task>,
+    run: Option<TaskRun>,
+    admin_retry_at: Nanos,
+    bufs: Vec<Option<Vec<u8>>>,
+    free_bufs: Vec<u32>,
+    /// A line of the request being finished was queued: its reply waits for a commit.
+    pub(crate) touched: bool,
+    /// Table changes requested / made durable (generation counters).
+    tables_gen: u64,
+    tables_durable: u64,
+    /// Requests are served (false until the first superblock or recovery checkpoint is done).
+    pub(crate) ready: bool,
+    /// A clean stop was asked for / is complete.
+    pub(crate) stopping: bool,
+    pub(crate) stopped: bool,
+    pub(crate) counters: MetaCounters,
+}
+
+impl Meta {
+    /// Metadata state for a cache whose device holds `sb` in copy `sb_copy`; journal
+    /// sequence numbers continue at `next_seq`.
+    pub(crate) fn new(p: &Persist, limbo: ListId, next_seq: u64) -> Meta {
+        Meta {
+            sb: p.superblock,
+            sb_copy: p.superblock_copy,
+            head: 0,
+            next_seq,
+            live: VecDeque::new(),
+            used: 0,
+            queued: FxHashSet::default(),
+            waiters_next: Vec::new(),
+            commit: None,
+            retry_at: Nanos(0),
+            last_written_seq: 0,
+            durable_seq: 0,
+            dd_queue: VecDeque::new(),
+            dd_wait: FxHashMap::default(),
+            flush_in_flight: false,
+            limbo,
+            limbo_len: 0,
+            tasks: VecDeque::new(),
+            run: None,
+            admin_retry_at: Nanos(0),
+            bufs: Vec::new(),
+            free_bufs: Vec::new(),
+            touched: false,
+            tables_gen: 0,
+            tables_durable: 0,
+            ready: false,
+            stopping: false,
+            stopped: false,
+            counters: MetaCounters::default(),
+        }
+    }
+
+    fn new_buf(&mut self, data: Vec<u8>) -> u32 {
+        match self.free_bufs.pop() {
+            Some(i) => {
+                self.bufs[i as usize] = Some(data);
+                i
+            }
+            None => {
+                self.bufs.push(Some(data));
+                (self.bufs.len() - 1) as u32
+            }
+        }
+    }
+
+    fn free_buf(&mut self, id: u32) {
+        self.bufs[id as usize] = None;
+        self.free_bufs.push(id);
+    }
+
+    /// Queues a task (a superblock write right after an identical queued one is redundant).
+    pub(crate) fn push_task(&mut self, t: Task) {
+        if matches!(t, Task::Superblock { .. }) && self.tasks.back() == Some(&t) {
+            return;
+        }
+        self.tasks.push_back(t);
+    }
+
+    /// Drops queued tasks and table changes (loading: what is on the device is the truth).
+    pub(crate) fn reset_tasks(&mut self) {
+        self.tasks.clear();
+        self.tables_durable = self.tables_gen;
+    }
+
+    /// Whether a commit, a durability flush or a task is pending or running.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.queued.is_empty()
+            || !self.waiters_next.is_empty()
+            || self.commit.is_some()
+            || !self.dd_queue.is_empty()
+            || !self.tasks.is_empty()
+            || self.run.is_some()
+    }
+
+    fn journal_bytes(&self) -> u64 {
+        self.sb.layout.journal.bytes
+    }
+}
+
+/// Pads `v` with zeros to a multiple of [`RECORD_ALIGN`].
+fn pad(mut v: Vec<u8>) -> Vec<u8> {
+    let n = (v.len() as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
+    v.resize(n as usize, 0);
+    v
+}
+
+fn blocks(bytes: u64) -> u32 {
+    u32::try_from(bytes / 512).expect("metadata IO fits a u32 of blocks")
+}
+
+impl Cache {
+    /// The bytes of metadata buffer `id` (the source of a [`BufRef::Meta`] write).
+    ///
+    /// # Panics
+    /// If no such buffer is live (a driver bug: buffers live until their write completes).
+    pub fn meta_buf(&self, id: u32) -> &[u8] {
+        self.meta
+            .as_ref()
+            .and_then(|m| m.bufs.get(id as usize))
+            .and_then(|b| b.as_deref())
+            .expect("live metadata buffer")
+    }
+
+    /// Whether the cache serves requests: a persistent cache first writes its superblock (new
+    /// cache, load) or a checkpoint (after a crash). Always true without persistence.
+    pub fn is_ready(&self) -> bool {
+        self.meta.as_ref().is_none_or(|m| m.ready)
+    }
+
+    /// Whether every table change (cores, mode, parameters, IO classes) made so far is durable
+    /// in the superblock's tables. Management commands wait for this before they report success.
+    pub fn tables_durable(&self) -> bool {
+        self.meta
+            .as_ref()
+            .is_none_or(|m| m.tables_durable >= m.tables_gen)
+    }
+
+    /// Counters of the metadata machinery (zero without persistence).
+    pub fn meta_counters(&self) -> MetaCounters {
+        self.meta.as_ref().map(|m| m.counters).unwrap_or_default()
+    }
+
+    /// The superblock in force (persistent caches).
+    pub fn superblock(&self) -> Option<&Superblock> {
+        self.meta.as_ref().map(|m| &m.sb)
+    }
+
+    /// Journal bytes replay would read now, and the region's size.
+    pub fn journal_fill(&self) -> Option<(u64, u64)> {
+        self.meta.as_ref().map(|m| (m.used, m.journal_bytes()))
+    }
+
+    /// Begins a clean stop: new requests are refused; once nothing is in flight a final
+    /// checkpoint is written and the superblock marked clean ([`Cache::is_stopped`]). Dirty data
+    /// stays dirty (persisted) unless the caller ran writeback first.
+    pub fn stop(&mut self) {
+        match self.meta.as_mut() {
+            Some(m) => m.stopping = true,
+            None => self.stopped_volatile = true,
+        }
+    }
+
+    /// Whether a clean stop has completed.
+    pub fn is_stopped(&self) -> bool {
+        match self.meta.as_ref() {
+            Some(m) => m.stopped,
+            None => self.stopped_volatile && self.is_idle(),
+        }
+    }
+
+    /// Whether new requests are refused because the cache is stopping or not ready yet.
+    pub(crate) fn refusing(&self) -> bool {
+        self.stopped_volatile || self.meta.as_ref().is_some_and(|m| !m.ready || m.stopping)
+    }
+
+    /// A management change that the tables record: schedule a superblock write.
+    pub(crate) fn tables_changed(&mut self) {
+        if let Some(m) = self.meta.as_mut() {
+            m.tables_gen += 1;
+            m.push_task(Task::Superblock {
+                state: CacheState::Running,
+            });
+        }
+    }
+
+    /// Called after a line's state changed: a line with dirty blocks becomes durable-dirty,
+    /// and a durable-dirty line is queued for the next commit.
+    #[inline]
+    pub(crate) fn meta_note(&mut self, line: LineId) {
+        let Some(m) = self.meta.as_mut() else { return };
+        if self.state.dirty(line) != 0 {
+            self.state.set_durable_dirty(line, true);
+        }
+        if self.state.durable_dirty(line) {
+            m.queued.insert(line.0);
+            m.touched = true;
+        }
+    }
+
+    /// Where an unmapped line goes: the free list, or limbo if metadata may still name it.
+    /// Returns true if it went to limbo (the caller must not put it on the free list).
+    pub(crate) fn meta_limbo(&mut self, line: LineId, durable_dirty: bool) -> bool {
+        let Some(m) = self.meta.as_mut() else {
+            return false;
+        };
+        if !durable_dirty {
+            return false;
+        }
+        self.lists.push_back(m.limbo, line.0);
+        m.limbo_len += 1;
+        m.counters.limbo_lines += 1;
+        m.queued.insert(line.0);
+        m.touched = true;
+        true
+    }
+
+    /// Whether the request being finished must wait for a commit (its completion queued a
+    /// line); clears the mark.
+    pub(crate) fn meta_must_wait(&mut self) -> bool {
+        self.meta
+            .as_mut()
+            .is_some_and(|m| std::mem::take(&mut m.touched))
+    }
+
+    /// Parks a finished request until the next commit is written.
+    pub(crate) fn meta_park(&mut self, w: Waiter) {
+        self.meta.as_mut().expect("persistent").waiters_next.push(w);
+    }
+
+    /// Releases parked requests: unlock, reply.
+    fn release_waiters(
+        &mut self,
+        waiters: Vec<Waiter>,
+        err: Option<IoError>,
+        actions: &mut Vec<Action>,
+    ) {
+        for w in waiters {
+            if let Some((core, first, last, kind)) = w.lock {
+                self.locks.unlock(core, first, last, kind);
+                self.wake_waiters = true;
+            }
+            let result = match err {
+                Some(e) => Err(ReqError::Io(e)),
+                None => w.result,
+            };
+            actions.push(Action::Complete { req: w.req, result });
+        }
+    }
+
+    /// Metadata upkeep after each event: start a commit, a durability flush, the next admin
+    /// step, a checkpoint when the journal is half full, the final checkpoint of a stop.
+    pub(crate) fn meta_maintain(&mut self, actions: &mut Vec<Action>) {
+        let Some(m) = self.meta.as_mut() else { return };
+        m.touched = false;
+        if m.ready && m.commit.is_none() && self.now >= m.retry_at {
+            if !m.queued.is_empty() || !m.waiters_next.is_empty() {
+                self.start_commit(actions);
+            } else if !m.dd_queue.is_empty() && !m.flush_in_flight {
+                let m = self.meta.as_mut().expect("persistent");
+                m.flush_in_flight = true;
+                let seq = m.last_written_seq;
+                let covers = self.cache_flush.writes_done;
+                let io = self.new_io(IoOwner::Meta {
+                    kind: MetaIo::JournalFlush { seq, covers },
+                });
+                actions.push(Action::Flush {
+                    io,
+                    dev: Dev::Cache,
+                });
+            }
+        }
+        let m = self.meta.as_mut().expect("persistent");
+        if m.ready
+            && m.used * 2 > m.journal_bytes()
+            && m.run.is_none()
+            && !m.tasks.iter().any(|t| matches!(t, Task::Checkpoint { .. }))
+        {
+            m.push_task(Task::Checkpoint {
+                state: CacheState::Running,
+            });
+        }
+        if m.stopping
+            && !m.stopped
+            && m.run.is_none()
+            && m.tasks.is_empty()
+            && m.commit.is_none()
+            && m.queued.is_empty()
+            && m.waiters_next.is_empty()
+            && self.reqs.is_empty()
+            && self.jobs.is_empty()
+        {
+            m.push_task(Task::Checkpoint {
+                state: CacheState::Clean,
+            });
+        }
+        self.admin_step(actions);
+    }
+
+    fn start_commit(&mut self, actions: &mut Vec<Action>) {
+        let line_size = self.cfg.line_size.bytes() as u32;
+        let m = self.meta.as_mut().expect("persistent");
+        let mut lines: Vec<u32> = m.queued.iter().copied().take(COMMIT_LINES_MAX).collect();
+        lines.sort_unstable();
+        let mut ops = Vec::with_capacity(lines.len() * 2);
+        let mut captured = Vec::with_capacity(lines.len());
+        let mut any_dirty = false;
+        for &l in &lines {
+            let line = LineId(l);
+            if self.map.is_mapped(line) {
+                let (c, cl) = self.map.position(line);
+                let d = self.state.dirty(line);
+                ops.push(LineOp::Map {
+                    line: l,
+                    core: c.0 as u8,
+                    core_line: cl,
+                    class: self.state.class(line),
+                });
+                ops.push(LineOp::State {
+                    line: l,
+                    valid: self.state.valid(line),
+                    dirty: d,
+                });
+                any_dirty |= d != 0;
+                captured.push((l, d != 0));
+            } else {
+                ops.push(LineOp::Unmap { line: l });
+                captured.push((l, false));
+            }
+        }
+        let m = self.meta.as_mut().expect("persistent");
+        let seq = m.next_seq;
+        let entry = Entry {
+            seq,
+            line_size,
+            ops,
+        };
+        let rec = pad(record::encode(RecordKind::Journal, &entry.encode()));
+        let len = rec.len() as u64;
+        let jb = m.journal_bytes();
+        let (at, skipped) = if m.head + len > jb {
+            (0, jb - m.head)
+        } else {
+            (m.head, 0)
+        };
+        if m.used + skipped + len > jb {
+            // No room until a checkpoint moves the journal's start: ask for one and wait.
+            if m.run.is_none() && !m.tasks.iter().any(|t| matches!(t, Task::Checkpoint { .. })) {
+                m.push_task(Task::Checkpoint {
+                    state: CacheState::Running,
+                });
+            }
+            return;
+        }
+        for &l in &lines {
+            m.queued.remove(&l);
+            // An older record's durability must not release a line this commit re-captures.
+            m.dd_wait.remove(&l);
+        }
+        let waiters = std::mem::take(&mut m.waiters_next);
+        let buf = m.new_buf(rec);
+        m.commit = Some(Commit {
+            seq,
+            at,
+            len,
+            skipped,
+            buf,
+            lines: captured,
+            waiters,
+            written: false,
+        });
+        let needs_preflush = any_dirty && !cfg!(feature = "canary-no-preflush");
+        if needs_preflush && self.cache_flush.needs_flush() {
+            let seq = m.last_written_seq;
+            let covers = self.cache_flush.writes_done;
+            let io = self.new_io(IoOwner::Meta {
+                kind: MetaIo::CommitPreflush { seq, covers },
+            });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Cache,
+            });
+        } else {
+            self.issue_commit_write(actions);
+        }
+    }
+
+    fn issue_commit_write(&mut self, actions: &mut Vec<Action>) {
+        let m = self.meta.as_ref().expect("persistent");
+        let c = m.commit.as_ref().expect("a commit");
+        let lba = Lba((m.sb.layout.journal.offset + c.at) / 512);
+        let (len, buf) = (c.len, c.buf);
+        let io = self.new_io(IoOwner::Meta {
+            kind: MetaIo::CommitWrite,
+        });
+        actions.push(Action::Write {
+            io,
+            dev: Dev::Cache,
+            lba,
+            blocks: blocks(len),
+            buf: BufRef::Meta { id: buf, offset: 0 },
+            fua: false,
+        });
+    }
+
+    /// A cache flush that covered every record up to `seq` completed: lines whose clean or
+    /// unmapped state those records hold may have their slots reused.
+    fn meta_durable(&mut self, seq: u64) {
+        let m = self.meta.as_mut().expect("persistent");
+        if seq <= m.durable_seq {
+            return;
+        }
+        m.durable_seq = seq;
+        loop {
+            let m = self.meta.as_mut().expect("persistent");
+            let Some(&(s, l)) = m.dd_queue.front() else {
+                break;
+            };
+            if s > seq {
+                break;
+            }
+            m.dd_queue.pop_front();
+            if m.dd_wait.get(&l) != Some(&s) || m.queued.contains(&l) {
+                continue;
+            }
+            m.dd_wait.remove(&l);
+            let line = LineId(l);
+            if self.map.is_mapped(line) {
+                if self.state.dirty(line) == 0 {
+                    self.state.set_durable_dirty(line, false);
+                }
+            } else {
+                m.limbo_len -= 1;
+                self.lists.unlink(l);
+                self.lists.push_back(self.free, l);
+            }
+        }
+        self.wake_waiters = true;
+    }
+
+    /// A metadata IO completed.
+    pub(crate) fn meta_io_done(
+        &mut self,
+        kind: MetaIo,
+        result: Result<(), IoError>,
+        actions: &mut Vec<Action>,
+    ) {
+        match kind {
+            MetaIo::CommitPreflush { seq, covers } => match result {
+                Ok(()) => {
+                    self.cache_flush.durable_upto = self.cache_flush.durable_upto.max(covers);
+                    self.meta_durable(seq);
+                    self.issue_commit_write(actions);
+                }
+                Err(e) => self.commit_failed(e, actions),
+            },
+            MetaIo::CommitWrite => match result {
+                Ok(()) => {
+                    self.cache_flush.writes_done += 1;
+                    let m = self.meta.as_mut().expect("persistent");
+                    let mut c = m.commit.take().expect("a commit");
+                    c.written = true;
+                    m.head = c.at + c.len;
+                    m.used += c.skipped + c.len;
+                    m.live.push_back((c.seq, c.skipped + c.len));
+                    m.next_seq = c.seq + 1;
+                    m.last_written_seq = c.seq;
+                    m.counters.commits += 1;
+                    m.counters.commit_lines += c.lines.len() as u64;
+                    m.counters.journal_bytes += c.len;
+                    for &(l, dirty) in &c.lines {
+                        if dirty {
+                            m.dd_wait.remove(&l);
+                        } else {
+                            m.dd_wait.insert(l, c.seq);
+                            m.dd_queue.push_back((c.seq, l));
+                        }
+                    }
+                    m.free_buf(c.buf);
+                    self.release_waiters(c.waiters, None, actions);
+                }
+                Err(e) => self.commit_failed(e, actions),
+            },
+            MetaIo::JournalFlush { seq, covers } => {
+                let m = self.meta.as_mut().expect("persistent");
+                m.flush_in_flight = false;
+                if result.is_ok() {
+                    self.cache_flush.durable_upto = self.cache_flush.durable_upto.max(covers);
+                    self.meta_durable(seq);
+                } else {
+                    m.counters.errors += 1;
+                    m.retry_at = self.now.plus(Nanos(RETRY_NS));
+                }
+            }
+            MetaIo::Admin { buf } => self.admin_io_done(buf, result, actions),
+        }
+    }
+
+    /// A commit's flush or write failed: its lines go back on the queue and it is retried at the
+    /// same place with the same sequence number (so replay never sees a gap); its waiters
+    /// complete with the error — their data is in the cache, the metadata may not be.
+    fn commit_failed(&mut self, e: IoError, actions: &mut Vec<Action>) {
+        let m = self.meta.as_mut().expect("persistent");
+        let c = m.commit.take().expect("a commit");
+        m.counters.errors += 1;
+        for &(l, _) in &c.lines {
+            m.queued.insert(l);
+        }
+        m.free_buf(c.buf);
+        m.retry_at = self.now.plus(Nanos(RETRY_NS));
+        self.release_waiters(c.waiters, Some(e), actions);
+    }
+
+    // ----- admin tasks: superblock, checkpoint, journal zeroing -----
+
+    fn admin_step(&mut self, actions: &mut Vec<Action>) {
+        let now = self.now;
+        let m = self.meta.as_mut().expect("persistent");
+        if m.run.is_none() {
+            if now < m.admin_retry_at {
+                return;
+            }
+            let Some(task) = m.tasks.pop_front() else {
+                return;
+            };
+            let copy = 1 - m.sb_copy;
+            let mut sb = m.sb;
+            sb.generation += 1;
+            let lpc = lines_per_chunk(sb.line_size);
+            let (phase, cp_seq, cp_region) = match task {
+                Task::ZeroJournal => (Phase::Zero, 0, 0),
+                Task::Superblock { state } => {
+                    sb.state = state;
+                    (Phase::Tables, 0, 0)
+                }
+                Task::Checkpoint { state } => {
+                    sb.state = state;
+                    let region = if sb.has_checkpoint {
+                        1 - sb.checkpoint
+                    } else {
+                        0
+                    };
+                    (Phase::Chunks, m.next_seq, region)
+                }
+            };
+            m.run = Some(TaskRun {
+                task,
+                phase,
+                in_flight: 0,
+                failed: false,
+                next_chunk: 0,
+                chunks: sb.lines.div_ceil(lpc),
+                cp_seq,
+                cp_region,
+                sb,
+                copy,
+                tables_gen: m.tables_gen,
+            });
+        }
+        self.admin_issue(actions);
+    }
+
+    fn admin_io(
+        &mut self,
+        actions: &mut Vec<Action>,
+        buf: Option<u32>,
+        a: impl FnOnce(crate::units::IoId) -> Action,
+    ) {
+        let io = self.new_io(IoOwner::Meta {
+            kind: MetaIo::Admin { buf },
+        });
+        actions.push(a(io));
+        self.meta
+            .as_mut()
+            .and_then(|m| m.run.as_mut())
+            .expect("a task")
+            .in_flight += 1;
+    }
+
+    /// Writes `data` (a metadata buffer) at byte `offset` of the cache device for the task.
+    fn admin_write(&mut self, actions: &mut Vec<Action>, offset: u64, data: Vec<u8>, fua: bool) {
+        let lba = Lba(offset / 512);
+        let n = blocks(data.len() as u64);
+        let id = self.meta.as_mut().expect("persistent").new_buf(data);
+        self.admin_io(actions, Some(id), |io| Action::Write {
+            io,
+            dev: Dev::Cache,
+            lba,
+            blocks: n,
+            buf: BufRef::Meta { id, offset: 0 },
+            fua,
+        });
+    }
+
+    /// Issues the IO(s) of the running task's current phase (its completion advances the phase).
+    fn admin_issue(&mut self, actions: &mut Vec<Action>) {
+        loop {
+            let m = self.meta.as_mut().expect("persistent");
+            let Some(run) = m.run.as_mut() else { return };
+            if run.in_flight > 0 && run.phase != Phase::Chunks {
+                return;
+            }
+            match run.phase {
+                Phase::Zero => {
+                    let j = m.sb.layout.journal;
+                    self.admin_io(actions, None, |io| Action::WriteZeroes {
+                        io,
+                        dev: Dev::Cache,
+                        lba: Lba(j.offset / 512),
+                        blocks: blocks(j.bytes),
+                        fua: false,
+                    });
+                    return;
+                }
+                Phase::Chunks => {
+                    if run.next_chunk >= run.chunks {
+                        if run.in_flight == 0 {
+                            run.phase = Phase::ChunkFlush;
+                            continue;
+                        }
+                        return;
+                    }
+                    if run.in_flight >= CHUNKS_IN_FLIGHT {
+                        return;
+                    }
+                    let i = run.next_chunk;
+                    run.next_chunk += 1;
+                    let region = m.sb.layout.checkpoint[run.cp_region as usize];
+                    let lpc = lines_per_chunk(m.sb.line_size);
+                    let first = i * lpc;
+                    let last = (first + lpc).min(m.sb.lines);
+                    let recs: Vec<LineRecord> =
+                        (first..last).map(|l| self.line_record(LineId(l))).collect();
+                    let rec = pad(record::encode(
+                        RecordKind::Checkpoint,
+                        &encode_chunk(first, &recs, self.cfg.line_size.bytes() as u32),
+                    ));
+                    debug_assert!(rec.len() as u64 <= CHECKPOINT_CHUNK_BYTES);
+                    let at = region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES;
+                    self.admin_write(actions, at, rec, false);
+                }
+                Phase::ChunkFlush | Phase::TablesFlush => {
+                    self.admin_io(actions, None, |io| Action::Flush {
+                        io,
+                        dev: Dev::Cache,
+                    });
+                    return;
+                }
+                Phase::Tables => {
+                    let copy = run.copy;
+                    let tables = self.tables_bytes();
+                    self.admin_write(actions, TABLES_OFFSETS[copy], tables, false);
+                    return;
+                }
+                Phase::Super => {
+                    let (sb, copy) = (run.sb.encode(), run.copy);
+                    self.admin_write(actions, SUPERBLOCK_OFFSETS[copy], sb, true);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admin_io_done(
+        &mut self,
+        buf: Option<u32>,
+        result: Result<(), IoError>,
+        actions: &mut Vec<Action>,
+    ) {
+        let now = self.now;
+        let m = self.meta.as_mut().expect("persistent");
+        if let Some(id) = buf {
+            m.free_buf(id);
+        }
+        let run = m.run.as_mut().expect("admin IO without a task");
+        run.in_flight -= 1;
+        if result.is_err() {
+            run.failed = true;
+        }
+        if run.in_flight > 0 {
+            return;
+        }
+        if run.failed {
+            // Start the task over later; the superblock in force is untouched.
+            let task = run.task;
+            m.run = None;
+            m.counters.errors += 1;
+            m.tasks.push_front(task);
+            m.admin_retry_at = now.plus(Nanos(RETRY_NS));
+            return;
+        }
+        match run.phase {
+            Phase::Zero => run.phase = Phase::Tables,
+            Phase::Chunks => {}
+            Phase::ChunkFlush => {
+                // The chunks are durable: the superblock may now name them.
+                run.sb.checkpoint = run.cp_region;
+                run.sb.has_checkpoint = true;
+                run.sb.journal_seq = run.cp_seq;
+                run.phase = Phase::Tables;
+            }
+            Phase::Tables => run.phase = Phase::TablesFlush,
+            Phase::TablesFlush => run.phase = Phase::Super,
+            Phase::Super => {
+                let run = m.run.take().expect("a task");
+                if matches!(run.task, Task::Checkpoint { .. }) {
+                    m.counters.checkpoints += 1;
+                    let cp = run.cp_seq;
+                    while m.live.front().is_some_and(|&(s, _)| s < cp) {
+                        let (_, b) = m.live.pop_front().expect("non-empty");
+                        m.used -= b;
+                    }
+                }
+                m.sb = run.sb;
+                m.sb_copy = run.copy;
+                m.counters.superblocks += 1;
+                m.tables_durable = m.tables_durable.max(run.tables_gen);
+                m.ready = true;
+                if run.sb.state == CacheState::Clean && m.stopping {
+                    m.stopped = true;
+                }
+            }
+        }
+        self.admin_issue(actions);
+    }
+
+    /// The persistent record of `line` now.
+    pub(crate) fn line_record(&self, line: LineId) -> LineRecord {
+        if !self.map.is_mapped(line) {
+            return LineRecord::default();
+        }
+        let (c, cl) = self.map.position(line);
+        LineRecord {
+            core: Some(c.0 as u8),
+            core_line: cl,
+            class: self.state.class(line),
+            valid: self.state.valid(line),
+            dirty: self.state.dirty(line),
+        }
+    }
+
+    /// The configuration and core-table records, framed and padded.
+    fn tables_bytes(&self) -> Vec<u8> {
+        let mut out = record::encode(
+            RecordKind::Config,
+            &tiercache_format::tables::encode_config(&self.config_record()),
+        );
+        out.extend(record::encode(
+            RecordKind::CoreTable,
+            &tiercache_format::tables::encode_cores(&self.core_entries()),
+        ));
+        assert!(out.len() <= TABLES_BYTES, "tables over their area");
+        pad(out)
+    }
+}

@@ -1,0 +1,273 @@
+//! One transmission-phase connection: callers send under a mutex, one reader thread receives
+//! replies (in any order) and hands each to the caller waiting on its cookie.
+//!
+//! A connection that fails (EOF, a socket error, a protocol error, a timed-out request, a send
+//! that failed halfway) is dead for good: every request waiting on it and every later one gets
+//! an error carrying the first reason.
+
+use super::proto::{self, Sock, cmd};
+use crate::IoErr;
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// What a caller receives: the payload of a read (empty for other commands) or the error.
+type Reply = Result<Vec<u8>, IoErr>;
+
+/// A request waiting for its reply.
+struct Waiter {
+    tx: Sender<Reply>,
+    command: u16,
+    offset: u64,
+    len: u32,
+}
+
+#[derive(Default)]
+struct State {
+    next_cookie: u64,
+    pending: HashMap<u64, Waiter>,
+    /// Why the connection is dead, once it is.
+    dead: Option<String>,
+}
+
+/// A connection in the transmission phase.
+pub(crate) struct Conn {
+    /// The device name for messages (`nbd:URI`).
+    label: String,
+    sock: Sock,
+    send_lock: Mutex<()>,
+    state: Mutex<State>,
+    dead: AtomicBool,
+    reader: Mutex<Option<JoinHandle<()>>>,
+    timeout: Option<Duration>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Marks the connection dead when the reader thread ends, however it ends (also by panic).
+struct DieOnExit(Arc<Conn>, String);
+
+impl Drop for DieOnExit {
+    fn drop(&mut self) {
+        self.0.die(std::mem::take(&mut self.1));
+    }
+}
+
+/// A sent request; [`Ticket::wait`] returns its reply.
+pub(crate) struct Ticket {
+    rx: Receiver<Reply>,
+    conn: Arc<Conn>,
+}
+
+impl Ticket {
+    /// Waits for the reply. With a request timeout, a request unanswered for that long kills
+    /// the connection (NBD cannot cancel one request) and fails.
+    pub fn wait(self) -> Reply {
+        let r = match self.conn.timeout {
+            None => self.rx.recv().ok(),
+            Some(t) => match self.rx.recv_timeout(t) {
+                Ok(r) => Some(r),
+                Err(RecvTimeoutError::Disconnected) => None,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.conn.die(format!(
+                        "no reply within the request timeout of {t:?}; connection closed"
+                    ));
+                    self.rx.recv().ok()
+                }
+            },
+        };
+        // No reply means the connection died and dropped our sender.
+        r.unwrap_or_else(|| Err(self.conn.lost()))
+    }
+}
+
+impl Conn {
+    /// Takes over a socket that finished its handshake and starts its reader thread.
+    pub fn start(
+        label: String,
+        sock: Sock,
+        timeout: Option<Duration>,
+    ) -> Result<Arc<Conn>, String> {
+        sock.set_timeouts(None)
+            .and_then(|()| sock.set_write_timeout(timeout))
+            .map_err(|e| format!("socket setup: {e}"))?;
+        let rd = sock.try_clone().map_err(|e| format!("socket dup: {e}"))?;
+        let conn = Arc::new(Conn {
+            label,
+            sock,
+            send_lock: Mutex::new(()),
+            state: Mutex::new(State::default()),
+            dead: AtomicBool::new(false),
+            reader: Mutex::new(None),
+            timeout,
+        });
+        let c = Arc::clone(&conn);
+        let h = std::thread::Builder::new()
+            .name("nbd-reader".into())
+            .spawn(move || reader(c, rd))
+            .map_err(|e| format!("starting the reader thread: {e}"))?;
+        *lock(&conn.reader) = Some(h);
+        Ok(conn)
+    }
+
+    /// True once the connection failed or was closed.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// The error of a request on a dead connection.
+    fn lost(&self) -> IoErr {
+        let why = lock(&self.state)
+            .dead
+            .clone()
+            .unwrap_or_else(|| "connection closed".into());
+        IoErr::Io {
+            kind: io::ErrorKind::ConnectionAborted,
+            msg: format!("{}: connection lost: {why}", self.label),
+        }
+    }
+
+    /// Marks the connection dead (keeping the first reason), fails every waiting request and
+    /// shuts the socket down so that the reader thread and any blocked sender return.
+    pub fn die(&self, why: String) {
+        let drained = {
+            let mut st = lock(&self.state);
+            if st.dead.is_none() {
+                st.dead = Some(why);
+            }
+            self.dead.store(true, Ordering::Release);
+            std::mem::take(&mut st.pending)
+        };
+        // Dropping the senders wakes their callers, who then read the reason.
+        drop(drained);
+        self.sock.shutdown();
+    }
+
+    /// Sends one request (`payload` for writes) and returns the ticket to wait on.
+    pub fn send(
+        self: &Arc<Self>,
+        command: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> Ticket {
+        let (tx, rx) = mpsc::channel();
+        let ticket = Ticket {
+            rx,
+            conn: Arc::clone(self),
+        };
+        let cookie = {
+            let mut st = lock(&self.state);
+            if st.dead.is_some() {
+                return ticket; // tx dropped: wait() reports the reason
+            }
+            let c = st.next_cookie;
+            st.next_cookie = c.wrapping_add(1);
+            st.pending.insert(
+                c,
+                Waiter {
+                    tx,
+                    command,
+                    offset,
+                    len,
+                },
+            );
+            c
+        };
+        let hdr = proto::request(flags, command, cookie, offset, len);
+        let _g = lock(&self.send_lock);
+        if self.is_dead() {
+            return ticket; // died while we queued: our waiter was drained
+        }
+        if let Err(e) = self.sock.send_all(&[&hdr, payload]) {
+            // A partly sent request leaves the stream unusable.
+            let why = match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                    "sending timed out (server not reading)".to_string()
+                }
+                _ => format!("send failed: {e}"),
+            };
+            self.die(why);
+        }
+        ticket
+    }
+
+    /// Sends `NBD_CMD_DISC` (if still connected), closes the socket and joins the reader.
+    pub fn close(&self) {
+        if !self.is_dead() {
+            let hdr = proto::request(0, cmd::DISC, u64::MAX, 0, 0);
+            let _g = lock(&self.send_lock);
+            let _ = self.sock.send_all(&[&hdr]);
+        }
+        self.die("disconnected by the client".into());
+        if let Some(h) = lock(&self.reader).take() {
+            let _ = h.join();
+        }
+    }
+
+    fn error_reply(&self, w: &Waiter, err: u32) -> IoErr {
+        let (kind, name) = proto::errno(err);
+        IoErr::Io {
+            kind,
+            msg: format!(
+                "{}: {} of {} bytes at offset {}: server error {name} ({err})",
+                self.label,
+                cmd::name(w.command),
+                w.len,
+                w.offset
+            ),
+        }
+    }
+}
+
+/// The reader thread: receives replies until the connection ends.
+fn reader(conn: Arc<Conn>, sock: Sock) {
+    let mut guard = DieOnExit(Arc::clone(&conn), "reader thread ended".into());
+    guard.1 = receive(&conn, &mut BufReader::with_capacity(256 << 10, sock));
+}
+
+/// Receives replies; returns why it stopped.
+fn receive(conn: &Conn, r: &mut impl Read) -> String {
+    let io_why = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof => "server closed the connection".to_string(),
+        _ => format!("receive failed: {e}"),
+    };
+    loop {
+        let mut h = [0u8; 16];
+        if let Err(e) = r.read_exact(&mut h) {
+            return io_why(e);
+        }
+        let magic = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+        let err = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+        let cookie = u64::from_be_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        if magic == proto::STRUCTURED_REPLY_MAGIC {
+            return "protocol error: structured reply that was not negotiated".into();
+        }
+        if magic != proto::SIMPLE_REPLY_MAGIC {
+            return format!("protocol error: bad reply magic {magic:#010x}");
+        }
+        let Some(w) = lock(&conn.state).pending.remove(&cookie) else {
+            return format!("protocol error: reply to unknown cookie {cookie}");
+        };
+        let reply = if err != 0 {
+            // Simple replies carry no payload on error.
+            Err(conn.error_reply(&w, err))
+        } else if w.command == cmd::READ {
+            let mut data = vec![0u8; w.len as usize];
+            if let Err(e) = r.read_exact(&mut data) {
+                return io_why(e); // w is dropped: its caller gets the reason
+            }
+            Ok(data)
+        } else {
+            Ok(Vec::new())
+        };
+        let _ = w.tx.send(reply); // the caller may have given up (timeout)
+    }
+}
