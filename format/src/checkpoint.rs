@@ -8,7 +8,10 @@
 //!      0    4 first line
 //!      4    4 line count
 //!      8    4 line size (bytes)
-//!     12    …  count × line record
+//!     12    8 checkpoint sequence: the journal sequence number replay starts from with this
+//!             checkpoint (the superblock naming it says the same; a chunk left over from an
+//!             older or newer checkpoint in the same region does not match)
+//!     20    …  count × line record
 //! ```
 //!
 //! Line record ([`crate::superblock::checkpoint_bytes_per_line`] bytes):
@@ -64,12 +67,16 @@ fn check_line_size(line_size: u32) -> Result<(), DecodeError> {
     }
 }
 
-/// Encodes a chunk payload for lines `first..first + lines.len()`.
+/// Bytes of the chunk header before the line records.
+pub const CHUNK_HEADER: usize = 20;
+
+/// Encodes a chunk payload for lines `first..first + lines.len()` of the checkpoint whose
+/// journal replay starts at `seq`.
 ///
 /// # Panics
 /// On a record an encoder must never produce (dirty not valid, bits beyond the line, an
 /// unmapped line with state) or a bad line size: those are bugs in the caller.
-pub fn encode_chunk(first: u32, lines: &[LineRecord], line_size: u32) -> Vec<u8> {
+pub fn encode_chunk(first: u32, seq: u64, lines: &[LineRecord], line_size: u32) -> Vec<u8> {
     check_line_size(line_size).expect("valid line size");
     let n = mask_bytes(line_size);
     let per = checkpoint_bytes_per_line(line_size) as usize;
@@ -81,7 +88,8 @@ pub fn encode_chunk(first: u32, lines: &[LineRecord], line_size: u32) -> Vec<u8>
     let mut w = Writer::new();
     w.u32(first)
         .u32(u32::try_from(lines.len()).expect("chunk too long"))
-        .u32(line_size);
+        .u32(line_size)
+        .u64(seq);
     for l in lines {
         assert_eq!(l.dirty & !l.valid, 0, "dirty blocks must be valid");
         assert_eq!(l.valid & !blocks_mask, 0, "bits beyond the line");
@@ -107,8 +115,8 @@ pub fn encode_chunk(first: u32, lines: &[LineRecord], line_size: u32) -> Vec<u8>
     w.buf
 }
 
-/// Decodes a chunk payload: the first line and the records.
-pub fn decode_chunk(payload: &[u8]) -> Result<(u32, Vec<LineRecord>), DecodeError> {
+/// Decodes a chunk payload: the first line, the checkpoint sequence and the records.
+pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), DecodeError> {
     const WHAT: &str = "checkpoint";
     let bad = |detail: String| DecodeError::BadField { what: WHAT, detail };
     let mut r = Reader::new(payload, WHAT);
@@ -116,6 +124,7 @@ pub fn decode_chunk(payload: &[u8]) -> Result<(u32, Vec<LineRecord>), DecodeErro
     let count = r.u32()?;
     let line_size = r.u32()?;
     check_line_size(line_size)?;
+    let seq = r.u64()?;
     let n = mask_bytes(line_size);
     let per = checkpoint_bytes_per_line(line_size) as usize;
     let need = (count as usize)
@@ -175,5 +184,5 @@ pub fn decode_chunk(payload: &[u8]) -> Result<(u32, Vec<LineRecord>), DecodeErro
             dirty,
         });
     }
-    Ok((first, out))
+    Ok((first, seq, out))
 }

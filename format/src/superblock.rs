@@ -92,10 +92,13 @@ pub fn checkpoint_bytes_per_line(line_size: u32) -> u64 {
 /// slot of this size, so chunk `i` lives at `i * CHECKPOINT_CHUNK_BYTES` in its region.
 pub const CHECKPOINT_CHUNK_BYTES: u64 = 64 << 10;
 
-/// Lines per checkpoint chunk: as many records as fit in a slot with the frame (16 bytes) and
-/// the chunk header (12 bytes).
+/// Lines per checkpoint chunk: as many records as fit in a slot with the frame and the chunk
+/// header.
 pub fn lines_per_chunk(line_size: u32) -> u32 {
-    ((CHECKPOINT_CHUNK_BYTES - 16 - 12) / checkpoint_bytes_per_line(line_size)) as u32
+    ((CHECKPOINT_CHUNK_BYTES
+        - crate::record::RECORD_HEADER as u64
+        - crate::checkpoint::CHUNK_HEADER as u64)
+        / checkpoint_bytes_per_line(line_size)) as u32
 }
 
 /// Bytes a checkpoint of `lines` lines needs: one slot per chunk.

@@ -216,14 +216,14 @@ mod checkpoint {
         ]
     }
 
-    const GOLDEN_CHUNK_V1: &str = "0a000000030000000010000005000000000000000001ff0f000000000000000000000000ff0000000000000000000000020000000321810000000000";
+    const GOLDEN_CHUNK_V1: &str = "0a0000000300000000100000630000000000000005000000000000000001ff0f000000000000000000000000ff0000000000000000000000020000000321810000000000";
 
     #[test]
     fn chunk_v1_bytes_and_round_trip() {
-        let p = encode_chunk(10, &lines(), 4096);
+        let p = encode_chunk(10, 99, &lines(), 4096);
         println!("checkpoint chunk v1: {}", hex(&p));
         assert_eq!(hex(&p), GOLDEN_CHUNK_V1, "checkpoint encoding changed");
-        assert_eq!(decode_chunk(&p).unwrap(), (10, lines()));
+        assert_eq!(decode_chunk(&p).unwrap(), (10, 99, lines()));
         // Every line size round-trips, full masks included.
         for ls in [4096u32, 8192, 16384, 32768, 65536] {
             let full = if ls == 65536 {
@@ -238,8 +238,8 @@ mod checkpoint {
                 valid: full,
                 dirty: full >> 1,
             }];
-            let p = encode_chunk(0, &l, ls);
-            assert_eq!(decode_chunk(&p).unwrap().1, l);
+            let p = encode_chunk(0, 1, &l, ls);
+            assert_eq!(decode_chunk(&p).unwrap().2, l);
             // Framed, damage is caught.
             let framed = record::encode(RecordKind::Checkpoint, &p);
             for i in 0..framed.len() {
@@ -252,14 +252,14 @@ mod checkpoint {
 
     #[test]
     fn impossible_states_are_refused() {
-        let p = encode_chunk(0, &lines(), 4096);
+        let p = encode_chunk(0, 1, &lines(), 4096);
         let per = 16;
         // Line 0's dirty byte: make a block dirty that is not valid... valid is ff, so use line 2.
         let mut x = p.clone();
-        x[12 + 2 * per + 11] = 0x02; // line 2 dirty bit 1, valid 0x81
+        x[20 + 2 * per + 11] = 0x02; // line 2 dirty bit 1, valid 0x81
         assert!(decode_chunk(&x).unwrap_err().to_string().contains("line 2"));
         let mut x = p.clone();
-        x[12 + per + 10] = 0x01; // unmapped line 1 with a valid block
+        x[20 + per + 10] = 0x01; // unmapped line 1 with a valid block
         assert!(
             decode_chunk(&x)
                 .unwrap_err()
@@ -267,7 +267,7 @@ mod checkpoint {
                 .contains("unmapped")
         );
         let mut x = p.clone();
-        x[12 + 9] = 34; // class
+        x[20 + 9] = 34; // class
         assert!(decode_chunk(&x).is_err());
         let mut x = p.clone();
         x.pop();
@@ -280,7 +280,7 @@ mod checkpoint {
     #[test]
     fn chunk_decoder_never_panics() {
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let base = encode_chunk(0, &lines(), 4096);
+        let base = encode_chunk(0, 1, &lines(), 4096);
         for _ in 0..20_000 {
             s ^= s << 13;
             s ^= s >> 7;

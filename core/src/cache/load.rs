@@ -235,6 +235,14 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
         seq += 1;
     }
     let journal_ignored = found.len() as u64 - replayed;
+    // A record is written only after the one before it is durable, so a valid record past the
+    // end of the run means a damaged record in it (or a stale superblock copy): refuse.
+    if let Some((&late, _)) = found.range(seq + 1..).next() {
+        return Err(damaged(
+            "the journal",
+            format!("record {seq} is missing or damaged but record {late} follows"),
+        ));
+    }
 
     // Checkpoint chunks, merged with the journal line by line.
     let clean = sb.state == CacheState::Clean;
@@ -269,7 +277,16 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
             if r.kind != RecordKind::Checkpoint {
                 return Err(damaged(&what, format!("{:?} record", r.kind)));
             }
-            let (f, recs) = decode_chunk(r.payload).map_err(|e| damaged(&what, e))?;
+            let (f, cp_seq, recs) = decode_chunk(r.payload).map_err(|e| damaged(&what, e))?;
+            if cp_seq != sb.journal_seq {
+                return Err(damaged(
+                    &what,
+                    format!(
+                        "it belongs to the checkpoint of journal record {cp_seq}, the superblock names {}",
+                        sb.journal_seq
+                    ),
+                ));
+            }
             if f != first || recs.len() as u32 != count {
                 return Err(damaged(
                     &what,

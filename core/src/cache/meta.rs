@@ -539,7 +539,10 @@ impl Cache {
             waiters,
             written: false,
         });
-        let needs_preflush = any_dirty && !cfg!(feature = "canary-no-preflush");
+        // The flush before a record makes the data it points at durable first, and the record
+        // before it: a valid record after a gap can then only be damage (see load.rs).
+        let needs_preflush = (any_dirty || m.last_written_seq > m.durable_seq)
+            && !cfg!(feature = "canary-no-preflush");
         if needs_preflush && self.cache_flush.needs_flush() {
             let seq = m.last_written_seq;
             let covers = self.cache_flush.writes_done;
@@ -799,11 +802,12 @@ impl Cache {
                     let lpc = lines_per_chunk(m.sb.line_size);
                     let first = i * lpc;
                     let last = (first + lpc).min(m.sb.lines);
+                    let cp_seq = run.cp_seq;
                     let recs: Vec<LineRecord> =
                         (first..last).map(|l| self.line_record(LineId(l))).collect();
                     let rec = pad(record::encode(
                         RecordKind::Checkpoint,
-                        &encode_chunk(first, &recs, self.cfg.line_size.bytes() as u32),
+                        &encode_chunk(first, cp_seq, &recs, self.cfg.line_size.bytes() as u32),
                     ));
                     debug_assert!(rec.len() as u64 <= CHECKPOINT_CHUNK_BYTES);
                     let at = region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES;
