@@ -86,6 +86,25 @@ step "canary: early flush ack, caught by a crash at a device write" canary canar
 TIERCACHE_CRASH_SEEDS=600 CANARY_ARGS=--release \
     step "canary: journal commit without the flush before it, caught by a crash" canary canary-no-preflush crash
 
+# The engine's power-cut test (SPEC R2 in process) must catch device flushes that are not done.
+canary_engine() {
+    local log
+    log=$(mktemp)
+    if cargo test -q -p tiercache-engine --features canary-skip-flush --test engine power_cut >"$log" 2>&1; then
+        echo "canary canary-skip-flush was NOT caught by the engine's power-cut test"
+        rm -f "$log"
+        return 1
+    fi
+    if ! grep -m1 -oE 'POWER CUT|recovery failed' "$log"; then
+        echo "canary canary-skip-flush made the test fail, but not through its checks:"
+        grep -m3 -E 'panicked|error' "$log" || tail -5 "$log"
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}
+step "canary: device flushes skipped, caught by the engine's power-cut test" canary_engine
+
 section "benchmarks and the study scenario (numbers printed, not asserted)"
 step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
 step "tiercache sim ceph-opencas-2020 (the README's main job)" ./target/release/tiercache sim ceph-opencas-2020

@@ -5,6 +5,7 @@
 
 mod alloc_count;
 mod bench_core;
+mod bench_engine;
 mod sim_cmd;
 
 use clap::{Parser, Subcommand};

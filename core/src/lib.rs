@@ -19,7 +19,7 @@
 pub mod cache;
 pub mod config;
 pub mod event;
-mod hash;
+pub mod hash;
 mod hint;
 pub mod lists;
 pub mod map;

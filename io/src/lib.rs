@@ -64,6 +64,12 @@ pub trait Backend: Send + Sync {
     /// write cache (`fdatasync` for files and block devices).
     fn flush(&self) -> Result<(), IoErr>;
 
+    /// Whether requests complete in well under a microsecond per 4 KiB without blocking (RAM):
+    /// an engine may then run them inline instead of handing them to an IO thread.
+    fn inline(&self) -> bool {
+        false
+    }
+
     /// Executes a batch of requests and returns one result per request, in order.
     ///
     /// The default runs them one after the other; a backend with an asynchronous path (such as
@@ -169,6 +175,9 @@ macro_rules! forward_backend {
             }
             fn flush(&self) -> Result<(), IoErr> {
                 (**self).flush()
+            }
+            fn inline(&self) -> bool {
+                (**self).inline()
             }
             fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
                 (**self).submit_batch(reqs)

@@ -64,4 +64,8 @@ impl Backend for RamBackend {
     fn flush(&self) -> Result<(), IoErr> {
         Ok(())
     }
+
+    fn inline(&self) -> bool {
+        true
+    }
 }

@@ -105,33 +105,38 @@ pub fn read_tables(
     Ok((config, cores))
 }
 
-/// The journal records in the region: every valid one by sequence number, and the highest
-/// sequence number seen. Records sit at 4 KiB boundaries; anything else is skipped.
+/// The journal records in the region: every valid one (from either half) by sequence number,
+/// and the highest sequence number seen. Records sit at 4 KiB boundaries; anything else is
+/// skipped.
 pub fn scan_journal(
     read: ReadFn<'_>,
     sb: &Superblock,
 ) -> Result<(BTreeMap<u64, Entry>, u64), String> {
     let j = sb.layout.journal;
     let buf = read_vec(read, j.offset, j.bytes as usize)?;
+    let half = super::meta::journal_half(j.bytes) as usize;
     let mut found = BTreeMap::new();
     let mut max_seq = 0;
-    let mut off = 0usize;
     let align = super::meta::RECORD_ALIGN as usize;
-    while off < buf.len() {
-        let Ok((r, used)) = record::decode(&buf[off..]) else {
+    // Every record is in both halves at the same offset; either valid copy will do.
+    for copy in [&buf[..half], &buf[half..2 * half]] {
+        let mut off = 0usize;
+        while off < copy.len() {
+            let Ok((r, used)) = record::decode(&copy[off..]) else {
+                off += align;
+                continue;
+            };
+            if r.kind == RecordKind::Journal
+                && let Ok(e) = Entry::decode(r.payload)
+                && e.line_size == sb.line_size
+            {
+                max_seq = max_seq.max(e.seq);
+                found.entry(e.seq).or_insert(e);
+                off += used.div_ceil(align) * align;
+                continue;
+            }
             off += align;
-            continue;
-        };
-        if r.kind == RecordKind::Journal
-            && let Ok(e) = Entry::decode(r.payload)
-            && e.line_size == sb.line_size
-        {
-            max_seq = max_seq.max(e.seq);
-            found.insert(e.seq, e);
-            off += used.div_ceil(align) * align;
-            continue;
         }
-        off += align;
     }
     Ok((found, max_seq))
 }

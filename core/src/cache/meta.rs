@@ -109,6 +109,8 @@ pub(crate) struct Waiter {
     pub(crate) req: ReqId,
     pub(crate) result: Result<(), ReqError>,
     pub(crate) lock: Option<(crate::units::CoreId, u64, u64, super::lock::LockKind)>,
+    /// The request was FUA: the record holding its change must be durable when written.
+    pub(crate) fua: bool,
 }
 
 struct Commit {
@@ -122,7 +124,9 @@ struct Commit {
     /// Lines captured: (line, captured with dirty blocks).
     lines: Vec<(u32, bool)>,
     waiters: Vec<Waiter>,
-    written: bool,
+    /// Copies of the record still being written, and whether one failed.
+    writes_left: u8,
+    write_err: Option<IoError>,
 }
 
 /// Counters of the metadata machinery.
@@ -263,9 +267,17 @@ impl Meta {
             || self.run.is_some()
     }
 
+    /// Capacity of the journal: each record is written twice, at the same offset in each half
+    /// of the region, so damage to one copy — even of the newest record — is detected and
+    /// repaired from the other (docs/FORMAT.md).
     fn journal_bytes(&self) -> u64 {
-        self.sb.layout.journal.bytes
+        journal_half(self.sb.layout.journal.bytes)
     }
+}
+
+/// Bytes of each half (primary, mirror) of a journal region of `bytes`.
+pub fn journal_half(bytes: u64) -> u64 {
+    bytes / 2 / RECORD_ALIGN * RECORD_ALIGN
 }
 
 /// Pads `v` with zeros to a multiple of [`RECORD_ALIGN`].
@@ -470,7 +482,15 @@ impl Cache {
     fn start_commit(&mut self, actions: &mut Vec<Action>) {
         let line_size = self.cfg.line_size.bytes() as u32;
         let m = self.meta.as_mut().expect("persistent");
-        let mut lines: Vec<u32> = m.queued.iter().copied().take(COMMIT_LINES_MAX).collect();
+        // A record stays within a quarter of the journal (so the journal always holds several).
+        let per_line = 20 + 2 * (self.bpl as u64).div_ceil(8);
+        let fit = ((m.journal_bytes() / 4).saturating_sub(64) / per_line).max(1) as usize;
+        let mut lines: Vec<u32> = m
+            .queued
+            .iter()
+            .copied()
+            .take(COMMIT_LINES_MAX.min(fit))
+            .collect();
         lines.sort_unstable();
         let mut ops = Vec::with_capacity(lines.len() * 2);
         let mut captured = Vec::with_capacity(lines.len());
@@ -537,7 +557,8 @@ impl Cache {
             buf,
             lines: captured,
             waiters,
-            written: false,
+            writes_left: 2,
+            write_err: None,
         });
         // The flush before a record makes the data it points at durable first, and the record
         // before it: a valid record after a gap can then only be damage (see load.rs).
@@ -559,21 +580,28 @@ impl Cache {
     }
 
     fn issue_commit_write(&mut self, actions: &mut Vec<Action>) {
-        let m = self.meta.as_ref().expect("persistent");
-        let c = m.commit.as_ref().expect("a commit");
-        let lba = Lba((m.sb.layout.journal.offset + c.at) / 512);
-        let (len, buf) = (c.len, c.buf);
-        let io = self.new_io(IoOwner::Meta {
-            kind: MetaIo::CommitWrite,
-        });
-        actions.push(Action::Write {
-            io,
-            dev: Dev::Cache,
-            lba,
-            blocks: blocks(len),
-            buf: BufRef::Meta { id: buf, offset: 0 },
-            fua: false,
-        });
+        let m = self.meta.as_mut().expect("persistent");
+        let half = m.journal_bytes();
+        let base = m.sb.layout.journal.offset;
+        let c = m.commit.as_mut().expect("a commit");
+        c.writes_left = 2;
+        c.write_err = None;
+        let (at, len, buf) = (c.at, c.len, c.buf);
+        // A FUA request is durable when it completes: so must the record holding its change be.
+        let fua = c.waiters.iter().any(|w| w.fua);
+        for copy in [0, half] {
+            let io = self.new_io(IoOwner::Meta {
+                kind: MetaIo::CommitWrite,
+            });
+            actions.push(Action::Write {
+                io,
+                dev: Dev::Cache,
+                lba: Lba((base + copy + at) / 512),
+                blocks: blocks(len),
+                buf: BufRef::Meta { id: buf, offset: 0 },
+                fua,
+            });
+        }
     }
 
     /// A cache flush that covered every record up to `seq` completed: lines whose clean or
@@ -627,33 +655,18 @@ impl Cache {
                 }
                 Err(e) => self.commit_failed(e, actions),
             },
-            MetaIo::CommitWrite => match result {
-                Ok(()) => {
-                    self.cache_flush.writes_done += 1;
-                    let m = self.meta.as_mut().expect("persistent");
-                    let mut c = m.commit.take().expect("a commit");
-                    c.written = true;
-                    m.head = c.at + c.len;
-                    m.used += c.skipped + c.len;
-                    m.live.push_back((c.seq, c.skipped + c.len));
-                    m.next_seq = c.seq + 1;
-                    m.last_written_seq = c.seq;
-                    m.counters.commits += 1;
-                    m.counters.commit_lines += c.lines.len() as u64;
-                    m.counters.journal_bytes += c.len;
-                    for &(l, dirty) in &c.lines {
-                        if dirty {
-                            m.dd_wait.remove(&l);
-                        } else {
-                            m.dd_wait.insert(l, c.seq);
-                            m.dd_queue.push_back((c.seq, l));
-                        }
-                    }
-                    m.free_buf(c.buf);
-                    self.release_waiters(c.waiters, None, actions);
+            MetaIo::CommitWrite => {
+                let m = self.meta.as_mut().expect("persistent");
+                let c = m.commit.as_mut().expect("a commit");
+                c.writes_left -= 1;
+                if let Err(e) = result {
+                    c.write_err = Some(e);
                 }
-                Err(e) => self.commit_failed(e, actions),
-            },
+                if c.writes_left > 0 {
+                    return;
+                }
+                self.commit_written(actions);
+            }
             MetaIo::JournalFlush { seq, covers } => {
                 let m = self.meta.as_mut().expect("persistent");
                 m.flush_in_flight = false;
@@ -667,6 +680,35 @@ impl Cache {
             }
             MetaIo::Admin { buf } => self.admin_io_done(buf, result, actions),
         }
+    }
+
+    /// Both copies of a commit's record were written (or one failed).
+    fn commit_written(&mut self, actions: &mut Vec<Action>) {
+        let m = self.meta.as_mut().expect("persistent");
+        if let Some(e) = m.commit.as_ref().and_then(|c| c.write_err) {
+            return self.commit_failed(e, actions);
+        }
+        self.cache_flush.writes_done += 1;
+        let m = self.meta.as_mut().expect("persistent");
+        let c = m.commit.take().expect("a commit");
+        m.head = c.at + c.len;
+        m.used += c.skipped + c.len;
+        m.live.push_back((c.seq, c.skipped + c.len));
+        m.next_seq = c.seq + 1;
+        m.last_written_seq = c.seq;
+        m.counters.commits += 1;
+        m.counters.commit_lines += c.lines.len() as u64;
+        m.counters.journal_bytes += 2 * c.len;
+        for &(l, dirty) in &c.lines {
+            if dirty {
+                m.dd_wait.remove(&l);
+            } else {
+                m.dd_wait.insert(l, c.seq);
+                m.dd_queue.push_back((c.seq, l));
+            }
+        }
+        m.free_buf(c.buf);
+        self.release_waiters(c.waiters, None, actions);
     }
 
     /// A commit's flush or write failed: its lines go back on the queue and it is retried at the

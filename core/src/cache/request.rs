@@ -1224,6 +1224,7 @@ impl Cache {
                 req: r.id,
                 result,
                 lock,
+                fua: r.op.fua(),
             });
         } else {
             if r.locked {

@@ -822,11 +822,19 @@ impl Env {
             }
             ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim => {
                 let content = Self::content_of(&r, 0).unwrap();
+                // A FUA write that succeeded is durable on completion: it is the new floor.
+                let fua = matches!(
+                    r.op,
+                    ReqOp::Write { fua: true } | ReqOp::WriteZeroes { fua: true }
+                ) && result.is_ok();
                 let m = &mut self.cores.get_mut(&core).unwrap().1;
                 for b in r.lba..r.lba + r.blocks as u64 {
                     let bm = &mut m[b as usize];
                     bm.history.push((content, result.is_ok()));
                     bm.pinned = None;
+                    if fua {
+                        bm.floor = bm.history.len() - 1;
+                    }
                 }
             }
             ReqOp::Flush => {
@@ -1172,5 +1180,89 @@ impl Env {
 
     pub fn req_ids(&self) -> HashMap<ReqId, ReqOp> {
         self.reqs.iter().map(|(k, v)| (*k, v.op)).collect()
+    }
+
+    /// A clean stop without reloading: drains, stops, waits until the stop is complete, and
+    /// returns what every device holds (nothing is lost without a power cut: the volatile
+    /// images). The environment stays usable for inspection only.
+    pub fn stop_images(&mut self) -> CrashImages {
+        self.drain();
+        self.cache.stop();
+        let mut guard = 0;
+        while !self.cache.is_stopped() {
+            if !self.complete_one() {
+                self.now = self.now.plus(Nanos::from_ms(200));
+                self.tick();
+            }
+            guard += 1;
+            if guard > 1_000_000 {
+                self.fail("stop never completed");
+            }
+        }
+        CrashImages {
+            cache: self.cache_dev.vol.clone(),
+            cores: self
+                .cores
+                .iter()
+                .map(|(&c, d)| (c, d.0.vol.clone()))
+                .collect(),
+        }
+    }
+
+    /// What each block of each core of `images` reads as once `cache` is loaded from
+    /// `images.cache`: the cache's dirty copy if it has one, else the core image's.
+    pub fn loaded_values(
+        cache: Option<&Cache>,
+        images: &CrashImages,
+    ) -> BTreeMap<u16, Vec<Content>> {
+        images
+            .cores
+            .iter()
+            .map(|(&c, img)| {
+                let n = (img.len() / BS) as u64;
+                (c, (0..n).map(|b| post_crash(cache, images, c, b)).collect())
+            })
+            .collect()
+    }
+
+    /// Per block of every core, the contents a crash now may legally leave (the newest write
+    /// covered by a completed flush or anything after it, or a write in flight).
+    pub fn crash_legal_all(&self) -> BTreeMap<u16, Vec<HashSet<Content>>> {
+        self.cores
+            .keys()
+            .map(|&c| {
+                let n = self.core_blocks(c);
+                (c, (0..n).map(|b| self.crash_legal(c, b)).collect())
+            })
+            .collect()
+    }
+
+    /// Like [`Env::restart`] with a loaded cache, but the oracle is given: every block of core
+    /// `c` must read as `values[c][b]` (e.g. what loading an undamaged image gives). Cores the
+    /// loaded cache does not know are added again, as `restart` does.
+    pub fn restart_with_oracle(
+        seed: u64,
+        knobs: Knobs,
+        images: CrashImages,
+        cache: Cache,
+        values: &BTreeMap<u16, Vec<Content>>,
+    ) -> Env {
+        let mut env = Env::with_cache(cache, Device::from_image(images.cache), seed, knobs);
+        env.next_write = 1 << 40;
+        for (core, img) in images.cores {
+            let n = (img.len() / BS) as u64;
+            if env.cache.core(CoreId(core)).is_some() {
+                env.add_core_model(core, n);
+            } else {
+                env.add_core(core, n);
+            }
+            let (dev, model) = env.cores.get_mut(&core).expect("just added");
+            for (b, c) in values[&core].iter().enumerate() {
+                model[b].history = vec![(*c, true)];
+            }
+            *dev = Device::from_image(img);
+        }
+        env.settle();
+        env
     }
 }

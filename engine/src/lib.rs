@@ -1,0 +1,758 @@
+//! # tiercache-engine: the pure cache core, driven with real IO
+//!
+//! The core (`tiercache-core`) decides; the engine does. It owns the core, the devices
+//! ([`tiercache_io::Backend`]s), every buffer the core names, and the threads:
+//!
+//! - **Callers** (any number of threads: NBD connections, a benchmark's queues) submit a
+//!   request and wait for its reply. The submitting thread applies the event to the core under
+//!   the engine's lock and executes what comes out. IOs on *inline* devices (RAM) run right
+//!   there, so a RAM hit is one lock, one core decision and one copy, with no thread hop.
+//! - **IO threads** (a fixed pool) run IOs on every other device. An IO gets its own aligned
+//!   buffer (a write's data is copied into it under the lock; a read's data is copied out of
+//!   it under the lock when it completes), so no two threads ever share a buffer.
+//! - **A ticker** applies `Tick` at the core's next deadline (cleaner wake-ups, throttled
+//!   writes, metadata retries) and at least every 50 ms.
+//!
+//! Memory is bounded and allocated up front where the core says how much: the staging pool
+//! (`pool_slots × pool_slot_blocks`). Request buffers belong to the caller; the owned-buffer
+//! calls ([`Engine::read_owned`], [`Engine::write_owned`]) avoid copying them.
+//!
+//! How this scales past two CPUs is in `docs/ARCHITECTURE.md` ("How it scales").
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tiercache_core::cache::{CoreRecord, LoadReport};
+use tiercache_core::event::{Action, BufRef, Dev, Event, IoError, ReqError};
+use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
+use tiercache_core::{Cache, Config};
+use tiercache_io::{AlignedBuf, Backend, IoErr};
+
+/// A device shared between the engine's threads.
+pub type Device = Arc<dyn Backend>;
+
+/// Engine settings.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// IO threads for devices that are not inline (the most IOs in flight at once).
+    pub io_threads: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { io_threads: 16 }
+    }
+}
+
+/// A core device to attach: its id, device and what the core table records about it.
+pub struct CoreSpec {
+    /// Core id.
+    pub id: CoreId,
+    /// The device.
+    pub dev: Device,
+    /// Identity and export name.
+    pub record: CoreRecord,
+}
+
+/// Counters of the engine itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineStats {
+    /// IOs now running on IO threads.
+    pub in_flight: u64,
+    /// The most IOs that ran on IO threads at once.
+    pub in_flight_max: u64,
+    /// IOs run inline by the submitting thread.
+    pub inline_ios: u64,
+    /// IOs run by IO threads.
+    pub thread_ios: u64,
+    /// Requests completed.
+    pub requests: u64,
+}
+
+/// One IO handed to an IO thread.
+struct Job {
+    io: IoId,
+    dev: Device,
+    op: JobOp,
+}
+
+enum JobOp {
+    Read {
+        lba: u64,
+        buf: AlignedBuf,
+    },
+    Write {
+        lba: u64,
+        buf: AlignedBuf,
+        fua: bool,
+    },
+    WriteZeroes {
+        lba: u64,
+        blocks: u64,
+        fua: bool,
+    },
+    Trim {
+        lba: u64,
+        blocks: u64,
+    },
+    Flush,
+}
+
+/// A request's buffer while the core works on it.
+struct Slot {
+    buf: AlignedBuf,
+}
+
+struct Inner {
+    cache: Cache,
+    cache_dev: Device,
+    cores: Vec<Option<Device>>,
+    reqs: tiercache_core::hash::FxHashMap<ReqId, Slot>,
+    done: tiercache_core::hash::FxHashMap<ReqId, (Result<(), ReqError>, AlignedBuf)>,
+    /// Where the data of a read running on an IO thread goes: (destination, blocks).
+    reads: tiercache_core::hash::FxHashMap<IoId, BufRef>,
+    pool: Vec<AlignedBuf>,
+    next_req: u64,
+    stats: EngineStats,
+    /// Set by [`Engine::kill`]: no new IO is started, completions are dropped.
+    dead: bool,
+    /// Threads waiting on `done_cv` (notified only when there are any).
+    waiting: u32,
+    /// Reused between `drive` calls so the hot path does not allocate.
+    events: VecDeque<Event>,
+    actions: Vec<Action>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Signalled when a request completes or the core's state moves (waiters re-check).
+    done_cv: Condvar,
+    work: Mutex<VecDeque<Job>>,
+    work_cv: Condvar,
+    quit: AtomicBool,
+    epoch: Instant,
+    last_now: AtomicU64,
+}
+
+/// The engine. Dropping it without [`Engine::stop`] is a crash: nothing more is written.
+pub struct Engine {
+    sh: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn io_error(e: &IoErr) -> IoError {
+    match e {
+        IoErr::Io { kind, .. } if *kind == std::io::ErrorKind::StorageFull => IoError::NoSpace,
+        IoErr::Io { kind, .. } if *kind == std::io::ErrorKind::TimedOut => IoError::TimedOut,
+        _ => IoError::Io,
+    }
+}
+
+impl Shared {
+    fn now(&self) -> Nanos {
+        let n = self.epoch.elapsed().as_nanos() as u64;
+        // Monotonic across threads even if two read the clock out of order.
+        let prev = self.last_now.fetch_max(n, Ordering::Relaxed);
+        Nanos(n.max(prev))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `ev` and everything it leads to that can run inline.
+    fn drive(&self, g: &mut Inner, ev: Event) {
+        let mut events = std::mem::take(&mut g.events);
+        let mut actions = std::mem::take(&mut g.actions);
+        events.push_back(ev);
+        while let Some(ev) = events.pop_front() {
+            g.cache.apply(self.now(), ev, &mut actions);
+            for a in actions.drain(..) {
+                self.execute(g, a, &mut events);
+            }
+        }
+        g.events = events;
+        g.actions = actions;
+        if g.waiting > 0 {
+            self.done_cv.notify_all();
+        }
+    }
+
+    /// Waits on `done_cv` (at most `timeout`), counted so `drive` knows to notify.
+    fn wait_done<'a>(
+        &self,
+        mut g: MutexGuard<'a, Inner>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, Inner> {
+        g.waiting += 1;
+        let mut g = self
+            .done_cv
+            .wait_timeout(g, timeout)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        g.waiting -= 1;
+        g
+    }
+
+    fn device(g: &Inner, dev: Dev) -> Device {
+        match dev {
+            Dev::Cache => g.cache_dev.clone(),
+            Dev::Core(c) => g.cores[c.0 as usize]
+                .clone()
+                .expect("the core names only attached cores"),
+        }
+    }
+
+    fn execute(&self, g: &mut Inner, a: Action, events: &mut VecDeque<Event>) {
+        match a {
+            Action::Complete { req, result } => {
+                let slot = g.reqs.remove(&req).expect("completion of a live request");
+                g.done.insert(req, (result, slot.buf));
+                g.stats.requests += 1;
+            }
+            Action::Copy { src, dst, blocks } => {
+                let data = buf_ref(g, src, blocks).to_vec();
+                buf_mut(g, dst, blocks).copy_from_slice(&data);
+            }
+            Action::Read {
+                io,
+                dev,
+                lba,
+                blocks,
+                buf,
+            } => {
+                let d = Self::device(g, dev);
+                if d.inline() {
+                    let r = d.read(lba.0, buf_mut(g, buf, blocks));
+                    g.stats.inline_ios += 1;
+                    events.push_back(done(io, r));
+                } else {
+                    g.reads.insert(io, buf);
+                    let b = AlignedBuf::new(blocks as usize * 512);
+                    self.submit(g, io, d, JobOp::Read { lba: lba.0, buf: b });
+                }
+            }
+            Action::Write {
+                io,
+                dev,
+                lba,
+                blocks,
+                buf,
+                fua,
+            } => {
+                let d = Self::device(g, dev);
+                if d.inline() {
+                    let r = d.write(lba.0, buf_ref(g, buf, blocks), fua);
+                    g.stats.inline_ios += 1;
+                    events.push_back(done(io, r));
+                } else {
+                    let mut b = AlignedBuf::new(blocks as usize * 512);
+                    b.copy_from_slice(buf_ref(g, buf, blocks));
+                    self.submit(
+                        g,
+                        io,
+                        d,
+                        JobOp::Write {
+                            lba: lba.0,
+                            buf: b,
+                            fua,
+                        },
+                    );
+                }
+            }
+            Action::WriteZeroes {
+                io,
+                dev,
+                lba,
+                blocks,
+                fua,
+            } => self.simple(
+                g,
+                io,
+                dev,
+                JobOp::WriteZeroes {
+                    lba: lba.0,
+                    blocks: blocks as u64,
+                    fua,
+                },
+                events,
+            ),
+            Action::Trim {
+                io,
+                dev,
+                lba,
+                blocks,
+            } => self.simple(
+                g,
+                io,
+                dev,
+                JobOp::Trim {
+                    lba: lba.0,
+                    blocks: blocks as u64,
+                },
+                events,
+            ),
+            Action::Flush { io, dev } => {
+                if cfg!(feature = "canary-skip-flush") {
+                    events.push_back(done(io, Ok(())));
+                    return;
+                }
+                self.simple(g, io, dev, JobOp::Flush, events)
+            }
+        }
+    }
+
+    /// An IO without a buffer: inline or on an IO thread.
+    fn simple(&self, g: &mut Inner, io: IoId, dev: Dev, op: JobOp, events: &mut VecDeque<Event>) {
+        let d = Self::device(g, dev);
+        if d.inline() {
+            g.stats.inline_ios += 1;
+            events.push_back(done(io, run(&*d, op).1));
+        } else {
+            self.submit(g, io, d, op);
+        }
+    }
+
+    fn submit(&self, g: &mut Inner, io: IoId, dev: Device, op: JobOp) {
+        if g.dead {
+            return;
+        }
+        g.stats.in_flight += 1;
+        g.stats.in_flight_max = g.stats.in_flight_max.max(g.stats.in_flight);
+        g.stats.thread_ios += 1;
+        self.work
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(Job { io, dev, op });
+        self.work_cv.notify_one();
+    }
+
+    /// An IO thread: run jobs, report their completions.
+    fn io_thread(&self) {
+        loop {
+            let job = {
+                let mut w = self.work.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if let Some(j) = w.pop_front() {
+                        break j;
+                    }
+                    if self.quit.load(Ordering::Acquire) {
+                        return;
+                    }
+                    w = self
+                        .work_cv
+                        .wait_timeout(w, Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            };
+            let (buf, r) = run(&*job.dev, job.op);
+            let mut g = self.lock();
+            if g.dead {
+                continue;
+            }
+            g.stats.in_flight -= 1;
+            if let Some(dst) = g.reads.remove(&job.io)
+                && let Some(b) = buf
+                && r.is_ok()
+            {
+                let blocks = (b.len() / 512) as u32;
+                buf_mut(&mut g, dst, blocks).copy_from_slice(&b);
+            }
+            self.drive(&mut g, done(job.io, r));
+        }
+    }
+
+    /// The ticker: `Tick` at the core's deadline, at least every 50 ms.
+    fn ticker(&self) {
+        while !self.quit.load(Ordering::Acquire) {
+            let wait = {
+                let mut g = self.lock();
+                if !g.dead {
+                    self.drive(&mut g, Event::Tick);
+                }
+                let now = self.now();
+                g.cache
+                    .next_deadline()
+                    .map(|d| Duration::from_nanos(d.0.saturating_sub(now.0)))
+                    .unwrap_or(Duration::from_millis(50))
+                    .min(Duration::from_millis(50))
+                    .max(Duration::from_micros(200))
+            };
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+fn done(io: IoId, r: Result<(), IoErr>) -> Event {
+    Event::IoDone {
+        io,
+        result: r.map_err(|e| io_error(&e)),
+    }
+}
+
+/// Runs one IO; returns a read's buffer.
+fn run(dev: &dyn Backend, op: JobOp) -> (Option<AlignedBuf>, Result<(), IoErr>) {
+    match op {
+        JobOp::Read { lba, mut buf } => {
+            let r = dev.read(lba, &mut buf);
+            (Some(buf), r)
+        }
+        JobOp::Write { lba, buf, fua } => (None, dev.write(lba, &buf, fua)),
+        JobOp::WriteZeroes { lba, blocks, fua } => (None, dev.write_zeroes(lba, blocks, fua)),
+        JobOp::Trim { lba, blocks } => (None, dev.trim(lba, blocks)),
+        JobOp::Flush => (None, dev.flush()),
+    }
+}
+
+fn buf_ref(g: &Inner, b: BufRef, blocks: u32) -> &[u8] {
+    let len = blocks as usize * 512;
+    match b {
+        BufRef::Req { req, offset } => {
+            let s = offset as usize * 512;
+            &g.reqs[&req].buf[s..s + len]
+        }
+        BufRef::Pool { slot, offset } => {
+            let s = offset as usize * 512;
+            &g.pool[slot as usize][s..s + len]
+        }
+        BufRef::Meta { id, offset } => {
+            let s = offset as usize * 512;
+            &g.cache.meta_buf(id)[s..s + len]
+        }
+    }
+}
+
+fn buf_mut(g: &mut Inner, b: BufRef, blocks: u32) -> &mut [u8] {
+    let len = blocks as usize * 512;
+    match b {
+        BufRef::Req { req, offset } => {
+            let s = offset as usize * 512;
+            &mut g.reqs.get_mut(&req).expect("buffer of a live request").buf[s..s + len]
+        }
+        BufRef::Pool { slot, offset } => {
+            let s = offset as usize * 512;
+            &mut g.pool[slot as usize][s..s + len]
+        }
+        BufRef::Meta { .. } => unreachable!("metadata buffers are write sources only"),
+    }
+}
+
+/// A request to submit.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Read,
+    Write { fua: bool },
+    WriteZeroes { fua: bool },
+    Trim,
+    Flush,
+}
+
+impl Engine {
+    fn start(
+        cache: Cache,
+        cache_dev: Device,
+        cores: &[(CoreId, Device)],
+        ec: EngineConfig,
+    ) -> Engine {
+        let cfg = cache.config().clone();
+        let pool = (0..cfg.pool_slots)
+            .map(|_| AlignedBuf::new(cfg.pool_slot_blocks as usize * 512))
+            .collect();
+        let mut devs: Vec<Option<Device>> = Vec::new();
+        for (id, d) in cores {
+            let i = id.0 as usize;
+            if devs.len() <= i {
+                devs.resize(i + 1, None);
+            }
+            devs[i] = Some(d.clone());
+        }
+        let sh = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                cache,
+                cache_dev,
+                cores: devs,
+                reqs: Default::default(),
+                done: Default::default(),
+                reads: Default::default(),
+                pool,
+                next_req: 1,
+                stats: EngineStats::default(),
+                dead: false,
+                waiting: 0,
+                events: VecDeque::new(),
+                actions: Vec::new(),
+            }),
+            done_cv: Condvar::new(),
+            work: Mutex::new(VecDeque::new()),
+            work_cv: Condvar::new(),
+            quit: AtomicBool::new(false),
+            epoch: Instant::now(),
+            last_now: AtomicU64::new(0),
+        });
+        let mut threads = Vec::new();
+        for i in 0..ec.io_threads.max(1) {
+            let s = sh.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tc-io-{i}"))
+                    .spawn(move || s.io_thread())
+                    .expect("spawn an IO thread"),
+            );
+        }
+        let s = sh.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("tc-tick".into())
+                .spawn(move || s.ticker())
+                .expect("spawn the ticker"),
+        );
+        Engine { sh, threads }
+    }
+
+    /// Creates a cache on `cache_dev` with `cfg` (persistent if `cfg.persist` is set: the
+    /// journal is zeroed and the first superblock written) and attaches `cores`. Returns once
+    /// the cache serves and its tables are durable.
+    pub fn create(
+        cfg: Config,
+        cache_dev: Device,
+        cores: Vec<CoreSpec>,
+        ec: EngineConfig,
+    ) -> Result<Engine, String> {
+        let mut cache = Cache::new(cfg)?;
+        for c in &cores {
+            cache
+                .add_core(c.id, c.dev.blocks())
+                .map_err(|e| e.to_string())?;
+            cache.set_core_record(c.id, c.record.clone())?;
+        }
+        let devs: Vec<(CoreId, Device)> = cores.iter().map(|c| (c.id, c.dev.clone())).collect();
+        let e = Engine::start(cache, cache_dev, &devs, ec);
+        e.wait(|c| c.is_ready() && c.tables_durable());
+        Ok(e)
+    }
+
+    /// Loads the cache on `cache_dev` (clean load or crash recovery) with the given core
+    /// devices, which must be every core the cache has, by id, of the recorded size. `base`
+    /// gives what the device does not store (pool sizes). Returns once the cache serves.
+    pub fn open(
+        base: &Config,
+        cache_dev: Device,
+        cores: Vec<(CoreId, Device)>,
+        ec: EngineConfig,
+    ) -> Result<(Engine, LoadReport), String> {
+        let dev = cache_dev.clone();
+        let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+            dev.read(off / 512, buf)
+                .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
+        };
+        let (cache, report) = tiercache_core::cache::open(base, &mut read)?;
+        for e in &report.cores {
+            let id = CoreId(e.id as u16);
+            let Some((_, d)) = cores.iter().find(|(c, _)| *c == id) else {
+                return Err(format!(
+                    "core {} (export {:?}) of this cache was not given; attach its device",
+                    e.id, e.export_name
+                ));
+            };
+            if d.blocks() != e.size_blocks {
+                return Err(format!(
+                    "core {} is {} blocks, the cache recorded {}: not the same device",
+                    e.id,
+                    d.blocks(),
+                    e.size_blocks
+                ));
+            }
+        }
+        let e = Engine::start(cache, cache_dev, &cores, ec);
+        e.wait(|c| c.is_ready());
+        Ok((e, report))
+    }
+
+    /// Waits until `pred` holds for the core (checked whenever something happens, and every
+    /// 10 ms).
+    pub fn wait(&self, pred: impl Fn(&Cache) -> bool) {
+        let mut g = self.sh.lock();
+        while !pred(&g.cache) {
+            g = self.sh.wait_done(g, Duration::from_millis(10));
+        }
+    }
+
+    /// Runs `f` on the core under the engine's lock (management, statistics), then lets the
+    /// core act on what changed.
+    pub fn with_cache<R>(&self, f: impl FnOnce(&mut Cache) -> R) -> R {
+        let mut g = self.sh.lock();
+        let r = f(&mut g.cache);
+        self.sh.drive(&mut g, Event::Tick);
+        r
+    }
+
+    /// Engine counters.
+    pub fn stats(&self) -> EngineStats {
+        self.sh.lock().stats
+    }
+
+    fn request(
+        &self,
+        op: Op,
+        core: CoreId,
+        lba: u64,
+        blocks: u32,
+        buf: AlignedBuf,
+    ) -> (Result<(), ReqError>, AlignedBuf) {
+        let mut g = self.sh.lock();
+        let req = ReqId(g.next_req);
+        g.next_req += 1;
+        g.reqs.insert(req, Slot { buf });
+        let lba = Lba(lba);
+        let ev = match op {
+            Op::Read => Event::Read {
+                req,
+                core,
+                lba,
+                blocks,
+            },
+            Op::Write { fua } => Event::Write {
+                req,
+                core,
+                lba,
+                blocks,
+                fua,
+            },
+            Op::WriteZeroes { fua } => Event::WriteZeroes {
+                req,
+                core,
+                lba,
+                blocks,
+                fua,
+            },
+            Op::Trim => Event::Trim {
+                req,
+                core,
+                lba,
+                blocks,
+            },
+            Op::Flush => Event::Flush { req, core },
+        };
+        self.sh.drive(&mut g, ev);
+        loop {
+            if let Some(r) = g.done.remove(&req) {
+                return r;
+            }
+            g = self.sh.wait_done(g, Duration::from_millis(100));
+        }
+    }
+
+    /// Reads into `buf` (a multiple of 512 bytes) from core `core` at block `lba`; returns
+    /// the buffer with the result.
+    pub fn read_owned(
+        &self,
+        core: CoreId,
+        lba: u64,
+        buf: AlignedBuf,
+    ) -> (Result<(), ReqError>, AlignedBuf) {
+        let blocks = (buf.len() / 512) as u32;
+        self.request(Op::Read, core, lba, blocks, buf)
+    }
+
+    /// Writes `buf` to core `core` at block `lba`; returns the buffer with the result.
+    pub fn write_owned(
+        &self,
+        core: CoreId,
+        lba: u64,
+        buf: AlignedBuf,
+        fua: bool,
+    ) -> (Result<(), ReqError>, AlignedBuf) {
+        let blocks = (buf.len() / 512) as u32;
+        self.request(Op::Write { fua }, core, lba, blocks, buf)
+    }
+
+    /// Reads into `out` (a multiple of 512 bytes).
+    pub fn read(&self, core: CoreId, lba: u64, out: &mut [u8]) -> Result<(), ReqError> {
+        let (r, b) = self.read_owned(core, lba, AlignedBuf::new(out.len()));
+        if r.is_ok() {
+            out.copy_from_slice(&b);
+        }
+        r
+    }
+
+    /// Writes `data` (a multiple of 512 bytes).
+    pub fn write(&self, core: CoreId, lba: u64, data: &[u8], fua: bool) -> Result<(), ReqError> {
+        let mut b = AlignedBuf::new(data.len());
+        b.copy_from_slice(data);
+        self.write_owned(core, lba, b, fua).0
+    }
+
+    /// Writes zeros over `blocks` blocks.
+    pub fn write_zeroes(
+        &self,
+        core: CoreId,
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    ) -> Result<(), ReqError> {
+        self.request(
+            Op::WriteZeroes { fua },
+            core,
+            lba,
+            blocks,
+            AlignedBuf::new(0),
+        )
+        .0
+    }
+
+    /// Discards `blocks` blocks (they read back as zeros).
+    pub fn trim(&self, core: CoreId, lba: u64, blocks: u32) -> Result<(), ReqError> {
+        self.request(Op::Trim, core, lba, blocks, AlignedBuf::new(0))
+            .0
+    }
+
+    /// Makes every write completed before it durable.
+    pub fn flush(&self, core: CoreId) -> Result<(), ReqError> {
+        self.request(Op::Flush, core, 0, 0, AlignedBuf::new(0)).0
+    }
+
+    /// Stops cleanly: waits for requests in flight, writes the final checkpoint (persistent
+    /// caches; dirty data stays dirty and persisted unless writeback ran first), flushes the
+    /// core devices, stops the threads.
+    pub fn stop(mut self) -> Result<(), String> {
+        self.with_cache(|c| c.stop());
+        self.wait(|c| c.is_stopped());
+        let devs: Vec<Device> = {
+            let g = self.sh.lock();
+            g.cores.iter().flatten().cloned().collect()
+        };
+        for d in devs {
+            d.flush()
+                .map_err(|e| format!("flushing a core device: {e}"))?;
+        }
+        self.shutdown();
+        Ok(())
+    }
+
+    /// Stops dead, as a crash would: no IO is started after this, completions are dropped, and
+    /// nothing is flushed or written. The devices hold what they hold.
+    pub fn kill(mut self) {
+        self.sh.lock().dead = true;
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.sh.quit.store(true, Ordering::Release);
+        self.sh.work_cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.sh.lock().dead = true;
+            self.shutdown();
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The engine on real backends: requests from several threads, and power cuts.
+//!
+//! The power-cut test is the in-process form of SPEC R2: caller threads write, flush, trim and
+//! read (verifying) on a persistent cache whose cache and core devices are fault backends that
+//! track what a completed flush covers; at a random point the engine is killed (nothing more is
+//! written) and both devices lose or tear (at 512 B) what no flush covered. The cache is then
+//! recovered by `Engine::open` and every block is read back: it must hold the newest flushed
+//! write or something written after it — never older data, never another block's data. A
+//! build with the engine's `canary-skip-flush` feature (device flushes acknowledged without
+//! being done) must fail it.
+//!
+//! `TIERCACHE_POWERCUT_ROUNDS=N` runs more rounds.
+
+use std::sync::Arc;
+use tiercache_core::cache::CoreRecord;
+use tiercache_core::config::Persist;
+use tiercache_core::mode::CacheMode;
+use tiercache_core::units::{CoreId, Lba, LineSize};
+use tiercache_core::{Config, ReqError};
+use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
+use tiercache_format::superblock::Layout;
+use tiercache_format::tables::CoreIdentity;
+use tiercache_io::{AlignedBuf, FaultBackend, FaultConfig, PowerCutPattern, RamBackend};
+
+const BS: usize = 512;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A persistent configuration for a cache device of `device_bytes` (1 MiB journal).
+fn persistent(device_bytes: u64, ls: LineSize, mode: CacheMode, id: u8) -> Config {
+    let (layout, lines) = Layout::plan(device_bytes, ls.bytes() as u32, 1 << 20).expect("plan");
+    let mut cfg = Config::new(lines, ls);
+    cfg.mode = mode;
+    cfg.data_offset = Lba(layout.data.offset / 512);
+    cfg.pool_slots = 8;
+    cfg.pool_slot_blocks = 256;
+    cfg.persist = Some(Persist::new_cache(
+        [id; 16],
+        device_bytes,
+        ls,
+        lines,
+        layout,
+    ));
+    cfg
+}
+
+fn record(i: u16) -> CoreRecord {
+    CoreRecord {
+        identity: CoreIdentity::File {
+            fs_uuid: [1; 16],
+            inode: i as u64,
+        },
+        export_name: format!("core{i}"),
+    }
+}
+
+/// Block content: (block, version) header, then a pattern; version 0 is all zeros.
+fn fill(buf: &mut [u8], block: u64, version: u64) {
+    buf.fill(0);
+    if version == 0 {
+        return;
+    }
+    buf[..8].copy_from_slice(&block.to_le_bytes());
+    buf[8..16].copy_from_slice(&version.to_le_bytes());
+    for (i, b) in buf[16..].iter_mut().enumerate() {
+        *b = (version as usize * 31 + i) as u8;
+    }
+}
+
+/// The version a block holds, `None` if it is not a valid block of this address.
+fn decode(buf: &[u8], block: u64) -> Option<u64> {
+    if buf.iter().all(|&b| b == 0) {
+        return Some(0);
+    }
+    let mut expect = vec![0u8; BS];
+    let v = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    fill(&mut expect, block, v);
+    (expect == buf).then_some(v)
+}
+
+#[test]
+fn requests_from_several_threads_read_back_in_every_mode() {
+    for mode in [CacheMode::Wt, CacheMode::Wb, CacheMode::Wo, CacheMode::Wa] {
+        let cache: Device = Arc::new(FaultBackend::new(
+            RamBackend::new(16 << 11),
+            FaultConfig::default(),
+        ));
+        let core: Device = Arc::new(RamBackend::new(64 << 11));
+        let cfg = persistent(16 << 20, LineSize::K4, mode, 1);
+        let e = Engine::create(
+            cfg,
+            cache,
+            vec![CoreSpec {
+                id: CoreId(0),
+                dev: core,
+                record: record(0),
+            }],
+            EngineConfig { io_threads: 4 },
+        )
+        .expect("create");
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let e = &e;
+                s.spawn(move || {
+                    let mut rng = Rng(0x9e37 + t * 7919);
+                    let base = t * 16384;
+                    let mut versions = vec![0u64; 16384];
+                    let mut buf = vec![0u8; 8 * BS];
+                    for n in 1..3000u64 {
+                        let b = rng.below(16384 - 8);
+                        let len = 1 + rng.below(8) as usize;
+                        if rng.below(3) == 0 {
+                            for i in 0..len {
+                                fill(&mut buf[i * BS..(i + 1) * BS], base + b + i as u64, n);
+                                versions[(b as usize) + i] = n;
+                            }
+                            e.write(CoreId(0), base + b, &buf[..len * BS], false)
+                                .expect("write");
+                        } else {
+                            e.read(CoreId(0), base + b, &mut buf[..len * BS])
+                                .expect("read");
+                            for i in 0..len {
+                                let got = decode(&buf[i * BS..(i + 1) * BS], base + b + i as u64);
+                                assert_eq!(
+                                    got,
+                                    Some(versions[b as usize + i]),
+                                    "{mode}: thread {t} block {}",
+                                    b as usize + i
+                                );
+                            }
+                        }
+                        if rng.below(200) == 0 {
+                            e.flush(CoreId(0)).expect("flush");
+                        }
+                    }
+                });
+            }
+        });
+        let st = e.stats();
+        println!(
+            "{mode}: {} requests, {} IOs on IO threads (at most {} at once), {} inline",
+            st.requests, st.thread_ios, st.in_flight_max, st.inline_ios
+        );
+        assert!(st.in_flight_max >= 2, "IO threads ran IOs concurrently");
+        e.stop().expect("stop");
+    }
+}
+
+/// Per block of one thread's region: every version written since (and including) the newest
+/// one a completed flush covered.
+struct Window {
+    since_flush: Vec<Vec<u64>>,
+}
+
+impl Window {
+    fn new(n: usize) -> Window {
+        Window {
+            since_flush: vec![vec![0]; n],
+        }
+    }
+    fn wrote(&mut self, b: usize, v: u64) {
+        self.since_flush[b].push(v);
+    }
+    fn flushed(&mut self) {
+        for h in &mut self.since_flush {
+            let last = *h.last().expect("never empty");
+            h.clear();
+            h.push(last);
+        }
+    }
+}
+
+fn rounds() -> u64 {
+    std::env::var("TIERCACHE_POWERCUT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40)
+}
+
+#[test]
+fn power_cut_loses_no_flushed_write() {
+    const THREADS: u64 = 3;
+    const REGION: u64 = 4096;
+    let mut totals = (0u64, 0u64, 0u64);
+    for round in 0..rounds() {
+        let mut rng = Rng(0x51ed_270b ^ ((round + 1) * 0x9e37_79b9));
+        let mode = [CacheMode::Wb, CacheMode::Wo, CacheMode::Wt][rng.below(3) as usize];
+        let ls = [LineSize::K4, LineSize::K16, LineSize::K64][rng.below(3) as usize];
+        let track = FaultConfig::default();
+        let cache = Arc::new(FaultBackend::new(RamBackend::new(16 << 11), track.clone()));
+        let core = Arc::new(FaultBackend::new(
+            RamBackend::new(THREADS * REGION),
+            track.clone(),
+        ));
+        let cfg = persistent(16 << 20, ls, mode, round as u8);
+        let e = Engine::create(
+            cfg.clone(),
+            cache.clone(),
+            vec![CoreSpec {
+                id: CoreId(0),
+                dev: core.clone(),
+                record: record(0),
+            }],
+            EngineConfig { io_threads: 4 },
+        )
+        .expect("create");
+        let ops = 200 + rng.below(1500);
+        let windows: Vec<Window> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let e = &e;
+                    let seed = rng.next();
+                    s.spawn(move || {
+                        let mut rng = Rng(seed | 1);
+                        let base = t * REGION;
+                        let mut w = Window::new(REGION as usize);
+                        let mut buf = vec![0u8; 16 * BS];
+                        for n in 1..ops {
+                            let b = rng.below(REGION - 16) as usize;
+                            let len = 1 + rng.below(16) as usize;
+                            match rng.below(20) {
+                                0 => {
+                                    e.flush(CoreId(0)).expect("flush");
+                                    w.flushed();
+                                }
+                                1 => {
+                                    e.trim(CoreId(0), base + b as u64, len as u32)
+                                        .expect("trim");
+                                    (b..b + len).for_each(|i| w.wrote(i, 0));
+                                }
+                                2..=9 => {
+                                    let v = (t << 40) | n;
+                                    for i in 0..len {
+                                        fill(&mut buf[i * BS..(i + 1) * BS], base + (b + i) as u64, v);
+                                    }
+                                    let fua = rng.below(10) == 0;
+                                    e.write(CoreId(0), base + b as u64, &buf[..len * BS], fua)
+                                        .expect("write");
+                                    (b..b + len).for_each(|i| w.wrote(i, v));
+                                    if fua {
+                                        // FUA makes this write durable, not earlier ones.
+                                        for i in b..b + len {
+                                            w.since_flush[i] = vec![v];
+                                        }
+                                    }
+                                }
+                                _ => {
+                                    e.read(CoreId(0), base + b as u64, &mut buf[..len * BS])
+                                        .expect("read");
+                                    for i in 0..len {
+                                        let got =
+                                            decode(&buf[i * BS..(i + 1) * BS], base + (b + i) as u64);
+                                        assert_eq!(
+                                            got,
+                                            w.since_flush[b + i].last().copied(),
+                                            "round {round} ({mode}): read while running, thread {t} block {}",
+                                            b + i
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                        w
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        // Crash: the engine stops dead, the devices lose what no flush covered.
+        e.kill();
+        let pattern = match rng.below(3) {
+            0 => PowerCutPattern::KeepAll,
+            1 => PowerCutPattern::DropAll,
+            _ => PowerCutPattern::Torn(rng.next()),
+        };
+        let rc = cache.power_cut(pattern).expect("power cut");
+        let rk = core.power_cut(pattern).expect("power cut");
+        cache.revive();
+        core.revive();
+        totals.0 += 1;
+        totals.1 += rc.reverted + rk.reverted;
+        let (e, report) = Engine::open(
+            &cfg,
+            cache.clone(),
+            vec![(CoreId(0), core.clone() as Device)],
+            EngineConfig { io_threads: 4 },
+        )
+        .unwrap_or_else(|err| {
+            panic!("round {round} ({mode}, {pattern:?}): recovery failed: {err}")
+        });
+        totals.2 += report.dirty_lines as u64;
+        let mut buf = AlignedBuf::new(REGION as usize * BS);
+        for (t, w) in windows.iter().enumerate() {
+            let base = t as u64 * REGION;
+            let (r, b) = e.read_owned(CoreId(0), base, buf);
+            r.expect("read after recovery");
+            for i in 0..REGION as usize {
+                let got = decode(&b[i * BS..(i + 1) * BS], base + i as u64);
+                let legal = &w.since_flush[i];
+                assert!(
+                    got.is_some_and(|v| legal.contains(&v)),
+                    "POWER CUT round {round} ({mode}, {ls}, {pattern:?}): thread {t} block {i} holds {got:?}, legal {legal:?}"
+                );
+            }
+            buf = b;
+        }
+        e.stop().expect("stop");
+    }
+    println!(
+        "power cut: {} rounds, {} unflushed blocks reverted, {} dirty lines recovered",
+        totals.0, totals.1, totals.2
+    );
+    assert!(
+        totals.1 > 0 && totals.2 > 0,
+        "coverage: nothing was reverted or recovered"
+    );
+}
+
+#[test]
+fn open_refuses_a_missing_or_resized_core() {
+    let cache: Device = Arc::new(FaultBackend::new(
+        RamBackend::new(16 << 11),
+        FaultConfig::default(),
+    ));
+    let core: Device = Arc::new(RamBackend::new(4096));
+    let cfg = persistent(16 << 20, LineSize::K4, CacheMode::Wb, 9);
+    let e = Engine::create(
+        cfg.clone(),
+        cache.clone(),
+        vec![CoreSpec {
+            id: CoreId(0),
+            dev: core,
+            record: record(0),
+        }],
+        EngineConfig::default(),
+    )
+    .expect("create");
+    e.write(CoreId(0), 0, &[7u8; 4096], false).expect("write");
+    e.stop().expect("stop");
+    let err = Engine::open(&cfg, cache.clone(), vec![], EngineConfig::default())
+        .err()
+        .expect("refused");
+    assert!(err.contains("was not given"), "{err}");
+    let other: Device = Arc::new(RamBackend::new(8192));
+    let err = Engine::open(
+        &cfg,
+        cache,
+        vec![(CoreId(0), other)],
+        EngineConfig::default(),
+    )
+    .err()
+    .expect("refused");
+    assert!(err.contains("not the same device"), "{err}");
+    let _ = ReqError::NotRunning;
+}
