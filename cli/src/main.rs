@@ -6,6 +6,7 @@
 mod alloc_count;
 mod bench_core;
 mod bench_engine;
+mod inspect;
 mod sim_cmd;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,10 @@ enum Cmd {
     },
     /// Simulate a scenario: the real cache core against modelled devices and clients.
     Sim(sim_cmd::Args),
+    /// Show what a cache device holds (offline, read-only).
+    Inspect(inspect::InspectArgs),
+    /// Verify every checksum and cross-reference of a cache device (offline, read-only).
+    Check(inspect::CheckArgs),
 }
 
 #[derive(Subcommand)]
@@ -45,6 +50,8 @@ fn main() {
             what: BenchCmd::Core(args),
         } => bench_core::run(args),
         Cmd::Sim(args) => sim_cmd::run(args),
+        Cmd::Inspect(args) => inspect::inspect(args),
+        Cmd::Check(args) => inspect::check(args),
     };
     if let Err(e) = result {
         eprintln!("tiercache: {e}");

@@ -43,6 +43,7 @@ use lock::{LockTable, lock_key};
 use std::collections::VecDeque;
 
 pub use load::{LoadReport, open, read_superblock, read_tables, scan_journal};
+pub use meta::journal_half;
 pub use meta::{MetaCounters, RECORD_ALIGN};
 pub use mgmt::MgmtError;
 pub use request::Request;
