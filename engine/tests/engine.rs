@@ -364,3 +364,62 @@ fn open_refuses_a_missing_or_resized_core() {
     assert!(err.contains("not the same device"), "{err}");
     let _ = ReqError::NotRunning;
 }
+
+#[test]
+fn a_swapped_core_of_the_same_size_is_refused() {
+    use tiercache_engine::identity;
+    let dir = std::env::temp_dir().join(format!("tiercache-ident-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+    for p in [&a, &b] {
+        std::fs::write(p, vec![0u8; 4096 * 512]).unwrap();
+    }
+    let ia = identity::of_path(&a).unwrap();
+    let ib = identity::of_path(&b).unwrap();
+    assert_ne!(ia, ib, "two files are two devices");
+    assert_eq!(ia, identity::of_path(&a).unwrap(), "stable");
+    assert!(identity::of_path(&dir.join("missing")).is_err());
+
+    let cache: Device = Arc::new(FaultBackend::new(
+        RamBackend::new(16 << 11),
+        FaultConfig::default(),
+    ));
+    let dev_a: Device = Arc::new(tiercache_io::FileBackend::open(&a).unwrap());
+    let dev_b: Device = Arc::new(tiercache_io::FileBackend::open(&b).unwrap());
+    let cfg = persistent(16 << 20, LineSize::K4, CacheMode::Wb, 11);
+    let spec = |dev: &Device, id| CoreSpec {
+        id: CoreId(0),
+        dev: dev.clone(),
+        record: CoreRecord {
+            identity: id,
+            export_name: "v".into(),
+        },
+    };
+    let e = Engine::create(
+        cfg.clone(),
+        cache.clone(),
+        vec![spec(&dev_a, ia.clone())],
+        EngineConfig::default(),
+    )
+    .unwrap();
+    e.write(CoreId(0), 8, &[9u8; 4096], false).unwrap();
+    e.stop().unwrap();
+    let err = Engine::open_checked(
+        &cfg,
+        cache.clone(),
+        vec![spec(&dev_b, ib)],
+        EngineConfig::default(),
+    )
+    .err()
+    .expect("a swapped core is refused");
+    assert!(err.contains("not the same device"), "{err}");
+    let (e, report) =
+        Engine::open_checked(&cfg, cache, vec![spec(&dev_a, ia)], EngineConfig::default())
+            .expect("the right core loads");
+    assert_eq!(report.dirty_lines, 1);
+    let mut buf = vec![0u8; 4096];
+    e.read(CoreId(0), 8, &mut buf).unwrap();
+    assert_eq!(buf, vec![9u8; 4096]);
+    e.stop().unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+}
