@@ -405,6 +405,16 @@ impl Cache {
             .is_some_and(|m| std::mem::take(&mut m.touched))
     }
 
+    /// Whether a finished request of `core` still waits for its commit (and holds its locks).
+    pub(crate) fn meta_parked_on(&self, core: crate::units::CoreId) -> bool {
+        self.meta.as_ref().is_some_and(|m| {
+            m.waiters_next
+                .iter()
+                .chain(m.commit.iter().flat_map(|c| c.waiters.iter()))
+                .any(|w| w.lock.is_some_and(|l| l.0 == core))
+        })
+    }
+
     /// Parks a finished request until the next commit is written.
     pub(crate) fn meta_park(&mut self, w: Waiter) {
         self.meta.as_mut().expect("persistent").waiters_next.push(w);

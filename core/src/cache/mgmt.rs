@@ -95,7 +95,9 @@ impl Cache {
 
     /// Whether `core` has requests or writeback in flight.
     fn core_busy(&self, core: CoreId) -> bool {
-        self.reqs.values().any(|r| r.core == core) || !self.jobs.is_empty()
+        self.reqs.values().any(|r| r.core == core)
+            || !self.jobs.is_empty()
+            || self.meta_parked_on(core)
     }
 
     /// Lines mapped to `core`: (lines, dirty lines).
