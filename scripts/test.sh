@@ -29,18 +29,22 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 section "packages"
-# Real servers the IO tests talk to (NBD backend conformance: nbdkit, qemu-nbd).
+# Real servers and clients the tests talk to: nbdkit and qemu-nbd (NBD backend conformance),
+# nbdinfo/nbdcopy/nbdsh (libnbd), qemu-img and fio (NBD server interoperability, benchmarks).
 need=()
 command -v nbdkit >/dev/null 2>&1 || need+=(nbdkit)
 command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
+command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
+python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
+command -v fio >/dev/null 2>&1 || need+=(fio)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]} (Debian packages)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO=sudo
     $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null ||
-        echo "could not install ${need[*]}: the NBD backend tests will say they skipped"
+        echo "could not install ${need[*]}: the tests that need them will say they skipped"
 fi
-command -v nbdkit qemu-nbd || true
+command -v nbdkit qemu-nbd nbdinfo nbdcopy nbdsh qemu-img fio || true
 
 section "format and lint"
 step "cargo fmt --check" cargo fmt --all -- --check
@@ -107,6 +111,8 @@ step "canary: device flushes skipped, caught by the engine's power-cut test" can
 
 section "benchmarks and the study scenario (numbers printed, not asserted)"
 step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
+step "tiercache bench load (1M lines; 16M on demand: bench load --lines 16m)" \
+    ./target/release/tiercache bench load --lines 1m --writes 5000
 step "tiercache sim ceph-opencas-2020 (the README's main job)" ./target/release/tiercache sim ceph-opencas-2020
 
 section "summary"

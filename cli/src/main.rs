@@ -3,11 +3,15 @@
 //! Verbs are added as the capabilities behind them land; each verb lives in its own module.
 //! Errors: one line on stderr saying what was wrong and what to do, exit status 1.
 
+mod admin_cmds;
 mod alloc_count;
 mod bench_core;
 mod bench_engine;
+mod bench_load;
+mod bench_run;
 mod inspect;
 mod sim_cmd;
+mod svg;
 
 use clap::{Parser, Subcommand};
 
@@ -24,10 +28,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Benchmarks.
+    /// Benchmark: the studies' workload matrix, baseline vs cached, over NBD (`--quick`: the
+    /// embedded default); `bench core` and `bench load` are micro-benchmarks.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
         #[command(subcommand)]
-        what: BenchCmd,
+        what: Option<BenchCmd>,
+        #[command(flatten)]
+        args: bench_run::Args,
     },
     /// Simulate a scenario: the real cache core against modelled devices and clients.
     Sim(sim_cmd::Args),
@@ -35,23 +43,83 @@ enum Cmd {
     Inspect(inspect::InspectArgs),
     /// Verify every checksum and cross-reference of a cache device (offline, read-only).
     Check(inspect::CheckArgs),
+    /// Run the daemon in the foreground (caches, cores, NBD exports, admin socket, metrics).
+    Daemon(admin_cmds::DaemonArgs),
+    /// Create a cache on a device (or load the one it holds with --load).
+    StartCache(admin_cmds::StartCache),
+    /// Attach a core device to a cache; it is exported over NBD.
+    AddCore(admin_cmds::AddCore),
+    /// Detach a core (its dirty data is written back first).
+    RemoveCore(admin_cmds::RemoveCore),
+    /// Stop a cache (dirty data is written back first unless --no-writeback).
+    StopCache(admin_cmds::StopCache),
+    /// List caches and cores with their states.
+    List(admin_cmds::List),
+    /// Statistics of caches, cores and IO classes.
+    Stats(admin_cmds::Stats),
+    /// Set a parameter group (seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion,
+    /// promotion-nhit).
+    SetParam(admin_cmds::SetParam),
+    /// Show a parameter group.
+    GetParam(admin_cmds::GetParam),
+    /// Switch a cache's mode (leaving wb/wo writes dirty data back first).
+    SetMode(admin_cmds::SetMode),
+    /// IO classes: load an Open CAS CSV, or list the classes in force.
+    IoClass {
+        #[command(subcommand)]
+        what: admin_cmds::IoClass,
+    },
+    /// Write all dirty data back, with progress.
+    Writeback(admin_cmds::Writeback),
+    /// Drop a core's cached and unwritten data (needs --force).
+    Invalidate(admin_cmds::Invalidate),
+    /// Zero a cache's counters.
+    ResetCounters(admin_cmds::ResetCounters),
+    /// Stop every cache cleanly and end the daemon.
+    Shutdown(admin_cmds::Shutdown),
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Cache-core micro-benchmark: decision time per hit and metadata RAM per line.
     Core(bench_core::Args),
+    /// Load and recovery time of a persistent cache with a cold page cache (SPEC P9).
+    Load(bench_load::Args),
 }
 
 fn main() {
+    // Output piped into `head` and the like ends quietly, as for any Unix tool.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Bench {
-            what: BenchCmd::Core(args),
+            what: Some(BenchCmd::Core(args)),
+            ..
         } => bench_core::run(args),
+        Cmd::Bench {
+            what: Some(BenchCmd::Load(args)),
+            ..
+        } => bench_load::run(args),
+        Cmd::Bench { what: None, args } => bench_run::run(args),
         Cmd::Sim(args) => sim_cmd::run(args),
         Cmd::Inspect(args) => inspect::inspect(args),
         Cmd::Check(args) => inspect::check(args),
+        Cmd::Daemon(a) => admin_cmds::daemon(a),
+        Cmd::StartCache(a) => admin_cmds::start_cache(a),
+        Cmd::AddCore(a) => admin_cmds::add_core(a),
+        Cmd::RemoveCore(a) => admin_cmds::remove_core(a),
+        Cmd::StopCache(a) => admin_cmds::stop_cache(a),
+        Cmd::List(a) => admin_cmds::list(a),
+        Cmd::Stats(a) => admin_cmds::stats(a),
+        Cmd::SetParam(a) => admin_cmds::set_param(a),
+        Cmd::GetParam(a) => admin_cmds::get_param(a),
+        Cmd::SetMode(a) => admin_cmds::set_mode(a),
+        Cmd::IoClass { what } => admin_cmds::io_class(what),
+        Cmd::Writeback(a) => admin_cmds::writeback(a),
+        Cmd::Invalidate(a) => admin_cmds::invalidate(a),
+        Cmd::ResetCounters(a) => admin_cmds::reset_counters(a),
+        Cmd::Shutdown(a) => admin_cmds::shutdown(a),
     };
     if let Err(e) = result {
         eprintln!("tiercache: {e}");

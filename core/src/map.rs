@@ -162,6 +162,39 @@ impl Mapping {
         self.mapped += 1;
     }
 
+    /// [`Mapping::insert`] for metadata read from a device, which may be damaged: refuses
+    /// (returns false, changing nothing) when `core_line` of `core` is already mapped. One probe
+    /// run does both the check and the insert, which halves the cost of a load.
+    pub fn insert_checked(&mut self, line: LineId, core: CoreId, core_line: u64) -> bool {
+        let Ok(cl) = u32::try_from(core_line) else {
+            return false;
+        };
+        if core.0 >= UNMAPPED as u16 || self.rev_core(line.0 as usize) != UNMAPPED {
+            return false;
+        }
+        let n = self.slots.len();
+        let mask = self.id_mask();
+        let (mut i, fp) = self.home(core, cl);
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                break;
+            }
+            let l = (s & mask) as usize;
+            if s & !mask == fp && self.rev_line(l) == cl && self.rev_core(l) as u16 == core.0 {
+                return false;
+            }
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+        self.set_rev(line.0 as usize, core.0 as u8, cl);
+        self.slots[i] = fp | line.0;
+        self.mapped += 1;
+        true
+    }
+
     /// Unmaps `line`, which must be mapped.
     pub fn remove(&mut self, line: LineId) {
         let l = line.0 as usize;
@@ -243,6 +276,28 @@ mod tests {
         for lines in [1u32, 2, 3, 1000, 1023, 1024, 1025] {
             churn(lines);
         }
+    }
+
+    #[test]
+    fn insert_checked_refuses_duplicates() {
+        let mut m = Mapping::new(1000);
+        for l in 0..900u32 {
+            assert!(m.insert_checked(LineId(l), CoreId((l % 3) as u16), l as u64 * 7));
+        }
+        for l in 0..900u32 {
+            assert_eq!(
+                m.lookup(CoreId((l % 3) as u16), l as u64 * 7),
+                Some(LineId(l))
+            );
+            // The same key again, into a free line: refused, nothing changed.
+            assert!(!m.insert_checked(LineId(950), CoreId((l % 3) as u16), l as u64 * 7));
+            // A mapped line again: refused.
+            assert!(!m.insert_checked(LineId(l), CoreId(5), 1));
+        }
+        assert!(!m.is_mapped(LineId(950)));
+        assert!(!m.insert_checked(LineId(951), CoreId(0), u64::MAX));
+        assert!(!m.insert_checked(LineId(951), CoreId(UNMAPPED as u16), 1));
+        assert!(m.insert_checked(LineId(950), CoreId(0), 1));
     }
 
     fn churn(lines: u32) {

@@ -543,6 +543,16 @@ impl Engine {
         cores: Vec<(CoreId, Device)>,
         ec: EngineConfig,
     ) -> Result<(Engine, LoadReport), String> {
+        Engine::open_inner(base, cache_dev, cores, ec, false)
+    }
+
+    fn open_inner(
+        base: &Config,
+        cache_dev: Device,
+        cores: Vec<(CoreId, Device)>,
+        ec: EngineConfig,
+        allow_growth: bool,
+    ) -> Result<(Engine, LoadReport), String> {
         let dev = cache_dev.clone();
         let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
             dev.read(off / 512, buf)
@@ -557,17 +567,29 @@ impl Engine {
                     e.id, e.export_name
                 ));
             };
-            if d.blocks() != e.size_blocks {
+            if d.blocks() < e.size_blocks || (d.blocks() > e.size_blocks && !allow_growth) {
                 return Err(format!(
-                    "core {} is {} blocks, the cache recorded {}: not the same device",
+                    "core {} is {} blocks, the cache recorded {}: not the same device{}",
                     e.id,
                     d.blocks(),
-                    e.size_blocks
+                    e.size_blocks,
+                    if d.blocks() < e.size_blocks {
+                        ", or it shrank (grow it back)"
+                    } else {
+                        ""
+                    }
                 ));
             }
         }
         let e = Engine::start(cache, cache_dev, &cores, ec);
         e.wait(|c| c.is_ready());
+        // A core that grew while the cache was down (its identity matched): take the new size.
+        for (id, d) in &cores {
+            let recorded = e.with_cache(|c| c.core(*id).map(|s| s.size_blocks));
+            if recorded.is_some_and(|r| d.blocks() > r) {
+                e.resize_core(*id, d.clone())?;
+            }
+        }
         Ok((e, report))
     }
 
@@ -587,6 +609,64 @@ impl Engine {
         let r = f(&mut g.cache);
         self.sh.drive(&mut g, Event::Tick);
         r
+    }
+
+    /// Attaches a core at run time (the cache shares its lines with every core) and returns
+    /// once the core table naming it is durable (persistent caches).
+    pub fn add_core(&self, spec: CoreSpec) -> Result<(), String> {
+        {
+            let mut g = self.sh.lock();
+            g.cache
+                .add_core(spec.id, spec.dev.blocks())
+                .map_err(|e| e.to_string())?;
+            g.cache.set_core_record(spec.id, spec.record)?;
+            let i = spec.id.0 as usize;
+            if g.cores.len() <= i {
+                g.cores.resize(i + 1, None);
+            }
+            g.cores[i] = Some(spec.dev);
+            self.sh.drive(&mut g, Event::Tick);
+        }
+        self.wait(|c| c.tables_durable());
+        Ok(())
+    }
+
+    /// Detaches core `id` (refused while it has dirty data or IO in flight: write it back
+    /// first) and returns once the core table without it is durable.
+    pub fn remove_core(&self, id: CoreId) -> Result<(), String> {
+        {
+            let mut g = self.sh.lock();
+            g.cache.remove_core(id).map_err(|e| e.to_string())?;
+            if let Some(d) = g.cores.get_mut(id.0 as usize) {
+                *d = None;
+            }
+            self.sh.drive(&mut g, Event::Tick);
+        }
+        self.wait(|c| c.tables_durable());
+        Ok(())
+    }
+
+    /// Replaces core `id`'s device by `dev` (the same device reopened at a new size) and
+    /// records the new size (see `Cache::resize_core`: a shrink below cached data is refused,
+    /// and nothing changes). Returns once the core table is durable.
+    pub fn resize_core(&self, id: CoreId, dev: Device) -> Result<(), String> {
+        {
+            let mut g = self.sh.lock();
+            g.cache
+                .resize_core(id, dev.blocks())
+                .map_err(|e| e.to_string())?;
+            if let Some(d) = g.cores.get_mut(id.0 as usize) {
+                *d = Some(dev);
+            }
+            self.sh.drive(&mut g, Event::Tick);
+        }
+        self.wait(|c| c.tables_durable());
+        Ok(())
+    }
+
+    /// The device of core `id`, if attached.
+    pub fn core_device(&self, id: CoreId) -> Option<Device> {
+        self.sh.lock().cores.get(id.0 as usize).cloned().flatten()
     }
 
     /// Engine counters.
@@ -718,6 +798,16 @@ impl Engine {
     /// caches; dirty data stays dirty and persisted unless writeback ran first), flushes the
     /// core devices, stops the threads.
     pub fn stop(mut self) -> Result<(), String> {
+        self.stop_shared()?;
+        self.shutdown();
+        Ok(())
+    }
+
+    /// Does what [`Engine::stop`] does to the devices — waits for requests in flight, writes
+    /// the final checkpoint, flushes the core devices — for an engine other threads still hold
+    /// (NBD connections): requests after this fail with `NotRunning`, and the threads end
+    /// when the last holder drops the engine.
+    pub fn stop_shared(&self) -> Result<(), String> {
         self.with_cache(|c| c.stop());
         self.wait(|c| c.is_stopped());
         let devs: Vec<Device> = {
@@ -728,7 +818,6 @@ impl Engine {
             d.flush()
                 .map_err(|e| format!("flushing a core device: {e}"))?;
         }
-        self.shutdown();
         Ok(())
     }
 
@@ -830,9 +919,10 @@ pub mod identity {
 
 impl Engine {
     /// [`Engine::open`] with the identities checked too: every core the cache recorded must be
-    /// given, of the recorded size and with the recorded identity — a swapped device of the
-    /// same size is refused (SPEC C18), since writing another disk's dirty data onto it would
-    /// destroy it.
+    /// given with the recorded identity — a swapped device of the same size is refused (SPEC
+    /// C18), since writing another disk's dirty data onto it would destroy it. A core with the
+    /// recorded identity that grew since is accepted at its new size (SPEC C22); one that
+    /// shrank is refused.
     pub fn open_checked(
         base: &Config,
         cache_dev: Device,
@@ -855,11 +945,12 @@ impl Engine {
                 ));
             }
         }
-        Engine::open(
+        Engine::open_inner(
             base,
             cache_dev,
             cores.into_iter().map(|c| (c.id, c.dev)).collect(),
             ec,
+            true,
         )
     }
 }

@@ -20,11 +20,43 @@ const TABLE: [u32; 256] = {
     t
 };
 
-/// Continues a CRC32C over `data` (start with `crc32c(0, ..)`).
+/// Continues a CRC32C over `data` (start with `crc32c(0, ..)`). Uses the CPU's CRC32
+/// instruction where there is one (x86-64 with SSE4.2: about 8 bytes per cycle, which matters
+/// when a load checks hundreds of MiB of checkpoint), a table otherwise; same result.
 pub fn crc32c_update(crc: u32, data: &[u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("sse4.2") {
+            // SAFETY: the CPU supports SSE4.2, checked just above.
+            return unsafe { crc32c_sse42(crc, data) };
+        }
+    }
+    crc32c_table(crc, data)
+}
+
+fn crc32c_table(crc: u32, data: &[u8]) -> u32 {
     let mut c = !crc;
     for &b in data {
         c = TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+/// # Safety
+/// The CPU must support SSE4.2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+unsafe fn crc32c_sse42(crc: u32, data: &[u8]) -> u32 {
+    use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u64};
+    let mut c = !crc as u64;
+    let mut chunks = data.chunks_exact(8);
+    for w in &mut chunks {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        c = _mm_crc32_u64(c, v);
+    }
+    let mut c = c as u32;
+    for &b in chunks.remainder() {
+        c = _mm_crc32_u8(c, b);
     }
     !c
 }
@@ -50,5 +82,22 @@ mod tests {
             crc32c_update(crc32c(b"1234"), b"56789"),
             crc32c(b"123456789")
         );
+    }
+
+    #[test]
+    fn hardware_and_table_agree() {
+        let data: Vec<u8> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        for len in [0, 1, 7, 8, 9, 63, 64, 65, 4096, 4990] {
+            for start in [0, 1, 3] {
+                let d = &data[start..start + len];
+                assert_eq!(
+                    crc32c_update(0x1234, d),
+                    crc32c_table(0x1234, d),
+                    "len {len}"
+                );
+            }
+        }
     }
 }

@@ -20,6 +20,7 @@ mod error;
 mod fault;
 mod file;
 mod nbd;
+mod overlay;
 mod ram;
 mod uring;
 
@@ -29,6 +30,7 @@ pub use error::IoErr;
 pub use fault::{FaultBackend, FaultConfig, OpKind, PowerCutPattern, PowerCutReport};
 pub use file::{FileBackend, FileOptions, IoPath};
 pub use nbd::{NbdBackend, NbdExportInfo, NbdOptions};
+pub use overlay::OverlayBackend;
 pub use ram::RamBackend;
 
 /// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple

@@ -306,7 +306,21 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
         } else {
             vec![LineRecord::default(); count as usize]
         };
-        for (k, mut rec) in recs.into_iter().enumerate() {
+        // The mapping table is far bigger than the CPU's caches: start loading the slot each
+        // line will probe a few lines ahead, so the misses overlap.
+        const AHEAD: usize = 16;
+        for r in recs.iter().take(AHEAD) {
+            if let Some(c) = r.core {
+                cache.map.prefetch(CoreId(c as u16), r.core_line);
+            }
+        }
+        for k in 0..recs.len() {
+            if let Some(r) = recs.get(k + AHEAD)
+                && let Some(c) = r.core
+            {
+                cache.map.prefetch(CoreId(c as u16), r.core_line);
+            }
+            let mut rec = recs[k];
             let l = first + k as u32;
             if let Some(ops) = per_line.get(&l) {
                 for op in ops {

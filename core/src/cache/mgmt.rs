@@ -116,6 +116,61 @@ impl Cache {
         (n, d)
     }
 
+    /// Changes the recorded size of `core` (SPEC C22: the device grew or shrank). Growing is
+    /// always accepted. Shrinking is refused while requests or writeback are in flight, and when
+    /// any cached line (clean or dirty) of the core lies past the new end: the cached data would
+    /// name blocks the core no longer has. Requests see the new size at once; the core table
+    /// records it with the next superblock.
+    pub fn resize_core(&mut self, core: CoreId, size_blocks: u64) -> Result<(), MgmtError> {
+        let Some(cs) = self.core(core) else {
+            return Err(MgmtError::NoSuchCore(core));
+        };
+        let old = cs.size_blocks;
+        if size_blocks == old {
+            return Ok(());
+        }
+        if size_blocks.div_ceil(self.bpl as u64) > u32::MAX as u64 {
+            return Err(MgmtError::CoreTooLarge {
+                blocks: size_blocks,
+                line_size: self.cfg.line_size,
+            });
+        }
+        if size_blocks < old {
+            if self.core_busy(core) {
+                return Err(MgmtError::Busy(format!(
+                    "core {} has IO in flight; retry the shrink",
+                    core.0
+                )));
+            }
+            let bpl = self.bpl as u64;
+            for l in 0..self.cfg.lines {
+                let l = LineId(l);
+                if !self.map.is_mapped(l) {
+                    continue;
+                }
+                let (c, cl) = self.map.position(l);
+                if c == core && (cl + 1) * bpl > size_blocks {
+                    let what = if self.state.dirty(l) != 0 {
+                        "dirty data"
+                    } else {
+                        "cached data"
+                    };
+                    return Err(MgmtError::Busy(format!(
+                        "core {} shrank to {} bytes but the cache holds {what} at byte {}; the shrink is refused (grow the device back, or write back and invalidate the core first)",
+                        core.0,
+                        size_blocks * 512,
+                        cl * bpl * 512
+                    )));
+                }
+            }
+        }
+        if let Some(c) = self.cores[core.0 as usize].as_mut() {
+            c.size_blocks = size_blocks;
+        }
+        self.tables_changed();
+        Ok(())
+    }
+
     /// Detaches `core`. Refused while it has dirty data or IO in flight (write it back first).
     pub fn remove_core(&mut self, core: CoreId) -> Result<(), MgmtError> {
         if self.core(core).is_none() {
@@ -342,17 +397,16 @@ impl Cache {
         if class as usize >= crate::policy::IO_CLASSES_MAX {
             return Err(format!("IO class {class} out of range"));
         }
-        if self.map.lookup(core, core_line).is_some() {
+        if line.0 >= self.cfg.lines || self.map.is_mapped(line) {
+            return Err(format!("line {} is out of range or mapped twice", line.0));
+        }
+        if !self.map.insert_checked(line, core, core_line) {
             return Err(format!(
                 "core line {core_line} of core {} is mapped twice",
                 core.0
             ));
         }
-        if line.0 >= self.cfg.lines || self.map.is_mapped(line) {
-            return Err(format!("line {} is out of range or mapped twice", line.0));
-        }
         self.lists.unlink(line.0);
-        self.map.insert(line, core, core_line);
         self.state.set(line, valid, dirty);
         self.state.set_class(line, class);
         self.class_lines[class as usize] += 1;

@@ -470,6 +470,15 @@ impl Cache {
     pub fn counters(&self) -> &CacheCounters {
         &self.counters
     }
+    /// Zeroes every request and device counter (cache, cores, IO classes); state (occupancy,
+    /// dirty) is not a counter and stays.
+    pub fn reset_counters(&mut self) {
+        self.counters = CacheCounters::default();
+        self.class_counters = [ReqCounters::default(); IO_CLASSES_MAX];
+        for c in self.cores.iter_mut().flatten() {
+            c.counters = ReqCounters::default();
+        }
+    }
     /// Counters of a core.
     pub fn core_counters(&self, core: CoreId) -> Option<&ReqCounters> {
         self.core(core).map(|c| &c.counters)

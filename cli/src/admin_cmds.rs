@@ -1,0 +1,682 @@
+//! The management verbs (SPEC "CLI"): each sends one request to the daemon's admin socket and
+//! prints the answer as text, or as JSON with `--json`. Long verbs show a progress bar on
+//! stderr while they run.
+
+use clap::Args;
+use serde_json::Value;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use tiercache_daemon::admin::{Progress, Request, call, default_socket};
+
+/// Where the daemon is, and how to print.
+#[derive(Args, Clone)]
+pub struct Conn {
+    /// Admin socket (default $TIERCACHE_SOCKET, else $XDG_RUNTIME_DIR/tiercache/admin.sock or
+    /// /run/tiercache/admin.sock).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tiercache daemon`.
+#[derive(Args)]
+pub struct DaemonArgs {
+    /// Config file to reassemble caches, cores and exports from.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Admin socket path.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// NBD listener: unix:PATH or tcp:HOST:PORT (repeatable).
+    #[arg(long = "nbd-listen")]
+    pub nbd_listen: Vec<String>,
+    /// Prometheus metrics listener HOST:PORT, or "none".
+    #[arg(long = "metrics-listen")]
+    pub metrics_listen: Option<String>,
+}
+
+/// Runs the daemon in the foreground.
+pub fn daemon(a: DaemonArgs) -> Result<(), String> {
+    tiercache_daemon::server::run(tiercache_daemon::server::Options {
+        config: a.config,
+        socket: a.socket,
+        nbd_listen: a.nbd_listen,
+        metrics_listen: a.metrics_listen,
+    })
+}
+
+/// `start-cache`.
+#[derive(Args)]
+pub struct StartCache {
+    /// Cache device: a path, ram:SIZE or emu:PRESET:PATH.
+    #[arg(long)]
+    pub cache_device: String,
+    /// Cache id (default: the smallest free).
+    #[arg(long)]
+    pub cache_id: Option<u16>,
+    /// Mode: wt, wb, wa, wi, pt, wo.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Line size: 4k, 8k, 16k, 32k, 64k.
+    #[arg(long)]
+    pub line_size: Option<String>,
+    /// Load the cache the device holds.
+    #[arg(long, conflicts_with = "force")]
+    pub load: bool,
+    /// Format the device even if it holds a cache or other data.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `add-core`.
+#[derive(Args)]
+pub struct AddCore {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Core device: a path, emu:PRESET:PATH or nbd:URI.
+    #[arg(long)]
+    pub core_device: String,
+    /// Core id.
+    #[arg(long)]
+    pub core_id: Option<u16>,
+    /// NBD export name (default cache<N>-core<M>).
+    #[arg(long)]
+    pub export: Option<String>,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `remove-core`.
+#[derive(Args)]
+pub struct RemoveCore {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Core id.
+    #[arg(long)]
+    pub core_id: u16,
+    /// Do not write dirty data back first (refused while the core has any).
+    #[arg(long)]
+    pub no_writeback: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `stop-cache`.
+#[derive(Args)]
+pub struct StopCache {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Keep dirty data on the cache device instead of writing it back first.
+    #[arg(long)]
+    pub no_writeback: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `list`.
+#[derive(Args)]
+pub struct List {
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `stats`.
+#[derive(Args)]
+pub struct Stats {
+    /// Cache id (all caches when absent).
+    #[arg(long)]
+    pub cache_id: Option<u16>,
+    /// Core id.
+    #[arg(long)]
+    pub core_id: Option<u16>,
+    /// IO class id.
+    #[arg(long)]
+    pub io_class: Option<u8>,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `set-param`: `tiercache set-param --cache-id 1 seq-cutoff --policy never --threshold 1m`.
+#[derive(Args)]
+pub struct SetParam {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Core id (seq-cutoff; every core when absent).
+    #[arg(long)]
+    pub core_id: Option<u16>,
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit.
+    pub name: String,
+    /// Parameters as --name value pairs (e.g. --policy never --threshold 1m).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub values: Vec<String>,
+}
+
+/// `get-param`.
+#[derive(Args)]
+pub struct GetParam {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Core id (seq-cutoff).
+    #[arg(long)]
+    pub core_id: Option<u16>,
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit.
+    pub name: String,
+}
+
+/// `set-mode`.
+#[derive(Args)]
+pub struct SetMode {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Mode: wt, wb, wa, wi, pt, wo.
+    #[arg(long)]
+    pub mode: String,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `io-class load` / `io-class list`.
+#[derive(clap::Subcommand)]
+pub enum IoClass {
+    /// Load an Open CAS IO class CSV.
+    Load {
+        /// Cache id.
+        #[arg(long)]
+        cache_id: u16,
+        /// The CSV file.
+        #[arg(long)]
+        file: PathBuf,
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Show the IO classes in force.
+    List {
+        /// Cache id.
+        #[arg(long)]
+        cache_id: u16,
+        #[command(flatten)]
+        conn: Conn,
+    },
+}
+
+/// `writeback`.
+#[derive(Args)]
+pub struct Writeback {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Wait only for this core's dirty data.
+    #[arg(long)]
+    pub core_id: Option<u16>,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `invalidate`.
+#[derive(Args)]
+pub struct Invalidate {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    /// Core id.
+    #[arg(long)]
+    pub core_id: u16,
+    /// Required: dirty data of the core is dropped, not written back.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `reset-counters`.
+#[derive(Args)]
+pub struct ResetCounters {
+    /// Cache id.
+    #[arg(long)]
+    pub cache_id: u16,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// `shutdown`.
+#[derive(Args)]
+pub struct Shutdown {
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
+/// A progress bar on stderr (drawn only on a terminal; otherwise a line every 10%).
+struct Bar {
+    tty: bool,
+    last_tenth: u64,
+    drawn: bool,
+}
+
+impl Bar {
+    fn new() -> Bar {
+        Bar {
+            tty: std::io::stderr().is_terminal(),
+            last_tenth: u64::MAX,
+            drawn: false,
+        }
+    }
+
+    fn show(&mut self, p: &Progress) {
+        let frac = if p.total == 0 {
+            1.0
+        } else {
+            p.done as f64 / p.total as f64
+        };
+        let mut e = std::io::stderr();
+        if self.tty {
+            let w = 30;
+            let n = (frac * w as f64) as usize;
+            let _ = write!(
+                e,
+                "\r{} [{}{}] {:5.1}% {}/{} {}",
+                p.what,
+                "#".repeat(n),
+                ".".repeat(w - n.min(w)),
+                frac * 100.0,
+                p.done,
+                p.total,
+                p.unit
+            );
+            self.drawn = true;
+        } else {
+            let tenth = (frac * 10.0) as u64;
+            if tenth != self.last_tenth {
+                self.last_tenth = tenth;
+                let _ = writeln!(
+                    e,
+                    "{}: {:.0}% ({}/{} {})",
+                    p.what,
+                    frac * 100.0,
+                    p.done,
+                    p.total,
+                    p.unit
+                );
+            }
+        }
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        if self.drawn {
+            eprintln!();
+        }
+    }
+}
+
+fn send(conn: &Conn, req: Request) -> Result<Value, String> {
+    let socket = conn.socket.clone().unwrap_or_else(default_socket);
+    let mut bar = Bar::new();
+    call(&socket, &req, |p| bar.show(p))
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Prints `v` as `key: value` lines, nested objects indented.
+fn print_tree(v: &Value, indent: usize) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match x {
+                    Value::Object(_) => {
+                        println!("{:indent$}{k}:", "");
+                        print_tree(x, indent + 2);
+                    }
+                    Value::Array(a) if a.iter().any(|y| y.is_object()) => {
+                        for y in a {
+                            println!("{:indent$}{k}:", "");
+                            print_tree(y, indent + 2);
+                        }
+                    }
+                    Value::Null => {}
+                    _ => println!("{:indent$}{k}: {}", "", plain(x)),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for y in a {
+                print_tree(y, indent);
+                println!();
+            }
+        }
+        _ => println!("{:indent$}{}", "", plain(v)),
+    }
+}
+
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a.iter().map(plain).collect::<Vec<_>>().join(", "),
+        other => other.to_string(),
+    }
+}
+
+fn out(conn: &Conn, v: Value) {
+    if conn.json {
+        print_json(&v);
+    } else {
+        print_tree(&v, 0);
+    }
+}
+
+/// Parses `--key value` / `--key=value` pairs.
+fn pairs(raw: &[String]) -> Result<Vec<(String, String)>, String> {
+    let mut v = Vec::new();
+    let mut i = 0;
+    while i < raw.len() {
+        let Some(k) = raw[i].strip_prefix("--") else {
+            return Err(format!(
+                "'{}': parameters are given as --name value (e.g. --policy never)",
+                raw[i]
+            ));
+        };
+        if let Some((a, b)) = k.split_once('=') {
+            v.push((a.to_string(), b.to_string()));
+            i += 1;
+        } else {
+            let val = raw
+                .get(i + 1)
+                .ok_or_else(|| format!("--{k} needs a value"))?;
+            v.push((k.to_string(), val.clone()));
+            i += 2;
+        }
+    }
+    if v.is_empty() {
+        return Err("no parameters given (e.g. --policy never)".into());
+    }
+    Ok(v)
+}
+
+/// `start-cache`.
+pub fn start_cache(a: StartCache) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::StartCache {
+            cache_device: a.cache_device,
+            cache_id: a.cache_id,
+            mode: a.mode,
+            line_size: a.line_size,
+            load: a.load,
+            force: a.force,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `add-core`.
+pub fn add_core(a: AddCore) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::AddCore {
+            cache_id: a.cache_id,
+            core_device: a.core_device,
+            core_id: a.core_id,
+            export: a.export,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `remove-core`.
+pub fn remove_core(a: RemoveCore) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::RemoveCore {
+            cache_id: a.cache_id,
+            core_id: a.core_id,
+            no_writeback: a.no_writeback,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `stop-cache`.
+pub fn stop_cache(a: StopCache) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::StopCache {
+            cache_id: a.cache_id,
+            no_writeback: a.no_writeback,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `list`: a casadm-like table, or JSON.
+pub fn list(a: List) -> Result<(), String> {
+    let v = send(&a.conn, Request::List)?;
+    if a.conn.json {
+        print_json(&v);
+        return Ok(());
+    }
+    println!(
+        "{:<6} {:<4} {:<36} {:<11} {:<5} {:<10} export / reason",
+        "type", "id", "device", "state", "mode", "dirty"
+    );
+    for c in v.as_array().into_iter().flatten() {
+        let lines = c["lines"].as_u64().unwrap_or(0);
+        let dirty = c["dirty_lines"].as_u64().unwrap_or(0);
+        let dpct = if lines > 0 {
+            format!("{:.1}%", dirty as f64 * 100.0 / lines as f64)
+        } else {
+            "-".into()
+        };
+        println!(
+            "{:<6} {:<4} {:<36} {:<11} {:<5} {:<10} {}",
+            "cache",
+            plain(&c["cache_id"]),
+            plain(&c["device"]),
+            plain(&c["state"]),
+            plain(&c["mode"]),
+            dpct,
+            if c["reason"].is_null() {
+                String::new()
+            } else {
+                plain(&c["reason"])
+            }
+        );
+        for k in c["cores"].as_array().into_iter().flatten() {
+            let reason = plain(&k["reason"]);
+            println!(
+                "{:<6} {:<4} {:<36} {:<11} {:<5} {:<10} {}{}",
+                "└core",
+                plain(&k["core_id"]),
+                plain(&k["device"]),
+                plain(&k["state"]),
+                "",
+                "",
+                plain(&k["export"]),
+                if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({reason})")
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `stats`.
+pub fn stats(a: Stats) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::Stats {
+            cache_id: a.cache_id,
+            core_id: a.core_id,
+            io_class: a.io_class,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `set-param`.
+pub fn set_param(mut a: SetParam) -> Result<(), String> {
+    // The trailing parameters swallow options given after them; take ours back.
+    let mut raw = Vec::new();
+    let mut it = a.values.iter();
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--json" => a.conn.json = true,
+            "--socket" => a.conn.socket = it.next().map(PathBuf::from),
+            _ => match x.strip_prefix("--socket=") {
+                Some(p) => a.conn.socket = Some(PathBuf::from(p)),
+                None => raw.push(x.clone()),
+            },
+        }
+    }
+    let values = pairs(&raw)?;
+    let v = send(
+        &a.conn,
+        Request::SetParam {
+            cache_id: a.cache_id,
+            core_id: a.core_id,
+            name: a.name,
+            values,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `get-param`.
+pub fn get_param(a: GetParam) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::GetParam {
+            cache_id: a.cache_id,
+            core_id: a.core_id,
+            name: a.name,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `set-mode`.
+pub fn set_mode(a: SetMode) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::SetMode {
+            cache_id: a.cache_id,
+            mode: a.mode,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `io-class load|list`.
+pub fn io_class(a: IoClass) -> Result<(), String> {
+    match a {
+        IoClass::Load {
+            cache_id,
+            file,
+            conn,
+        } => {
+            let csv =
+                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let v = send(&conn, Request::IoClassLoad { cache_id, csv })?;
+            out(&conn, v);
+        }
+        IoClass::List { cache_id, conn } => {
+            let v = send(&conn, Request::IoClassList { cache_id })?;
+            if conn.json {
+                print_json(&v);
+            } else {
+                println!(
+                    "{:<4} {:<40} {:<18} {:<10} lines",
+                    "id", "name", "eviction priority", "allocation"
+                );
+                for k in v["classes"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<4} {:<40} {:<18} {:<10} {}",
+                        plain(&k["id"]),
+                        plain(&k["name"]),
+                        plain(&k["eviction_priority"]),
+                        k["allocation"],
+                        k["lines"]
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `writeback`.
+pub fn writeback(a: Writeback) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::Writeback {
+            cache_id: a.cache_id,
+            core_id: a.core_id,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `invalidate`.
+pub fn invalidate(a: Invalidate) -> Result<(), String> {
+    if !a.force {
+        return Err(
+            "invalidate drops the core's cached and unwritten (dirty) data; add --force to do it"
+                .into(),
+        );
+    }
+    let v = send(
+        &a.conn,
+        Request::Invalidate {
+            cache_id: a.cache_id,
+            core_id: a.core_id,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `reset-counters`.
+pub fn reset_counters(a: ResetCounters) -> Result<(), String> {
+    let v = send(
+        &a.conn,
+        Request::ResetCounters {
+            cache_id: a.cache_id,
+        },
+    )?;
+    out(&a.conn, v);
+    Ok(())
+}
+
+/// `shutdown`.
+pub fn shutdown(a: Shutdown) -> Result<(), String> {
+    let v = send(&a.conn, Request::Shutdown)?;
+    out(&a.conn, v);
+    Ok(())
+}

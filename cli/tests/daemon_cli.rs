@@ -1,0 +1,594 @@
+//! The daemon and the management verbs, run as a user would: the real `tiercache` binary, a
+//! daemon process per test (stopped by the test, exactly the process it started), data through
+//! the NBD exports with tiercache's own NBD client.
+//!
+//! - lifecycle: create (space printed, file preallocated), refusals (a device holding a cache
+//!   or other data, bad arguments: one line, exit 1, nothing changed), add-core, writes over
+//!   NBD, stop with dirty data kept, `--load` (incomplete until the core is attached), data
+//!   back, parameters, io classes, writeback with progress, invalidate, remove-core;
+//! - restart from the config file after a clean stop and after SIGKILL: every cache back with
+//!   its dirty data;
+//! - a `wb` cache whose cache device is missing: its export is not served and `list` says why.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tiercache_io::{Backend, NbdBackend};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("tc-daemon-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+    fn path(&self, f: &str) -> String {
+        self.0.join(f).display().to_string()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A daemon process started by a test.
+struct Daemon {
+    child: Option<Child>,
+    socket: String,
+    nbd: String,
+}
+
+impl Daemon {
+    fn start(d: &Dir, config: Option<&str>) -> Daemon {
+        let socket = d.path("admin.sock");
+        let nbd = d.path("nbd.sock");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["daemon", "--socket", &socket, "--metrics-listen", "none"])
+            .args(["--nbd-listen", &format!("unix:{nbd}")])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.path("daemon.log")).unwrap());
+        if let Some(c) = config {
+            cmd.args(["--config", c]);
+        }
+        let child = cmd.spawn().expect("spawn the daemon");
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the daemon did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The admin socket comes up after reassembly and before NBD? Wait for NBD too.
+        while !Path::new(&nbd).exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "no NBD socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Daemon {
+            child: Some(child),
+            socket,
+            nbd,
+        }
+    }
+
+    fn tc(&self, args: &[&str]) -> (bool, String, String) {
+        let o = Command::new(BIN)
+            .args(args)
+            .env("TIERCACHE_SOCKET", &self.socket)
+            .output()
+            .expect("run tiercache");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.tc(args);
+        assert!(ok, "tiercache {args:?} failed: {err}");
+        out
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.ok(&a)).expect("JSON output")
+    }
+
+    fn fails(&self, args: &[&str], want: &str) {
+        let (ok, _, err) = self.tc(args);
+        assert!(!ok, "tiercache {args:?} should fail");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(want), "{args:?}: want '{want}' in: {err}");
+    }
+
+    fn nbd(&self, export: &str) -> Result<NbdBackend, String> {
+        NbdBackend::connect(&format!("nbd+unix:///{export}?socket={}", self.nbd))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Clean stop through the admin socket; waits for the process to end.
+    fn shutdown(mut self) {
+        self.ok(&["shutdown"]);
+        let mut c = self.child.take().unwrap();
+        let t = Instant::now();
+        loop {
+            if c.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, as a crash.
+    fn kill(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn sparse(path: &str, bytes: u64) {
+    let f = std::fs::File::create(path).unwrap();
+    f.set_len(bytes).unwrap();
+}
+
+/// 4 KiB of data identifying (block, version).
+fn pattern(block: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    for (i, c) in b.chunks_mut(8).enumerate() {
+        c.copy_from_slice(&(block * 1_000_003 + version * 7919 + i as u64).to_le_bytes());
+    }
+    b
+}
+
+fn write_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
+    for b in blocks {
+        e.write(b * 8, &pattern(b, version), false).unwrap();
+    }
+    e.flush().unwrap();
+}
+
+fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
+    let mut buf = vec![0u8; 4096];
+    for b in blocks {
+        e.read(b * 8, &mut buf).unwrap();
+        assert!(
+            buf == pattern(b, version),
+            "block {b} is not version {version}"
+        );
+    }
+}
+
+#[test]
+fn lifecycle_through_the_cli() {
+    let d = Dir::new("life");
+    let cache = d.path("cache.img");
+    let core = d.path("core.img");
+    sparse(&cache, 64 << 20);
+    sparse(&core, 256 << 20);
+    let dm = Daemon::start(&d, None);
+
+    // Bad input: one line, exit 1, nothing created.
+    dm.fails(
+        &["start-cache", "--cache-device", &cache, "--mode", "xx"],
+        "unknown mode",
+    );
+    dm.fails(
+        &["start-cache", "--cache-device", &cache, "--line-size", "3k"],
+        "line size",
+    );
+    dm.fails(
+        &["start-cache", "--cache-device", "ram:64m", "--mode", "wb"],
+        "volatile",
+    );
+    dm.fails(
+        &["start-cache", "--cache-device", &d.path("nope.img")],
+        "no such file",
+    );
+    dm.fails(
+        &["add-core", "--cache-id", "1", "--core-device", &core],
+        "no cache 1",
+    );
+    assert_eq!(dm.json(&["list"]), serde_json::json!([]));
+
+    // A device holding other data is refused without --force.
+    let junk = d.path("junk.img");
+    std::fs::write(&junk, vec![0x5au8; 8 << 20]).unwrap();
+    dm.fails(&["start-cache", "--cache-device", &junk], "holds data");
+
+    // Create: space is reported; the file is preallocated.
+    let v = dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+    assert_eq!(v["cache_id"], 1);
+    assert!(v["created"]["lines"].as_u64().unwrap() > 10_000, "{v}");
+    assert!(v["created"]["ram_bytes"].as_u64().unwrap() > 0);
+    assert!(v["created"]["metadata_bytes_on_device"].as_u64().unwrap() > 0);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&cache).unwrap();
+        assert!(m.blocks() * 512 >= 64 << 20, "cache file preallocated");
+    }
+    dm.fails(
+        &["start-cache", "--cache-device", &cache],
+        "already cache 1",
+    );
+    let v = dm.json(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &core,
+        "--export",
+        "vm1",
+    ]);
+    assert_eq!(v["core_id"], 0);
+    dm.fails(
+        &["add-core", "--cache-id", "1", "--core-device", &core],
+        "already core 0",
+    );
+
+    // Data through NBD, stays dirty (cleaning nop).
+    dm.ok(&[
+        "set-param",
+        "--cache-id",
+        "1",
+        "cleaning",
+        "--policy",
+        "nop",
+    ]);
+    dm.fails(
+        &["set-param", "--cache-id", "1", "cleaning", "--policy", "x"],
+        "cleaning policy",
+    );
+    dm.fails(
+        &["set-param", "--cache-id", "1", "cleaning", "--bogus", "1"],
+        "unknown parameter",
+    );
+    let e = dm.nbd("vm1").expect("export vm1 served");
+    assert_eq!(e.blocks(), (256 << 20) / 512);
+    write_set(&e, 0..2000, 1);
+    check_set(&e, 0..2000, 1);
+    drop(e);
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    assert_eq!(s["usage"]["dirty_lines"], 2000, "{s}");
+    assert_eq!(s["risk"]["dirty_bytes"], 2000 * 4096);
+    assert!(s["requests"]["write_misses"].as_u64().unwrap() >= 2000);
+    assert!(s["requests"]["read_full_hits"].as_u64().unwrap() >= 2000);
+
+    // Stop keeping dirty data; the device now holds a cache: plain start refuses it.
+    let v = dm.json(&["stop-cache", "--cache-id", "1", "--no-writeback"]);
+    assert_eq!(v["dirty_lines_kept"], 2000);
+    assert!(dm.nbd("vm1").is_err(), "export gone with its cache");
+    dm.fails(&["start-cache", "--cache-device", &cache], "--load");
+    dm.fails(
+        &[
+            "start-cache",
+            "--cache-device",
+            &cache,
+            "--load",
+            "--mode",
+            "wt",
+        ],
+        "--load",
+    );
+
+    // Load: incomplete until the core is attached; not served meanwhile.
+    let v = dm.json(&[
+        "start-cache",
+        "--cache-device",
+        &cache,
+        "--load",
+        "--cache-id",
+        "3",
+    ]);
+    assert_eq!(v["state"], "incomplete", "{v}");
+    assert_eq!(v["loaded"]["dirty_lines"], 2000);
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "incomplete");
+    assert_eq!(l[0]["cores"][0]["state"], "detached");
+    assert!(dm.nbd("vm1").is_err());
+    let other = d.path("other.img");
+    sparse(&other, 256 << 20);
+    dm.fails(
+        &[
+            "add-core",
+            "--cache-id",
+            "3",
+            "--core-device",
+            &other,
+            "--core-id",
+            "0",
+        ],
+        "not the same device",
+    );
+    let v = dm.json(&["add-core", "--cache-id", "3", "--core-device", &core]);
+    assert_eq!(v["state"], "running", "{v}");
+    let e = dm.nbd("vm1").expect("served again");
+    check_set(&e, 0..2000, 1);
+    drop(e);
+
+    // Parameters, IO classes, mode.
+    let v = dm.json(&[
+        "set-param",
+        "--cache-id",
+        "3",
+        "seq-cutoff",
+        "--policy",
+        "never",
+        "--threshold",
+        "2m",
+    ]);
+    assert_eq!(v[0]["policy"], "never", "--json after the parameters: {v}");
+    let v = dm.json(&["get-param", "--cache-id", "3", "seq-cutoff"]);
+    assert_eq!(v[0]["policy"], "never");
+    assert_eq!(v[0]["threshold"], 2 << 20);
+    let csv = d.path("classes.csv");
+    std::fs::write(
+        &csv,
+        "IO class id,IO class name,Eviction priority,Allocation\n0,unclassified,22,1\n1,request_size:le:8192&done,1,0.5\n",
+    )
+    .unwrap();
+    dm.ok(&["io-class", "load", "--cache-id", "3", "--file", &csv]);
+    let v = dm.json(&["io-class", "list", "--cache-id", "3"]);
+    assert_eq!(v["classes"].as_array().unwrap().len(), 2);
+    std::fs::write(
+        &csv,
+        "IO class id,IO class name,Eviction priority,Allocation\n1,file_name_prefix:x,1,1\n",
+    )
+    .unwrap();
+    dm.fails(
+        &["io-class", "load", "--cache-id", "3", "--file", &csv],
+        "line 2",
+    );
+    assert_eq!(
+        dm.json(&["io-class", "list", "--cache-id", "3"])["classes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Writeback with progress, then nothing is dirty and the core holds the data.
+    let (ok, out, err) = dm.tc(&["writeback", "--cache-id", "3"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("writeback"), "progress shown: {err}");
+    assert!(out.contains("lines_written_back: 2000"), "{out}");
+    assert_eq!(
+        dm.json(&["stats", "--cache-id", "3"])["usage"]["dirty_lines"],
+        0
+    );
+    dm.fails(
+        &["invalidate", "--cache-id", "3", "--core-id", "0"],
+        "--force",
+    );
+    let v = dm.json(&["invalidate", "--cache-id", "3", "--core-id", "0", "--force"]);
+    assert_eq!(v["dirty_bytes_dropped"], 0);
+    dm.ok(&["reset-counters", "--cache-id", "3"]);
+    assert_eq!(
+        dm.json(&["stats", "--cache-id", "3"])["requests"]["total"],
+        0
+    );
+    dm.ok(&["set-mode", "--cache-id", "3", "--mode", "wt"]);
+    dm.ok(&["remove-core", "--cache-id", "3", "--core-id", "0"]);
+    dm.ok(&["stop-cache", "--cache-id", "3"]);
+    // The core file has the data without the cache.
+    let raw = std::fs::read(&core).unwrap();
+    for b in [0u64, 1, 999, 1999] {
+        assert!(
+            raw[(b * 4096) as usize..][..4096] == pattern(b, 1)[..],
+            "core block {b}"
+        );
+    }
+    // --force formats a device holding a cache.
+    dm.ok(&["start-cache", "--cache-device", &cache, "--force"]);
+    dm.shutdown();
+}
+
+fn config(d: &Dir, mode: &str) -> String {
+    let p = d.path("tc.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"
+[[cache]]
+id = 1
+device = "{}"
+mode = "{mode}"
+[cache.params]
+cleaning = {{ policy = "nop" }}
+[[cache.core]]
+id = 0
+device = "{}"
+export = "vm1"
+[[cache.core]]
+id = 1
+device = "{}"
+export = "vm2"
+"#,
+            d.path("cache.img"),
+            d.path("core0.img"),
+            d.path("core1.img")
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn restart_from_config_after_clean_stop_and_sigkill() {
+    let d = Dir::new("restart");
+    sparse(&d.path("cache.img"), 64 << 20);
+    sparse(&d.path("core0.img"), 128 << 20);
+    sparse(&d.path("core1.img"), 128 << 20);
+    let cfg = config(&d, "wb");
+
+    let dm = Daemon::start(&d, Some(&cfg));
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "running", "{l}");
+    write_set(&dm.nbd("vm1").unwrap(), 0..500, 1);
+    write_set(&dm.nbd("vm2").unwrap(), 100..400, 2);
+    dm.shutdown();
+
+    // Clean restart: loaded, not reformatted, dirty data back.
+    let dm = Daemon::start(&d, Some(&cfg));
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    assert_eq!(s["usage"]["dirty_lines"], 800, "{s}");
+    check_set(&dm.nbd("vm1").unwrap(), 0..500, 1);
+    check_set(&dm.nbd("vm2").unwrap(), 100..400, 2);
+    // More flushed writes, then SIGKILL.
+    write_set(&dm.nbd("vm1").unwrap(), 250..750, 3);
+    dm.kill();
+
+    let dm = Daemon::start(&d, Some(&cfg));
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "running", "{l}");
+    check_set(&dm.nbd("vm1").unwrap(), 0..250, 1);
+    check_set(&dm.nbd("vm1").unwrap(), 250..750, 3);
+    check_set(&dm.nbd("vm2").unwrap(), 100..400, 2);
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    assert_eq!(s["usage"]["dirty_lines"], 1050, "{s}");
+    dm.shutdown();
+}
+
+#[test]
+fn missing_cache_device_of_a_wb_cache_is_not_served() {
+    let d = Dir::new("missing");
+    sparse(&d.path("cache.img"), 64 << 20);
+    sparse(&d.path("core0.img"), 128 << 20);
+    sparse(&d.path("core1.img"), 128 << 20);
+    let cfg = config(&d, "wb");
+    let dm = Daemon::start(&d, Some(&cfg));
+    write_set(&dm.nbd("vm1").unwrap(), 0..100, 1);
+    dm.shutdown();
+    std::fs::rename(d.path("cache.img"), d.path("cache.moved")).unwrap();
+
+    let dm = Daemon::start(&d, Some(&cfg));
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "detached", "{l}");
+    let why = l[0]["cores"][0]["reason"].as_str().unwrap();
+    assert!(
+        why.contains("missing") && why.contains("not served"),
+        "{why}"
+    );
+    let r = dm.nbd("vm1");
+    assert!(r.is_err(), "the bare core must not be served");
+    let (_, text, _) = dm.tc(&["list"]);
+    assert!(
+        text.contains("detached") && text.contains("missing"),
+        "{text}"
+    );
+    dm.shutdown();
+
+    // Back in place: everything returns with the dirty data.
+    std::fs::rename(d.path("cache.moved"), d.path("cache.img")).unwrap();
+    let dm = Daemon::start(&d, Some(&cfg));
+    check_set(&dm.nbd("vm1").unwrap(), 0..100, 1);
+    dm.shutdown();
+}
+
+#[test]
+fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
+    let d = Dir::new("resize");
+    let cache = d.path("cache.img");
+    let core = d.path("core.img");
+    sparse(&cache, 64 << 20);
+    sparse(&core, 64 << 20);
+    let dm = Daemon::start(&d, None);
+    dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+    dm.ok(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &core,
+        "--export",
+        "r",
+    ]);
+    let e = dm.nbd("r").unwrap();
+    assert_eq!(e.blocks() * 512, 64 << 20);
+    drop(e);
+
+    // Grow: the next connection sees the new size and can use it.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&core)
+        .unwrap()
+        .set_len(96 << 20)
+        .unwrap();
+    let e = dm.nbd("r").unwrap();
+    assert_eq!(e.blocks() * 512, 96 << 20);
+    let far = (90u64 << 20) / 4096;
+    write_set(&e, far..far + 4, 5);
+    check_set(&e, far..far + 4, 5);
+    drop(e);
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["cores"][0]["size_bytes"], 96 << 20);
+
+    // Shrink below the cached (dirty) data at 90 MiB: refused, not served.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&core)
+        .unwrap()
+        .set_len(80 << 20)
+        .unwrap();
+    let r = dm.nbd("r");
+    assert!(r.is_err(), "a shrink below cached data must be refused");
+    let log = std::fs::read_to_string(d.path("daemon.log")).unwrap();
+    assert!(
+        log.contains("core resize refused") && log.contains("dirty data"),
+        "{log}"
+    );
+    // Grown back: served again with the data.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&core)
+        .unwrap()
+        .set_len(96 << 20)
+        .unwrap();
+    check_set(&dm.nbd("r").unwrap(), far..far + 4, 5);
+
+    // Restart with a core that grew while the daemon was down: loaded at the new size.
+    dm.ok(&["stop-cache", "--cache-id", "1", "--no-writeback"]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&core)
+        .unwrap()
+        .set_len(128 << 20)
+        .unwrap();
+    dm.ok(&["start-cache", "--cache-device", &cache, "--load"]);
+    let v = dm.json(&["add-core", "--cache-id", "1", "--core-device", &core]);
+    assert_eq!(v["state"], "running", "{v}");
+    let e = dm.nbd("r").unwrap();
+    assert_eq!(e.blocks() * 512, 128 << 20);
+    check_set(&e, far..far + 4, 5);
+    drop(e);
+
+    // Without cached data past the new end, a shrink is accepted.
+    dm.ok(&["writeback", "--cache-id", "1"]);
+    dm.ok(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&core)
+        .unwrap()
+        .set_len(80 << 20)
+        .unwrap();
+    assert_eq!(dm.nbd("r").unwrap().blocks() * 512, 80 << 20);
+    dm.shutdown();
+}

@@ -1,0 +1,291 @@
+//! The daemon's config file (TOML): listeners, and every cache with its cores, exports and
+//! parameters. `tiercache daemon --config FILE` reassembles everything from it at start,
+//! loading the caches that exist and never reformatting one (see [`reassemble`]).
+//!
+//! ```toml
+//! [daemon]
+//! socket = "/run/tiercache/admin.sock"          # optional
+//! nbd_listen = ["unix:/run/tiercache/nbd.sock"]  # optional
+//! metrics_listen = "127.0.0.1:9745"             # optional; "none" turns it off
+//!
+//! [[cache]]
+//! id = 1
+//! device = "/dev/nvme0n1p1"
+//! mode = "wb"              # used when the cache is created
+//! line_size = "4k"         # used when the cache is created
+//! force_bare_core = false  # serve the bare cores if the cache device is missing (unsafe for lazy modes)
+//! [cache.params]
+//! seq-cutoff = { policy = "full", threshold = "1m" }
+//! cleaning = { policy = "alru" }
+//!
+//! [[cache.core]]
+//! id = 0
+//! device = "/dev/sdb"
+//! export = "osd0"
+//! ```
+
+use crate::registry::{NewCache, Registry, set_param};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// The whole file.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Listeners.
+    #[serde(default)]
+    pub daemon: DaemonSection,
+    /// Caches.
+    #[serde(default)]
+    pub cache: Vec<CacheSection>,
+}
+
+/// `[daemon]`.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonSection {
+    /// Admin socket path.
+    pub socket: Option<String>,
+    /// NBD listeners (`unix:PATH`, `tcp:HOST:PORT`).
+    pub nbd_listen: Option<Vec<String>>,
+    /// Metrics listener (`HOST:PORT`, or `none`).
+    pub metrics_listen: Option<String>,
+}
+
+/// `[[cache]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    /// Cache id.
+    pub id: u16,
+    /// Cache device string.
+    pub device: String,
+    /// Mode at creation.
+    pub mode: Option<String>,
+    /// Line size at creation.
+    pub line_size: Option<String>,
+    /// Serve bare cores when the cache device is missing.
+    #[serde(default)]
+    pub force_bare_core: bool,
+    /// Parameter groups: group name to (parameter to value).
+    #[serde(default)]
+    pub params: BTreeMap<String, BTreeMap<String, toml::Value>>,
+    /// Cores.
+    #[serde(default)]
+    pub core: Vec<CoreSection>,
+}
+
+/// `[[cache.core]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoreSection {
+    /// Core id.
+    pub id: u16,
+    /// Core device string.
+    pub device: String,
+    /// Export name (default `cache<N>-core<M>`).
+    pub export: Option<String>,
+}
+
+impl ConfigFile {
+    /// Reads and checks a config file; errors are one line naming the file.
+    pub fn load(path: &std::path::Path) -> Result<ConfigFile, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+
+    /// Parses and checks config text.
+    pub fn parse(text: &str) -> Result<ConfigFile, String> {
+        let c: ConfigFile = toml::from_str(text).map_err(|e| {
+            e.to_string()
+                .lines()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .trim()
+                .to_string()
+        })?;
+        let mut ids = std::collections::BTreeSet::new();
+        let mut exports = std::collections::BTreeSet::new();
+        for k in &c.cache {
+            if !ids.insert(k.id) {
+                return Err(format!("cache id {} appears twice", k.id));
+            }
+            if k.id == 0 || k.id > crate::registry::CACHE_ID_MAX {
+                return Err(format!("cache id {} is out of range", k.id));
+            }
+            crate::device::DeviceSpec::parse(&k.device)
+                .map_err(|e| format!("cache {}: {e}", k.id))?;
+            let mut cores = std::collections::BTreeSet::new();
+            for x in &k.core {
+                if !cores.insert(x.id) {
+                    return Err(format!("cache {}: core id {} appears twice", k.id, x.id));
+                }
+                crate::device::DeviceSpec::parse(&x.device)
+                    .map_err(|e| format!("cache {} core {}: {e}", k.id, x.id))?;
+                let name = x
+                    .export
+                    .clone()
+                    .unwrap_or_else(|| format!("cache{}-core{}", k.id, x.id));
+                if !exports.insert(name.clone()) {
+                    return Err(format!("export name '{name}' appears twice"));
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+fn value_str(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Brings every cache of the config up: a cache device holding a cache is loaded (never
+/// reformatted), a blank one (zeros at its start) is created, one holding other data is left
+/// alone and reported; missing devices leave the cache `detached` or `incomplete`. Problems are
+/// logged and shown by `list`; they do not stop the daemon. Returns the problems.
+pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
+    let mut problems = Vec::new();
+    for k in &cfg.cache {
+        let spec = match crate::device::DeviceSpec::parse(&k.device) {
+            Ok(s) => s,
+            Err(e) => {
+                problems.push(format!("cache {}: {e}", k.id));
+                continue;
+            }
+        };
+        let cores = || {
+            k.core
+                .iter()
+                .map(|x| {
+                    (
+                        x.id,
+                        x.device.clone(),
+                        x.export
+                            .clone()
+                            .unwrap_or_else(|| format!("cache{}-core{}", k.id, x.id)),
+                        k.force_bare_core,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        if !spec.present() {
+            let why = format!("cache device {} is missing", k.device);
+            crate::log!(error, "cache detached", cache = k.id, reason = why);
+            problems.push(format!("cache {}: {why}", k.id));
+            reg.add_detached(k.id, &k.device, why, cores());
+            continue;
+        }
+        // Load what is there; create only on a blank device.
+        let what = if spec.volatile() {
+            Ok("nothing")
+        } else {
+            crate::registry::probe(&k.device)
+        };
+        let started = match what {
+            Ok("cache") => reg
+                .start_cache(NewCache {
+                    device: &k.device,
+                    id: Some(k.id),
+                    mode: None,
+                    line_size: None,
+                    load: true,
+                    force: false,
+                })
+                .map(|_| ()),
+            Ok("nothing") => reg
+                .start_cache(NewCache {
+                    device: &k.device,
+                    id: Some(k.id),
+                    mode: k.mode.as_deref(),
+                    line_size: k.line_size.as_deref(),
+                    load: false,
+                    force: false,
+                })
+                .map(|_| ()),
+            Ok(_) => Err(format!(
+                "{} holds data that is not a tiercache cache; format it with `tiercache start-cache --force` if that is intended",
+                k.device
+            )),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = started {
+            crate::log!(error, "cache not started", cache = k.id, reason = e);
+            problems.push(format!("cache {}: {e}", k.id));
+            reg.add_detached(k.id, &k.device, e, vec![]);
+            continue;
+        }
+        for x in &k.core {
+            let r = reg.add_core(k.id, &x.device, Some(x.id), x.export.as_deref());
+            if let Err(e) = r {
+                crate::log!(
+                    error,
+                    "core not attached",
+                    cache = k.id,
+                    core = x.id,
+                    reason = e
+                );
+                problems.push(format!("cache {} core {}: {e}", k.id, x.id));
+            }
+        }
+        for (group, values) in &k.params {
+            let vals: Vec<(String, String)> = values
+                .iter()
+                .map(|(a, b)| (a.clone(), value_str(b)))
+                .collect();
+            if let Err(e) = set_param(reg, k.id, None, group, &vals) {
+                crate::log!(
+                    error,
+                    "parameter not set",
+                    cache = k.id,
+                    group = group,
+                    reason = e
+                );
+                problems.push(format!("cache {} {group}: {e}", k.id));
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_refuses() {
+        let c = ConfigFile::parse(
+            r#"
+[daemon]
+nbd_listen = ["unix:/tmp/x.sock"]
+[[cache]]
+id = 1
+device = "ram:64m"
+[cache.params]
+seq-cutoff = { policy = "never", threshold = "1m" }
+[[cache.core]]
+id = 0
+device = "/tmp/core.img"
+export = "vm1"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.cache[0].core[0].export.as_deref(), Some("vm1"));
+        assert!(ConfigFile::parse("[[cache]]\nid = 1\n").is_err());
+        assert!(ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"ram:1m\"\nbogus = 2\n").is_err());
+        assert!(
+            ConfigFile::parse(
+                "[[cache]]\nid = 1\ndevice = \"ram:1m\"\n[[cache]]\nid = 1\ndevice = \"ram:2m\"\n"
+            )
+            .unwrap_err()
+            .contains("twice")
+        );
+        assert!(ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"ram:0\"\n").is_err());
+        assert!(ConfigFile::parse("not toml [").is_err());
+        let ex = ConfigFile::parse(include_str!("../../contrib/tiercache.toml.example")).unwrap();
+        assert_eq!(ex.cache[0].core.len(), 2);
+    }
+}

@@ -1,0 +1,46 @@
+//! The registry's cores as NBD exports: each name resolves, at every new connection, to the
+//! core of a running cache (through the engine), to the bare core device (a detached cache
+//! whose config forces it), or to the reason it is not served.
+
+use crate::registry::{ExportTarget, Registry};
+use std::sync::Arc;
+use tiercache_nbd::{BackendExport, EngineExport, Export, Exports, ListenAddr, Server};
+
+struct RegistryExports(Arc<Registry>);
+
+impl Exports for RegistryExports {
+    fn list(&self) -> Vec<(String, String)> {
+        self.0.exports()
+    }
+
+    fn get(&self, name: &str) -> Result<Arc<dyn Export>, String> {
+        match self.0.export(name)? {
+            ExportTarget::Cached(engine, core, _) => Ok(Arc::new(EngineExport::new(engine, core))),
+            ExportTarget::Bare(dev) => Ok(Arc::new(BackendExport::new(dev))),
+        }
+    }
+}
+
+/// The running NBD server.
+pub struct NbdHandle(Server);
+
+impl NbdHandle {
+    /// Stops listening and closes every connection.
+    pub fn shutdown(self) {
+        self.0.shutdown();
+    }
+}
+
+/// Starts the NBD server with a listener on each of `listen` (`unix:PATH`, `tcp:HOST:PORT`).
+pub fn start(reg: Arc<Registry>, listen: &[String]) -> Result<NbdHandle, String> {
+    let addrs: Vec<ListenAddr> = listen
+        .iter()
+        .map(|s| ListenAddr::parse(s))
+        .collect::<Result<_, _>>()?;
+    let server = Server::new(Arc::new(RegistryExports(reg)), Default::default());
+    for a in &addrs {
+        let bound = server.listen(a)?;
+        crate::log!(info, "NBD listening", address = format!("{bound:?}"));
+    }
+    Ok(NbdHandle(server))
+}

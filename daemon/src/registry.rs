@@ -1,0 +1,1321 @@
+//! The daemon's caches and cores: what each verb does, and the states of SPEC C19.
+//!
+//! A cache is one of:
+//! - `running`: its engine serves every core;
+//! - `incomplete`: loaded from its device, but some recorded cores are not attached yet
+//!   (`add-core` with the same device, or the config file, attaches them); nothing of it is
+//!   served until every core is there, because the cache may hold dirty data of any of them
+//!   and a bare core would be stale;
+//! - `detached`: the cache device is missing; its cores are not served (a lazy cache's core
+//!   is missing its dirty data), unless the config forces the bare cores out (`degraded`).
+//!
+//! The registry's lock is held only to look things up and to change the tables; long waits
+//! (writeback, stop) run outside it on the cache's engine.
+
+use crate::device::{DeviceSpec, preallocate};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tiercache_core::cache::{Cache, CoreRecord, LoadReport};
+use tiercache_core::mode::CacheMode;
+use tiercache_core::policy::ioclass::IoClassTable;
+use tiercache_core::policy::{CleaningPolicy, CutoffParams, CutoffPolicy, PromotionPolicy};
+use tiercache_core::units::{CoreId, Lba, LineSize};
+use tiercache_core::{Config, config::Persist};
+use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
+use tiercache_format::superblock::Layout;
+
+/// Highest cache id (as casadm).
+pub const CACHE_ID_MAX: u16 = 16384;
+/// Highest core id (the core table's limit).
+pub const CORE_ID_MAX: u16 = 254;
+
+/// How a cache is doing.
+pub enum CacheRun {
+    /// Serving.
+    Running(Arc<Engine>),
+    /// Loaded metadata, waiting for recorded cores: the base configuration and the report.
+    Incomplete(Box<Config>, Box<LoadReport>),
+    /// The cache device is missing (why).
+    Detached(String),
+}
+
+/// One core of a cache.
+pub struct CoreEntry {
+    /// Device string as given (empty while not attached).
+    pub device: String,
+    /// The opened device, while attached.
+    pub dev: Option<Device>,
+    /// Export name.
+    pub export: String,
+    /// Size in blocks (recorded or current).
+    pub size_blocks: u64,
+    /// Serve the bare core although the cache device is missing (config `force_bare_core`).
+    pub bare: bool,
+}
+
+/// One cache.
+pub struct CacheEntry {
+    /// Cache id.
+    pub id: u16,
+    /// Device string as given.
+    pub device: String,
+    /// State and engine.
+    pub run: CacheRun,
+    /// Cores by id.
+    pub cores: BTreeMap<u16, CoreEntry>,
+    /// Line size.
+    pub line_size: LineSize,
+    /// Volatile (`ram:`).
+    pub volatile: bool,
+    /// When counters were last reset, and the writeback count then (for the ETA).
+    pub wb_sample: (Instant, u64),
+}
+
+impl CacheEntry {
+    /// The state word of SPEC C19.
+    pub fn state(&self) -> &'static str {
+        match &self.run {
+            CacheRun::Running(_) => "running",
+            CacheRun::Incomplete(..) => "incomplete",
+            CacheRun::Detached(_) if self.cores.values().any(|c| c.bare) => "degraded",
+            CacheRun::Detached(_) => "detached",
+        }
+    }
+
+    fn engine(&self) -> Result<Arc<Engine>, String> {
+        match &self.run {
+            CacheRun::Running(e) => Ok(e.clone()),
+            CacheRun::Incomplete(_, r) => Err(format!(
+                "cache {} is incomplete: cores {} are not attached (add-core them)",
+                self.id,
+                missing_cores(self, r).join(", ")
+            )),
+            CacheRun::Detached(why) => Err(format!("cache {} is detached: {why}", self.id)),
+        }
+    }
+}
+
+fn missing_cores(c: &CacheEntry, r: &LoadReport) -> Vec<String> {
+    r.cores
+        .iter()
+        .filter(|e| c.cores.get(&(e.id as u16)).is_none_or(|x| x.dev.is_none()))
+        .map(|e| format!("{} ({})", e.id, e.export_name))
+        .collect()
+}
+
+/// What an NBD export resolves to.
+pub enum ExportTarget {
+    /// Through the cache.
+    Cached(Arc<Engine>, CoreId, LineSize),
+    /// The bare core (forced while the cache device is missing).
+    Bare(Device),
+}
+
+/// Every cache of the daemon.
+#[derive(Default)]
+pub struct Registry {
+    caches: Mutex<BTreeMap<u16, CacheEntry>>,
+}
+
+/// Creation parameters of a cache.
+pub struct NewCache<'a> {
+    /// Device string.
+    pub device: &'a str,
+    /// Cache id (default: smallest free).
+    pub id: Option<u16>,
+    /// Mode (default wt).
+    pub mode: Option<&'a str>,
+    /// Line size (default 4k).
+    pub line_size: Option<&'a str>,
+    /// Load what the device holds.
+    pub load: bool,
+    /// Format whatever the device holds.
+    pub force: bool,
+}
+
+fn engine_config() -> EngineConfig {
+    EngineConfig { io_threads: 16 }
+}
+
+/// A random cache identity.
+fn new_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut u);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    for (i, b) in t.to_le_bytes().iter().enumerate() {
+        u[i] ^= b;
+    }
+    u
+}
+
+fn hex(u: &[u8]) -> String {
+    u.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The journal size for a cache device: 1/256 of it, between 1 and 64 MiB.
+fn journal_bytes(device_bytes: u64) -> u64 {
+    (device_bytes / 256).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
+}
+
+/// Metadata RAM per line (measured by `tiercache bench core`, rounded up) and the staging pool.
+const RAM_PER_LINE: u64 = 23;
+
+/// A new cache's configuration on a device of `bytes`.
+pub fn plan_cache(
+    bytes: u64,
+    ls: LineSize,
+    mode: CacheMode,
+    volatile: bool,
+) -> Result<(Config, Value), String> {
+    let mut cfg;
+    let meta_bytes;
+    if volatile {
+        let lines = u32::try_from(bytes / ls.bytes()).map_err(|_| "too many lines".to_string())?;
+        cfg = Config::new(lines, ls);
+        cfg.volatile = true;
+        meta_bytes = 0;
+    } else {
+        let (layout, lines) = Layout::plan(bytes, ls.bytes() as u32, journal_bytes(bytes))
+            .ok_or_else(|| {
+                format!(
+                    "the cache device ({bytes} bytes) is too small for its metadata and one {ls} line"
+                )
+            })?;
+        cfg = Config::new(lines, ls);
+        cfg.data_offset = Lba(layout.data.offset / 512);
+        cfg.persist = Some(Persist::new_cache(new_uuid(), bytes, ls, lines, layout));
+        meta_bytes = layout.data.offset;
+    }
+    cfg.mode = mode;
+    cfg.validate()?;
+    let ram =
+        cfg.lines as u64 * RAM_PER_LINE + cfg.pool_slots as u64 * cfg.pool_slot_blocks as u64 * 512;
+    let space = json!({
+        "lines": cfg.lines,
+        "line_size": ls.bytes(),
+        "data_bytes": cfg.lines as u64 * ls.bytes(),
+        "metadata_bytes_on_device": meta_bytes,
+        "ram_bytes": ram,
+    });
+    Ok((cfg, space))
+}
+
+/// What a device holds at its start: a tiercache cache (its superblock's identity), other
+/// data, or nothing (zeros).
+enum Holds {
+    Cache(String),
+    Data,
+    Nothing,
+}
+
+fn holds(dev: &Device) -> Holds {
+    let d = dev.clone();
+    let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+        d.read(off / 512, buf).map_err(|e| e.to_string())
+    };
+    if let Ok((sb, _, _)) = tiercache_core::cache::read_superblock(&mut read) {
+        return Holds::Cache(hex(&sb.cache_id));
+    }
+    let n = dev.blocks().min(2048) as usize * 512;
+    let mut b = vec![0u8; n];
+    match dev.read(0, &mut b) {
+        Ok(()) if b.iter().all(|&x| x == 0) => Holds::Nothing,
+        _ => Holds::Data,
+    }
+}
+
+/// What a device holds: `"cache"`, `"data"` or `"nothing"` (zeros at its start).
+pub fn probe(device: &str) -> Result<&'static str, String> {
+    let dev = DeviceSpec::parse(device)?.open(device)?;
+    Ok(match holds(&dev) {
+        Holds::Cache(_) => "cache",
+        Holds::Data => "data",
+        Holds::Nothing => "nothing",
+    })
+}
+
+fn base_config() -> Config {
+    Config::new(16, LineSize::K4)
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u16, CacheEntry>> {
+        self.caches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `start-cache`.
+    pub fn start_cache(&self, p: NewCache<'_>) -> Result<Value, String> {
+        let spec = DeviceSpec::parse(p.device)?;
+        if matches!(spec, DeviceSpec::Nbd(_) | DeviceSpec::Rbd(_)) {
+            return Err(format!(
+                "{}: nbd: and rbd: devices can be cores, not cache devices",
+                p.device
+            ));
+        }
+        if p.load && p.force {
+            return Err("--load and --force contradict each other: pick one".into());
+        }
+        let mode = match p.mode {
+            Some(m) => Some(
+                CacheMode::parse(m)
+                    .ok_or_else(|| format!("unknown mode '{m}' (want wt, wb, wa, wi, pt or wo)"))?,
+            ),
+            None => None,
+        };
+        if p.load && (mode.is_some() || p.line_size.is_some()) {
+            return Err(
+                "--load takes mode and line size from the device; drop --mode/--line-size".into(),
+            );
+        }
+        let ls = match p.line_size {
+            Some(s) => LineSize::parse(s)
+                .ok_or_else(|| format!("unknown line size '{s}' (want 4k, 8k, 16k, 32k or 64k)"))?,
+            None => LineSize::K4,
+        };
+        {
+            let caches = self.lock();
+            if let Some(id) = p.id {
+                if id == 0 || id > CACHE_ID_MAX {
+                    return Err(format!("cache id {id} is out of range (1-{CACHE_ID_MAX})"));
+                }
+                if caches.contains_key(&id) {
+                    return Err(format!("cache {id} already exists"));
+                }
+            }
+            if let Some(c) = caches.values().find(|c| c.device == p.device) {
+                return Err(format!("{} is already cache {}", p.device, c.id));
+            }
+        }
+        if !spec.present() {
+            return Err(format!("{}: no such file or device", p.device));
+        }
+        if spec.volatile() && p.load {
+            return Err(format!(
+                "{}: a ram: device holds no cache to load",
+                p.device
+            ));
+        }
+        let dev = spec.open(p.device)?;
+        let (run, volatile, line_size, report) = if p.load {
+            let d = dev.clone();
+            let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+                d.read(off / 512, buf)
+                    .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
+            };
+            let (cache, report) = tiercache_core::cache::open(&base_config(), &mut read)?;
+            let ls = cache.config().line_size;
+            drop(cache);
+            let rep = load_summary(&report);
+            let run = if report.cores.is_empty() {
+                let (e, _) = Engine::open(&base_config(), dev.clone(), vec![], engine_config())?;
+                CacheRun::Running(Arc::new(e))
+            } else {
+                CacheRun::Incomplete(Box::new(base_config()), Box::new(report))
+            };
+            (run, false, ls, rep)
+        } else {
+            if !spec.volatile() && !p.force {
+                match holds(&dev) {
+                    Holds::Cache(uuid) => {
+                        return Err(format!(
+                            "{} holds tiercache cache {uuid}; --load to load it, or --force to format it (its data is lost)",
+                            p.device
+                        ));
+                    }
+                    Holds::Data => {
+                        return Err(format!(
+                            "{} holds data (a file system or another program's); --force to format it (the data is lost)",
+                            p.device
+                        ));
+                    }
+                    Holds::Nothing => {}
+                }
+            }
+            if let Some(path) = spec.path() {
+                preallocate(path)?;
+            }
+            let mode = mode.unwrap_or(CacheMode::Wt);
+            let (cfg, space) = plan_cache(dev.blocks() * 512, ls, mode, spec.volatile())?;
+            let e = Engine::create(cfg, dev.clone(), vec![], engine_config())?;
+            (CacheRun::Running(Arc::new(e)), spec.volatile(), ls, space)
+        };
+        let mut caches = self.lock();
+        let id = match p.id {
+            Some(id) if !caches.contains_key(&id) => id,
+            Some(id) => return Err(format!("cache {id} already exists")),
+            None => (1..=CACHE_ID_MAX)
+                .find(|i| !caches.contains_key(i))
+                .ok_or("no free cache id")?,
+        };
+        let mut entry = CacheEntry {
+            id,
+            device: p.device.to_string(),
+            run,
+            cores: BTreeMap::new(),
+            line_size,
+            volatile,
+            wb_sample: (Instant::now(), 0),
+        };
+        if let CacheRun::Incomplete(_, r) = &entry.run {
+            for e in &r.cores {
+                entry.cores.insert(
+                    e.id as u16,
+                    CoreEntry {
+                        device: String::new(),
+                        dev: None,
+                        export: e.export_name.clone(),
+                        size_blocks: e.size_blocks,
+                        bare: false,
+                    },
+                );
+            }
+        }
+        let state = entry.state();
+        caches.insert(id, entry);
+        crate::log!(
+            info,
+            "cache started",
+            cache = id,
+            device = p.device,
+            state = state
+        );
+        Ok(json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report}))
+    }
+
+    /// Registers a cache whose device is missing (reassembly from the config).
+    pub fn add_detached(
+        &self,
+        id: u16,
+        device: &str,
+        why: String,
+        cores: Vec<(u16, String, String, bool)>,
+    ) {
+        let mut caches = self.lock();
+        let mut entry = CacheEntry {
+            id,
+            device: device.to_string(),
+            run: CacheRun::Detached(why),
+            cores: BTreeMap::new(),
+            line_size: LineSize::K4,
+            volatile: false,
+            wb_sample: (Instant::now(), 0),
+        };
+        for (cid, dev, export, bare) in cores {
+            let d = if bare {
+                DeviceSpec::parse(&dev).and_then(|s| s.open(&dev)).ok()
+            } else {
+                None
+            };
+            let size_blocks = d.as_ref().map_or(0, |d| d.blocks());
+            entry.cores.insert(
+                cid,
+                CoreEntry {
+                    device: dev,
+                    dev: d,
+                    export,
+                    size_blocks,
+                    bare,
+                },
+            );
+        }
+        caches.insert(id, entry);
+    }
+
+    /// `add-core`.
+    pub fn add_core(
+        &self,
+        cache_id: u16,
+        device: &str,
+        core_id: Option<u16>,
+        export: Option<&str>,
+    ) -> Result<Value, String> {
+        let spec = DeviceSpec::parse(device)?;
+        if let Some(i) = core_id
+            && i > CORE_ID_MAX
+        {
+            return Err(format!("core id {i} is out of range (0-{CORE_ID_MAX})"));
+        }
+        if let Some(n) = export {
+            check_export_name(n)?;
+        }
+        {
+            let caches = self.lock();
+            let c = caches
+                .get(&cache_id)
+                .ok_or_else(|| format!("no cache {cache_id}"))?;
+            if let CacheRun::Detached(why) = &c.run {
+                return Err(format!("cache {cache_id} is detached ({why})"));
+            }
+            for other in caches.values() {
+                if let Some((i, _)) = other.cores.iter().find(|(_, x)| x.device == device) {
+                    return Err(format!(
+                        "{device} is already core {i} of cache {}",
+                        other.id
+                    ));
+                }
+            }
+            if other_user(&spec) {
+                return Err(format!(
+                    "{device} is mounted or opened exclusively by another program; refusing to cache it"
+                ));
+            }
+        }
+        if !spec.present() {
+            return Err(format!("{device}: no such file or device"));
+        }
+        let identity = spec.identity(device)?;
+        let dev = spec.open(device)?;
+        let mut caches = self.lock();
+        let all_exports: Vec<String> = caches
+            .values()
+            .flat_map(|c| c.cores.values().map(|x| x.export.clone()))
+            .collect();
+        let c = caches
+            .get_mut(&cache_id)
+            .ok_or_else(|| format!("no cache {cache_id}"))?;
+        match &c.run {
+            CacheRun::Incomplete(base, report) => {
+                // Attach a recorded core: by id, else by identity.
+                let e = report
+                    .cores
+                    .iter()
+                    .find(|e| match core_id {
+                        Some(i) => e.id as u16 == i,
+                        None => e.identity == identity,
+                    })
+                    .ok_or_else(|| {
+                        format!(
+                            "cache {cache_id} is incomplete and {device} is none of its recorded cores (missing: {})",
+                            missing_cores(c, report).join(", ")
+                        )
+                    })?;
+                if e.identity != identity {
+                    return Err(format!(
+                        "core {} of cache {cache_id} was recorded as {:?}; {device} is {:?}: not the same device",
+                        e.id, e.identity, identity
+                    ));
+                }
+                // A core that grew is taken at its new size when the engine opens (SPEC C22).
+                if e.size_blocks > dev.blocks() {
+                    return Err(format!(
+                        "core {} of cache {cache_id} was {} bytes, {device} is {}: it shrank, or it is not the same device",
+                        e.id,
+                        e.size_blocks * 512,
+                        dev.blocks() * 512
+                    ));
+                }
+                let id = e.id as u16;
+                if let Some(n) = export
+                    && all_exports.iter().any(|x| x == n)
+                    && c.cores[&id].export != n
+                {
+                    return Err(format!("export name '{n}' is taken"));
+                }
+                let ce = c.cores.get_mut(&id).expect("recorded cores are listed");
+                ce.device = device.to_string();
+                ce.dev = Some(dev);
+                if let Some(n) = export {
+                    ce.export = n.to_string();
+                }
+                let missing = missing_cores(c, report);
+                if !missing.is_empty() {
+                    return Ok(
+                        json!({"cache_id": cache_id, "core_id": id, "state": "incomplete",
+                        "missing": missing}),
+                    );
+                }
+                let base = (**base).clone();
+                let specs: Vec<CoreSpec> = report
+                    .cores
+                    .iter()
+                    .map(|e| CoreSpec {
+                        id: CoreId(e.id as u16),
+                        dev: c.cores[&(e.id as u16)].dev.clone().expect("all attached"),
+                        record: CoreRecord {
+                            identity: e.identity.clone(),
+                            export_name: e.export_name.clone(),
+                        },
+                    })
+                    .collect();
+                let cache_dev = DeviceSpec::parse(&c.device)?.open(&c.device)?;
+                let (engine, rep) = Engine::open_checked(&base, cache_dev, specs, engine_config())?;
+                // Export names given now (config file, add-core --export) replace recorded ones.
+                for e in &report.cores {
+                    let want = &c.cores[&(e.id as u16)].export;
+                    if *want != e.export_name {
+                        let rec = CoreRecord {
+                            identity: e.identity.clone(),
+                            export_name: want.clone(),
+                        };
+                        engine.with_cache(|k| k.set_core_record(CoreId(e.id as u16), rec))?;
+                    }
+                }
+                engine.wait(|k| k.tables_durable());
+                c.run = CacheRun::Running(Arc::new(engine));
+                crate::log!(
+                    info,
+                    "cache running",
+                    cache = cache_id,
+                    dirty_lines = rep.dirty_lines
+                );
+                Ok(
+                    json!({"cache_id": cache_id, "core_id": id, "state": "running",
+                    "loaded": load_summary(&rep)}),
+                )
+            }
+            CacheRun::Running(engine) => {
+                let id = match core_id {
+                    Some(i) if c.cores.contains_key(&i) => {
+                        return Err(format!("core {i} of cache {cache_id} already exists"));
+                    }
+                    Some(i) => i,
+                    None => (0..=CORE_ID_MAX)
+                        .find(|i| !c.cores.contains_key(i))
+                        .ok_or("no free core id")?,
+                };
+                let name = export
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("cache{cache_id}-core{id}"));
+                if all_exports.contains(&name) {
+                    return Err(format!("export name '{name}' is taken"));
+                }
+                engine.add_core(CoreSpec {
+                    id: CoreId(id),
+                    dev: dev.clone(),
+                    record: CoreRecord {
+                        identity,
+                        export_name: name.clone(),
+                    },
+                })?;
+                c.cores.insert(
+                    id,
+                    CoreEntry {
+                        device: device.to_string(),
+                        size_blocks: dev.blocks(),
+                        dev: Some(dev),
+                        export: name.clone(),
+                        bare: false,
+                    },
+                );
+                crate::log!(
+                    info,
+                    "core added",
+                    cache = cache_id,
+                    core = id,
+                    export = name
+                );
+                Ok(json!({"cache_id": cache_id, "core_id": id, "export": name}))
+            }
+            CacheRun::Detached(why) => Err(format!("cache {cache_id} is detached ({why})")),
+        }
+    }
+
+    /// The engine of a running cache.
+    pub fn engine(&self, cache_id: u16) -> Result<Arc<Engine>, String> {
+        self.lock()
+            .get(&cache_id)
+            .ok_or_else(|| format!("no cache {cache_id}"))?
+            .engine()
+    }
+
+    fn check_core(&self, cache_id: u16, core_id: u16) -> Result<Arc<Engine>, String> {
+        let caches = self.lock();
+        let c = caches
+            .get(&cache_id)
+            .ok_or_else(|| format!("no cache {cache_id}"))?;
+        if !c.cores.contains_key(&core_id) {
+            return Err(format!("cache {cache_id} has no core {core_id}"));
+        }
+        c.engine()
+    }
+
+    /// Writes every dirty line back; `only` waits for one core's lines only. Calls `progress`
+    /// with (lines written back, lines that were dirty) about every 200 ms.
+    pub fn writeback(
+        &self,
+        cache_id: u16,
+        only: Option<u16>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Value, String> {
+        let e = match only {
+            Some(k) => self.check_core(cache_id, k)?,
+            None => self.engine(cache_id)?,
+        };
+        let dirty = |c: &Cache| match only {
+            Some(k) => c.core_lines(CoreId(k)).1 as u64,
+            None => c.dirty_lines() as u64,
+        };
+        let total = e.with_cache(|c| {
+            c.start_writeback();
+            dirty(c)
+        });
+        let t0 = Instant::now();
+        loop {
+            let (left, running) = e.with_cache(|c| (dirty(c), c.writeback_running()));
+            progress(total.saturating_sub(left), total.max(left));
+            if left == 0 {
+                break;
+            }
+            if !running {
+                e.with_cache(|c| c.start_writeback());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(json!({"cache_id": cache_id, "lines_written_back": total,
+            "seconds": t0.elapsed().as_secs_f64()}))
+    }
+
+    /// `remove-core`.
+    pub fn remove_core(
+        &self,
+        cache_id: u16,
+        core_id: u16,
+        no_writeback: bool,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Value, String> {
+        let e = self.check_core(cache_id, core_id)?;
+        if !no_writeback {
+            self.writeback(cache_id, Some(core_id), progress)?;
+        }
+        let mut tries = 0;
+        loop {
+            match e.remove_core(CoreId(core_id)) {
+                Ok(()) => break,
+                Err(m) if m.contains("in flight") && tries < 500 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(m) => return Err(m),
+            }
+        }
+        let mut caches = self.lock();
+        if let Some(c) = caches.get_mut(&cache_id) {
+            c.cores.remove(&core_id);
+        }
+        crate::log!(info, "core removed", cache = cache_id, core = core_id);
+        Ok(json!({"cache_id": cache_id, "core_id": core_id, "removed": true}))
+    }
+
+    /// `stop-cache`: writeback (unless `no_writeback`), final checkpoint, devices flushed.
+    pub fn stop_cache(
+        &self,
+        cache_id: u16,
+        no_writeback: bool,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Value, String> {
+        let running = {
+            let caches = self.lock();
+            let c = caches
+                .get(&cache_id)
+                .ok_or_else(|| format!("no cache {cache_id}"))?;
+            matches!(c.run, CacheRun::Running(_))
+        };
+        let mut dirty = 0;
+        if running {
+            if !no_writeback {
+                self.writeback(cache_id, None, progress)?;
+            }
+            dirty = self.engine(cache_id)?.with_cache(|c| c.dirty_lines());
+        }
+        let entry = self.lock().remove(&cache_id);
+        let Some(entry) = entry else {
+            return Err(format!("no cache {cache_id}"));
+        };
+        if let CacheRun::Running(e) = entry.run {
+            // NBD connections may still hold the engine: stop it in place (final checkpoint,
+            // core flushes; their later requests fail), then let it go.
+            e.stop_shared()?;
+            let mut e = e;
+            for _ in 0..50 {
+                match Arc::try_unwrap(e) {
+                    Ok(x) => {
+                        x.stop()?;
+                        break;
+                    }
+                    Err(a) => {
+                        e = a;
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        crate::log!(info, "cache stopped", cache = cache_id, dirty_lines = dirty);
+        Ok(json!({"cache_id": cache_id, "stopped": true, "dirty_lines_kept": dirty}))
+    }
+
+    /// Cache ids.
+    pub fn ids(&self) -> Vec<u16> {
+        self.lock().keys().copied().collect()
+    }
+
+    /// `list`.
+    pub fn list(&self) -> Value {
+        let caches = self.lock();
+        let mut out = Vec::new();
+        for c in caches.values() {
+            let (mode, lines, occ, dirty, why) = match &c.run {
+                CacheRun::Running(e) => e.with_cache(|k| {
+                    (
+                        k.mode().to_string(),
+                        k.config().lines,
+                        k.occupancy(),
+                        k.dirty_lines(),
+                        Value::Null,
+                    )
+                }),
+                CacheRun::Incomplete(_, r) => (
+                    "-".into(),
+                    r.superblock.lines,
+                    0,
+                    r.dirty_lines,
+                    json!(format!(
+                        "cores not attached: {}",
+                        missing_cores(c, r).join(", ")
+                    )),
+                ),
+                CacheRun::Detached(w) => ("-".into(), 0, 0, 0, json!(w)),
+            };
+            let cores: Vec<Value> = c
+                .cores
+                .iter()
+                .map(|(i, k)| {
+                    let (state, why) = core_state(c, k);
+                    json!({"core_id": i, "device": k.device, "export": k.export,
+                        "size_bytes": k.size_blocks * 512, "state": state, "reason": why})
+                })
+                .collect();
+            out.push(
+                json!({"cache_id": c.id, "device": c.device, "state": c.state(),
+                "mode": mode, "line_size": c.line_size.bytes(), "lines": lines,
+                "occupancy_lines": occ, "dirty_lines": dirty, "reason": why,
+                "cores": cores}),
+            );
+        }
+        Value::Array(out)
+    }
+
+    /// Resolves an export name.
+    pub fn export(&self, name: &str) -> Result<ExportTarget, String> {
+        let mut caches = self.lock();
+        let found = caches.values().find_map(|c| {
+            c.cores
+                .iter()
+                .find(|(_, k)| k.export == name)
+                .map(|(i, _)| (c.id, *i))
+        });
+        let Some((cid, i)) = found else {
+            return Err(format!("no export named '{name}'"));
+        };
+        let c = caches.get_mut(&cid).expect("found above");
+        let engine = match &c.run {
+            CacheRun::Running(e) => e.clone(),
+            CacheRun::Detached(_) if c.cores[&i].bare => {
+                let k = &c.cores[&i];
+                return k
+                    .dev
+                    .clone()
+                    .map(ExportTarget::Bare)
+                    .ok_or_else(|| format!("core device {} is missing", k.device));
+            }
+            _ => return Err(format!("not served: {}", core_state(c, &c.cores[&i]).1)),
+        };
+        let line_size = c.line_size;
+        let k = c.cores.get_mut(&i).expect("found above");
+        // SPEC C22: a core that grew is picked up by the next connection; a shrink below cached
+        // data is refused (and the export with it).
+        if let Some(now) = current_blocks(&k.device)
+            && now != k.size_blocks
+        {
+            let dev = DeviceSpec::parse(&k.device)?.open(&k.device)?;
+            match engine.resize_core(CoreId(i), dev.clone()) {
+                Ok(()) => {
+                    crate::log!(
+                        info,
+                        "core resized",
+                        cache = cid,
+                        core = i,
+                        from_bytes = k.size_blocks * 512,
+                        to_bytes = now * 512
+                    );
+                    k.size_blocks = now;
+                    k.dev = Some(dev);
+                }
+                Err(why) => {
+                    crate::log!(
+                        error,
+                        "core resize refused",
+                        cache = cid,
+                        core = i,
+                        reason = why
+                    );
+                    return Err(format!("not served: {why}"));
+                }
+            }
+        }
+        Ok(ExportTarget::Cached(engine, CoreId(i), line_size))
+    }
+
+    /// Every export: (name, description, served).
+    pub fn exports(&self) -> Vec<(String, String)> {
+        let caches = self.lock();
+        let mut v = Vec::new();
+        for c in caches.values() {
+            for (i, k) in &c.cores {
+                let (state, _) = core_state(c, k);
+                v.push((
+                    k.export.clone(),
+                    format!("cache {} core {i} ({}) {state}", c.id, k.device),
+                ));
+            }
+        }
+        v
+    }
+
+    /// Runs `f` on a cache's core (parameters, modes, counters).
+    pub fn with_cache<R>(
+        &self,
+        cache_id: u16,
+        f: impl FnOnce(&mut Cache) -> Result<R, String>,
+    ) -> Result<R, String> {
+        self.engine(cache_id)?.with_cache(f)
+    }
+
+    /// `set-mode`.
+    pub fn set_mode(&self, cache_id: u16, mode: &str) -> Result<Value, String> {
+        let m = CacheMode::parse(mode)
+            .ok_or_else(|| format!("unknown mode '{mode}' (want wt, wb, wa, wi, pt or wo)"))?;
+        let e = self.engine(cache_id)?;
+        e.with_cache(|c| c.set_mode(m).map_err(|e| e.to_string()))?;
+        e.wait(|c| c.tables_durable());
+        let (now, target) = e.with_cache(|c| (c.mode(), c.target_mode()));
+        Ok(json!({"cache_id": cache_id, "mode": now.to_string(),
+            "switching_to": target.map(|t| t.to_string())}))
+    }
+
+    /// `io-class load`.
+    pub fn io_class_load(&self, cache_id: u16, csv: &str) -> Result<Value, String> {
+        let t = IoClassTable::parse_csv(csv).map_err(|e| e.to_string())?;
+        let n = t.classes().count();
+        let e = self.engine(cache_id)?;
+        e.with_cache(|c| c.load_io_classes(t));
+        e.wait(|c| c.tables_durable());
+        Ok(json!({"cache_id": cache_id, "classes": n}))
+    }
+
+    /// `io-class list`.
+    pub fn io_class_list(&self, cache_id: u16) -> Result<Value, String> {
+        let e = self.engine(cache_id)?;
+        Ok(e.with_cache(|c| {
+            let classes: Vec<Value> = c
+                .io_classes()
+                .classes()
+                .map(|k| {
+                    json!({"id": k.id, "name": k.name,
+                        "eviction_priority": k.priority.map_or("pinned".to_string(), |p| p.to_string()),
+                        "allocation": k.allocation_pct as f64 / 100.0,
+                        "lines": c.class_lines(k.id)})
+                })
+                .collect();
+            json!({"cache_id": cache_id, "csv": c.io_classes().to_csv(), "classes": classes})
+        }))
+    }
+
+    /// `invalidate`.
+    pub fn invalidate(&self, cache_id: u16, core_id: u16) -> Result<Value, String> {
+        let e = self.check_core(cache_id, core_id)?;
+        let mut tries = 0;
+        let (lines, dirty) = loop {
+            match e.with_cache(|c| c.invalidate_core(CoreId(core_id))) {
+                Ok(x) => break x,
+                Err(m) if m.to_string().contains("in flight") && tries < 500 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(m) => return Err(m.to_string()),
+            }
+        };
+        e.wait(|c| c.tables_durable());
+        crate::log!(
+            warn,
+            "core invalidated",
+            cache = cache_id,
+            core = core_id,
+            lines = lines,
+            dirty_blocks_dropped = dirty
+        );
+        Ok(
+            json!({"cache_id": cache_id, "core_id": core_id, "lines_dropped": lines,
+            "dirty_bytes_dropped": dirty * 512}),
+        )
+    }
+
+    /// `reset-counters`.
+    pub fn reset_counters(&self, cache_id: u16) -> Result<Value, String> {
+        let e = self.engine(cache_id)?;
+        e.with_cache(|c| c.reset_counters());
+        if let Some(c) = self.lock().get_mut(&cache_id) {
+            c.wb_sample = (Instant::now(), 0);
+        }
+        Ok(json!({"cache_id": cache_id, "reset": true}))
+    }
+
+    /// The writeback rate since the last sample (blocks/s), and takes a new sample.
+    pub fn writeback_rate(&self, cache_id: u16, wb_blocks: u64) -> f64 {
+        let mut caches = self.lock();
+        let Some(c) = caches.get_mut(&cache_id) else {
+            return 0.0;
+        };
+        let (t, n) = c.wb_sample;
+        let dt = t.elapsed().as_secs_f64();
+        let rate = if dt > 0.0 {
+            wb_blocks.saturating_sub(n) as f64 / dt
+        } else {
+            0.0
+        };
+        if dt > 1.0 {
+            c.wb_sample = (Instant::now(), wb_blocks);
+        }
+        rate
+    }
+
+    /// Stops every cache (daemon shutdown): dirty data stays persisted, nothing is written back.
+    pub fn stop_all(&self) {
+        for id in self.ids() {
+            if let Err(e) = self.stop_cache(id, true, |_, _| {}) {
+                crate::log!(error, "stopping a cache failed", cache = id, error = e);
+            }
+        }
+    }
+
+    /// Line size and whether the cache is volatile.
+    pub fn geometry(&self, cache_id: u16) -> Option<(LineSize, bool, String)> {
+        self.lock()
+            .get(&cache_id)
+            .map(|c| (c.line_size, c.volatile, c.device.clone()))
+    }
+
+    /// Core ids and export names of a cache.
+    pub fn cores(&self, cache_id: u16) -> Vec<(u16, String, String, &'static str)> {
+        self.lock()
+            .get(&cache_id)
+            .map(|c| {
+                c.cores
+                    .iter()
+                    .map(|(i, k)| (*i, k.device.clone(), k.export.clone(), core_state(c, k).0))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// State word of a cache.
+    pub fn state(&self, cache_id: u16) -> Option<&'static str> {
+        self.lock().get(&cache_id).map(|c| c.state())
+    }
+}
+
+/// The size in blocks a local core device has now (files and block devices; `None` for others
+/// or when it cannot be read).
+fn current_blocks(device: &str) -> Option<u64> {
+    use std::os::unix::fs::FileTypeExt;
+    let spec = DeviceSpec::parse(device).ok()?;
+    let p = spec.path()?;
+    let md = std::fs::metadata(p).ok()?;
+    if md.is_file() {
+        Some(md.len() / 512)
+    } else if md.file_type().is_block_device() {
+        spec.open(device).ok().map(|d| d.blocks())
+    } else {
+        None
+    }
+}
+
+fn core_state(c: &CacheEntry, k: &CoreEntry) -> (&'static str, String) {
+    match &c.run {
+        CacheRun::Running(_) => ("running", String::new()),
+        CacheRun::Incomplete(..) if k.dev.is_none() => (
+            "detached",
+            "core device not attached yet (add-core it)".into(),
+        ),
+        CacheRun::Incomplete(..) => ("incomplete", "waiting for the cache's other cores".into()),
+        CacheRun::Detached(why) if k.bare => (
+            "degraded",
+            format!(
+                "{why}; serving the bare core (forced: dirty data on the missing cache device is not in it)"
+            ),
+        ),
+        CacheRun::Detached(why) => (
+            "detached",
+            format!(
+                "{why}; the bare core is not served because it may lack dirty data (force_bare_core = true in the config to serve it anyway)"
+            ),
+        ),
+    }
+}
+
+fn load_summary(r: &LoadReport) -> Value {
+    json!({"clean_stop": r.clean, "lines": r.lines, "dirty_lines": r.dirty_lines,
+        "dropped_clean_lines": r.dropped_clean_lines, "journal_records": r.journal_records,
+        "cores": r.cores.iter().map(|e| json!({"core_id": e.id, "export": e.export_name,
+            "size_bytes": e.size_blocks * 512})).collect::<Vec<_>>()})
+}
+
+/// Export names: 1–255 printable characters without spaces or `/`... as NBD allows, kept simple.
+fn check_export_name(n: &str) -> Result<(), String> {
+    if n.is_empty() || n.len() > 255 || !n.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(format!(
+            "export name '{}' must be 1-255 printable ASCII characters without spaces",
+            n.escape_debug()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a block device is mounted or opened exclusively by someone else (O_EXCL fails).
+fn other_user(spec: &DeviceSpec) -> bool {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let Some(p) = spec.path() else {
+        return false;
+    };
+    let Ok(md) = std::fs::metadata(p) else {
+        return false;
+    };
+    if !md.file_type().is_block_device() {
+        return false;
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(p)
+        .is_err()
+}
+
+/// The sequential cutoff parameters of `values` applied to `p`.
+pub fn apply_cutoff(
+    mut p: CutoffParams,
+    values: &[(String, String)],
+) -> Result<CutoffParams, String> {
+    for (k, v) in values {
+        match k.as_str() {
+            "policy" => {
+                p.policy = match v.as_str() {
+                    "always" => CutoffPolicy::Always,
+                    "full" => CutoffPolicy::Full,
+                    "never" => CutoffPolicy::Never,
+                    _ => {
+                        return Err(format!(
+                            "seq-cutoff policy '{v}' (want always, full or never)"
+                        ));
+                    }
+                }
+            }
+            // A bare number is KiB, as casadm's `-t`; a suffix says the unit.
+            "threshold" if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
+                p.threshold_bytes = v
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|k| k.checked_mul(1024))
+                    .ok_or_else(|| format!("threshold '{v}' is too large"))?
+            }
+            "threshold" => p.threshold_bytes = crate::device::parse_size(v)?,
+            "promotion-count" => p.promotion_count = num(k, v, 1, 65535)?,
+            _ => {
+                return Err(unknown(
+                    k,
+                    "seq-cutoff",
+                    "policy, threshold, promotion-count",
+                ));
+            }
+        }
+    }
+    Ok(p)
+}
+
+pub(crate) fn num(k: &str, v: &str, lo: u32, hi: u32) -> Result<u32, String> {
+    v.parse::<u32>()
+        .ok()
+        .filter(|n| (lo..=hi).contains(n))
+        .ok_or_else(|| format!("{k} = '{v}': want a whole number from {lo} to {hi}"))
+}
+
+pub(crate) fn unknown(k: &str, group: &str, known: &str) -> String {
+    format!("unknown parameter '{k}' for {group} (known: {known})")
+}
+
+/// `set-param`.
+pub fn set_param(
+    reg: &Registry,
+    cache_id: u16,
+    core_id: Option<u16>,
+    name: &str,
+    values: &[(String, String)],
+) -> Result<Value, String> {
+    let e = reg.engine(cache_id)?;
+    e.with_cache(|c| -> Result<(), String> {
+        let cfg = c.config().clone();
+        match name {
+            "seq-cutoff" | "seq-detect" => {
+                let cores: Vec<CoreId> = match core_id {
+                    Some(k) => vec![CoreId(k)],
+                    None => (0..=CORE_ID_MAX).map(CoreId).filter(|k| c.core(*k).is_some()).collect(),
+                };
+                // Check every core first, so nothing changes on an error.
+                let mut new = Vec::new();
+                for k in &cores {
+                    let cur = c
+                        .core(*k)
+                        .ok_or_else(|| format!("cache {cache_id} has no core {}", k.0))?
+                        .cutoff
+                        .params();
+                    new.push((*k, apply_cutoff(cur, values)?));
+                }
+                for (k, p) in new {
+                    c.set_cutoff(k, p).map_err(|e| e.to_string())?;
+                }
+            }
+            "cleaning" => {
+                let mut pol = cfg.cleaning;
+                for (k, v) in values {
+                    match k.as_str() {
+                        "policy" => {
+                            pol = match v.as_str() {
+                                "alru" => CleaningPolicy::Alru,
+                                "acp" => CleaningPolicy::Acp,
+                                "nop" => CleaningPolicy::Nop,
+                                _ => return Err(format!("cleaning policy '{v}' (want alru, acp or nop)")),
+                            }
+                        }
+                        _ => return Err(unknown(k, name, "policy")),
+                    }
+                }
+                c.set_cleaning(pol, cfg.alru, cfg.acp);
+            }
+            "cleaning-alru" => {
+                let mut a = cfg.alru;
+                for (k, v) in values {
+                    match k.as_str() {
+                        "wake-up" => a.wake_up_s = num(k, v, 0, 3600)?,
+                        "staleness-time" => a.staleness_time_s = num(k, v, 1, 3600)?,
+                        "flush-max-buffers" => a.flush_max_buffers = num(k, v, 1, 10000)?,
+                        "activity-threshold" => a.activity_threshold_ms = num(k, v, 0, 1_000_000)?,
+                        _ => return Err(unknown(k, name, "wake-up, staleness-time, flush-max-buffers, activity-threshold")),
+                    }
+                }
+                c.set_cleaning(cfg.cleaning, a, cfg.acp);
+            }
+            "cleaning-acp" => {
+                let mut a = cfg.acp;
+                for (k, v) in values {
+                    match k.as_str() {
+                        "wake-up" => a.wake_up_ms = num(k, v, 0, 10000)?,
+                        "flush-max-buffers" => a.flush_max_buffers = num(k, v, 1, 10000)?,
+                        _ => return Err(unknown(k, name, "wake-up, flush-max-buffers")),
+                    }
+                }
+                c.set_cleaning(cfg.cleaning, cfg.alru, a);
+            }
+            "promotion" => {
+                let mut pol = cfg.promotion;
+                for (k, v) in values {
+                    match k.as_str() {
+                        "policy" => {
+                            pol = match v.as_str() {
+                                "always" => PromotionPolicy::Always,
+                                "nhit" => PromotionPolicy::Nhit,
+                                _ => return Err(format!("promotion policy '{v}' (want always or nhit)")),
+                            }
+                        }
+                        _ => return Err(unknown(k, name, "policy")),
+                    }
+                }
+                c.set_promotion(pol, cfg.nhit);
+            }
+            "promotion-nhit" => {
+                let mut n = cfg.nhit;
+                for (k, v) in values {
+                    match k.as_str() {
+                        "threshold" | "insertion-threshold" => n.threshold = num(k, v, 2, 1000)?,
+                        "trigger" | "trigger-threshold" => n.trigger_pct = num(k, v, 0, 100)?,
+                        _ => return Err(unknown(k, name, "threshold, trigger")),
+                    }
+                }
+                c.set_promotion(cfg.promotion, n);
+            }
+            _ => {
+                return Err(format!(
+                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion or promotion-nhit)"
+                ));
+            }
+        }
+        Ok(())
+    })?;
+    e.wait(|c| c.tables_durable());
+    get_param(reg, cache_id, core_id, name)
+}
+
+/// `get-param`.
+pub fn get_param(
+    reg: &Registry,
+    cache_id: u16,
+    core_id: Option<u16>,
+    name: &str,
+) -> Result<Value, String> {
+    reg.with_cache(cache_id, |c| {
+        let cfg = c.config();
+        Ok(match name {
+            "seq-cutoff" | "seq-detect" => {
+                let mut v = Vec::new();
+                for k in (0..=CORE_ID_MAX).map(CoreId) {
+                    if core_id.is_some_and(|x| x != k.0) {
+                        continue;
+                    }
+                    if let Some(s) = c.core(k) {
+                        let p = s.cutoff.params();
+                        let pol = match p.policy {
+                            CutoffPolicy::Always => "always",
+                            CutoffPolicy::Full => "full",
+                            CutoffPolicy::Never => "never",
+                        };
+                        v.push(json!({"core_id": k.0, "policy": pol,
+                            "threshold": p.threshold_bytes, "promotion-count": p.promotion_count}));
+                    }
+                }
+                if let Some(k) = core_id
+                    && v.is_empty()
+                {
+                    return Err(format!("cache {cache_id} has no core {k}"));
+                }
+                json!(v)
+            }
+            "cleaning" => json!({"policy": match cfg.cleaning {
+                CleaningPolicy::Alru => "alru", CleaningPolicy::Acp => "acp", CleaningPolicy::Nop => "nop"}}),
+            "cleaning-alru" => json!({"wake-up": cfg.alru.wake_up_s,
+                "staleness-time": cfg.alru.staleness_time_s,
+                "flush-max-buffers": cfg.alru.flush_max_buffers,
+                "activity-threshold": cfg.alru.activity_threshold_ms}),
+            "cleaning-acp" => json!({"wake-up": cfg.acp.wake_up_ms,
+                "flush-max-buffers": cfg.acp.flush_max_buffers}),
+            "promotion" => json!({"policy": match cfg.promotion {
+                PromotionPolicy::Always => "always", PromotionPolicy::Nhit => "nhit"}}),
+            "promotion-nhit" => json!({"threshold": cfg.nhit.threshold,
+                "trigger": cfg.nhit.trigger_pct}),
+            _ => {
+                return Err(format!(
+                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion or promotion-nhit)"
+                ));
+            }
+        })
+    })
+}

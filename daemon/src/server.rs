@@ -1,0 +1,337 @@
+//! The daemon's main loop: listeners, the admin socket, signals and clean shutdown.
+
+use crate::admin::{Progress, REQUEST_MAX, Request, default_socket, runtime_dir};
+use crate::config::{ConfigFile, reassemble};
+use crate::registry::{NewCache, Registry, get_param, set_param};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+
+/// Daemon options (command line over config file over defaults).
+#[derive(Debug, Default, Clone)]
+pub struct Options {
+    /// Config file.
+    pub config: Option<PathBuf>,
+    /// Admin socket.
+    pub socket: Option<PathBuf>,
+    /// NBD listeners (`unix:PATH`, `tcp:HOST:PORT`).
+    pub nbd_listen: Vec<String>,
+    /// Metrics listener (`HOST:PORT` or `none`).
+    pub metrics_listen: Option<String>,
+}
+
+/// Default metrics address.
+pub const METRICS_DEFAULT: &str = "127.0.0.1:9745";
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it, and
+    // pthread_sigmask only changes this thread's mask (inherited by threads spawned after).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+fn wait_signal(set: libc::sigset_t) -> i32 {
+    let mut sig: libc::c_int = 0;
+    // SAFETY: `set` was initialised by block_signals and `sig` is a valid out-pointer.
+    unsafe { libc::sigwait(&set, &mut sig) };
+    sig
+}
+
+/// Binds a unix socket readable and writable by its owner only (SPEC R7), refusing to take
+/// over one that a live process still listens on.
+pub fn bind_private(path: &Path) -> Result<UnixListener, String> {
+    if let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(format!(
+                "{}: another daemon is listening there; stop it or pass --socket",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    // SAFETY: umask only changes the process's file creation mask; restored right after.
+    let old = unsafe { libc::umask(0o177) };
+    let l = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let l = l.map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(l)
+}
+
+/// The peer's uid on a unix socket.
+fn peer_uid(s: &UnixStream) -> Option<u32> {
+    use std::os::unix::io::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// Runs the daemon in the foreground until SIGTERM, SIGINT or `shutdown`.
+pub fn run(opts: Options) -> Result<(), String> {
+    let sigs = block_signals();
+    let cfg = match &opts.config {
+        Some(p) => ConfigFile::load(p)?,
+        None => ConfigFile::default(),
+    };
+    let socket = opts
+        .socket
+        .clone()
+        .or_else(|| cfg.daemon.socket.as_ref().map(PathBuf::from))
+        .unwrap_or_else(default_socket);
+    let nbd_listen = if !opts.nbd_listen.is_empty() {
+        opts.nbd_listen.clone()
+    } else if let Some(l) = &cfg.daemon.nbd_listen {
+        l.clone()
+    } else {
+        vec![format!("unix:{}", runtime_dir().join("nbd.sock").display())]
+    };
+    let metrics = opts
+        .metrics_listen
+        .clone()
+        .or_else(|| cfg.daemon.metrics_listen.clone())
+        .unwrap_or_else(|| METRICS_DEFAULT.to_string());
+    let admin = bind_private(&socket)?;
+    let reg = Arc::new(Registry::new());
+    let problems = reassemble(&reg, &cfg);
+    let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen) {
+        Ok(n) => n,
+        Err(e) => {
+            reg.stop_all();
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    if metrics != "none" {
+        match std::net::TcpListener::bind(&metrics) {
+            Ok(l) => {
+                let r = reg.clone();
+                std::thread::spawn(move || serve_metrics(l, r));
+            }
+            Err(e) => crate::log!(warn, "metrics not served", address = metrics, error = e),
+        }
+    }
+    let (tx, rx) = mpsc::channel::<&'static str>();
+    {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let s = wait_signal(sigs);
+            let _ = tx.send(if s == libc::SIGINT {
+                "SIGINT"
+            } else {
+                "SIGTERM"
+            });
+        });
+    }
+    {
+        let reg = reg.clone();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for s in admin.incoming().flatten() {
+                let reg = reg.clone();
+                let tx = tx.clone();
+                std::thread::spawn(move || serve_admin(s, &reg, &tx));
+            }
+        });
+    }
+    crate::log!(
+        info,
+        "daemon ready",
+        socket = socket.display(),
+        nbd = nbd_listen.join(","),
+        metrics = metrics,
+        problems = problems.len()
+    );
+    let why = rx.recv().unwrap_or("channel closed");
+    crate::log!(info, "daemon stopping", reason = why);
+    nbd.shutdown();
+    reg.stop_all();
+    let _ = std::fs::remove_file(&socket);
+    crate::log!(info, "daemon stopped");
+    Ok(())
+}
+
+fn serve_metrics(l: std::net::TcpListener, reg: Arc<Registry>) {
+    for s in l.incoming().flatten() {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            let mut s = s;
+            let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let first = req.lines().next().unwrap_or("");
+            let (code, body) = if first.starts_with("GET /metrics") {
+                ("200 OK", crate::stats::metrics(&reg))
+            } else {
+                ("404 Not Found", "see /metrics\n".to_string())
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        });
+    }
+}
+
+fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>) {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut out = match s.try_clone() {
+        Ok(o) => o,
+        Err(_) => return,
+    };
+    let mut send = |v: Value| {
+        let mut l = v.to_string();
+        l.push('\n');
+        out.write_all(l.as_bytes()).is_ok()
+    };
+    match peer_uid(&s) {
+        Some(u) if u == me || u == 0 => {}
+        u => {
+            crate::log!(warn, "admin connection refused", uid = format!("{u:?}"));
+            send(
+                json!({"ok": false, "error": "permission denied: only the daemon's user or root may manage it"}),
+            );
+            return;
+        }
+    }
+    let mut r = BufReader::new(s.take(REQUEST_MAX as u64 + 1));
+    let mut line = String::new();
+    match r.read_line(&mut line) {
+        Ok(n) if n > REQUEST_MAX => {
+            send(json!({"ok": false, "error": "request too long"}));
+            return;
+        }
+        Ok(0) | Err(_) => return,
+        Ok(_) => {}
+    }
+    let req: Request = match serde_json::from_str(&line) {
+        Ok(r) => r,
+        Err(e) => {
+            send(json!({"ok": false, "error": format!("bad request: {e}")}));
+            return;
+        }
+    };
+    let mut progress = |what: &str, done: u64, total: u64| {
+        send(json!({"progress": Progress {
+            what: what.to_string(), done, total, unit: "lines".into() }}));
+    };
+    let shutdown = matches!(req, Request::Shutdown);
+    let res = handle(reg, req, &mut progress);
+    let v = match res {
+        Ok(v) => json!({"ok": true, "result": v}),
+        Err(e) => json!({"ok": false, "error": e}),
+    };
+    send(v);
+    if shutdown {
+        let _ = tx.send("shutdown request");
+    }
+}
+
+/// Carries out one request.
+pub fn handle(
+    reg: &Registry,
+    req: Request,
+    progress: &mut dyn FnMut(&str, u64, u64),
+) -> Result<Value, String> {
+    match req {
+        Request::StartCache {
+            cache_device,
+            cache_id,
+            mode,
+            line_size,
+            load,
+            force,
+        } => reg.start_cache(NewCache {
+            device: &cache_device,
+            id: cache_id,
+            mode: mode.as_deref(),
+            line_size: line_size.as_deref(),
+            load,
+            force,
+        }),
+        Request::AddCore {
+            cache_id,
+            core_device,
+            core_id,
+            export,
+        } => reg.add_core(cache_id, &core_device, core_id, export.as_deref()),
+        Request::RemoveCore {
+            cache_id,
+            core_id,
+            no_writeback,
+        } => reg.remove_core(cache_id, core_id, no_writeback, |d, t| {
+            progress("writeback", d, t)
+        }),
+        Request::StopCache {
+            cache_id,
+            no_writeback,
+        } => reg.stop_cache(cache_id, no_writeback, |d, t| progress("writeback", d, t)),
+        Request::List => Ok(reg.list()),
+        Request::Stats {
+            cache_id,
+            core_id,
+            io_class,
+        } => match cache_id {
+            Some(id) => crate::stats::cache_stats(reg, id, core_id, io_class),
+            None if core_id.is_some() || io_class.is_some() => {
+                Err("--core-id and --io-class need --cache-id".into())
+            }
+            None => Ok(crate::stats::all_stats(reg)),
+        },
+        Request::SetParam {
+            cache_id,
+            core_id,
+            name,
+            values,
+        } => set_param(reg, cache_id, core_id, &name, &values),
+        Request::GetParam {
+            cache_id,
+            core_id,
+            name,
+        } => get_param(reg, cache_id, core_id, &name),
+        Request::SetMode { cache_id, mode } => reg.set_mode(cache_id, &mode),
+        Request::IoClassLoad { cache_id, csv } => reg.io_class_load(cache_id, &csv),
+        Request::IoClassList { cache_id } => reg.io_class_list(cache_id),
+        Request::Writeback { cache_id, core_id } => {
+            reg.writeback(cache_id, core_id, |d, t| progress("writeback", d, t))
+        }
+        Request::Invalidate { cache_id, core_id } => reg.invalidate(cache_id, core_id),
+        Request::ResetCounters { cache_id } => reg.reset_counters(cache_id),
+        Request::Shutdown => Ok(json!({"stopping": true})),
+    }
+}

@@ -1,0 +1,376 @@
+//! Statistics like `casadm -P` (usage, requests, blocks, errors per cache, core and IO class)
+//! plus the dirty-data risk of SPEC C20, as JSON; and the same numbers as Prometheus metrics.
+
+use crate::registry::{CORE_ID_MAX, Registry};
+use serde_json::{Value, json};
+use std::fmt::Write;
+use tiercache_core::Cache;
+use tiercache_core::stats::ReqCounters;
+use tiercache_core::units::CoreId;
+
+fn pct(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        (a as f64 * 1000.0 / b as f64).round() / 10.0
+    }
+}
+
+fn requests(r: &ReqCounters) -> Value {
+    let rd = &r.read;
+    let wr = &r.write;
+    let total = rd.total() + wr.total();
+    json!({
+        "read_full_hits": rd.full_hit, "read_partial_hits": rd.partial_hit,
+        "read_misses": rd.miss, "read_pass_through": rd.pass_through,
+        "write_full_hits": wr.full_hit, "write_partial_hits": wr.partial_hit,
+        "write_misses": wr.miss, "write_pass_through": wr.pass_through,
+        "trims": r.trims, "flushes": r.flushes,
+        "total": total,
+        "read_hit_pct": pct(rd.full_hit + rd.partial_hit, rd.total()),
+        "write_hit_pct": pct(wr.full_hit + wr.partial_hit, wr.total()),
+        "hit_pct": pct(rd.full_hit + rd.partial_hit + wr.full_hit + wr.partial_hit, total),
+        "pass_through_pct": pct(rd.pass_through + wr.pass_through, total),
+        "errors": r.errors,
+    })
+}
+
+fn blocks(r: &ReqCounters) -> Value {
+    json!({"client_bytes_read": r.blocks_read * 512, "client_bytes_written": r.blocks_written * 512})
+}
+
+/// Statistics of one cache (and optionally one core or IO class of it).
+pub fn cache_stats(
+    reg: &Registry,
+    cache_id: u16,
+    core_id: Option<u16>,
+    io_class: Option<u8>,
+) -> Result<Value, String> {
+    let e = reg.engine(cache_id)?;
+    let es = e.stats();
+    let (lsz, _, device) = reg.geometry(cache_id).ok_or("gone")?;
+    let mut v = e.with_cache(|c: &mut Cache| -> Result<Value, String> {
+        let cfg = c.config();
+        let k = c.counters();
+        let line = cfg.line_size.bytes();
+        let dirty_blocks = c.dirty_blocks();
+        let mut out = json!({
+            "cache_id": cache_id,
+            "device": device,
+            "state": "running",
+            "mode": c.mode().to_string(),
+            "switching_to": c.target_mode().map(|m| m.to_string()),
+            "line_size": line,
+            "usage": {
+                "lines": cfg.lines,
+                "occupancy_lines": c.occupancy(),
+                "occupancy_pct": pct(c.occupancy() as u64, cfg.lines as u64),
+                "free_lines": cfg.lines - c.occupancy(),
+                "clean_lines": c.occupancy() - c.dirty_lines(),
+                "dirty_lines": c.dirty_lines(),
+                "dirty_pct": pct(c.dirty_lines() as u64, cfg.lines as u64),
+                "dirty_bytes": dirty_blocks * 512,
+            },
+            "blocks": {
+                "cache_bytes_read": k.cache_blocks_read * 512,
+                "cache_bytes_written": k.cache_blocks_written * 512,
+                "core_bytes_read": k.core_blocks_read * 512,
+                "core_bytes_written": k.core_blocks_written * 512,
+            },
+            "errors": {"cache": k.cache_errors, "core": k.core_errors,
+                "writeback": k.writeback_errors},
+            "writeback": {"lines": k.writeback_lines, "bytes": k.writeback_blocks * 512,
+                "ios": k.writeback_ios, "running": c.writeback_running()},
+            "throttle": {"writes": k.throttled_writes, "seconds": k.throttle_ns as f64 / 1e9},
+            "evictions": k.evictions, "deferred": k.deferred, "alloc_failures": k.alloc_failures,
+            "engine": {"in_flight": es.in_flight, "in_flight_max": es.in_flight_max,
+                "requests": es.requests},
+            "policies": {
+                "eviction": c.policy_names().0, "promotion": c.policy_names().1,
+                "cleaning": c.policy_names().2,
+            },
+        });
+        if let Some((used, cap)) = c.journal_fill() {
+            out["metadata"] = json!({"journal_bytes_used": used, "journal_bytes": cap,
+                "commits": c.meta_counters().commits, "checkpoints": c.meta_counters().checkpoints});
+        }
+        let mut all = ReqCounters::default();
+        let mut cores = Vec::new();
+        for id in (0..=CORE_ID_MAX).map(CoreId) {
+            let Some(s) = c.core(id) else { continue };
+            add(&mut all, &s.counters);
+            if core_id.is_some_and(|x| x != id.0) {
+                continue;
+            }
+            let (lines, dirty) = c.core_lines(id);
+            cores.push(json!({
+                "core_id": id.0,
+                "export": s.record.as_ref().map(|r| r.export_name.clone()),
+                "size_bytes": s.size_blocks * 512,
+                "occupancy_lines": lines,
+                "dirty_lines": dirty,
+                "dirty_bytes_max": dirty as u64 * line,
+                "requests": requests(&s.counters),
+                "blocks": blocks(&s.counters),
+            }));
+        }
+        if let Some(x) = core_id
+            && cores.is_empty()
+        {
+            return Err(format!("cache {cache_id} has no core {x}"));
+        }
+        out["requests"] = requests(&all);
+        out["client"] = blocks(&all);
+        let client_written = all.blocks_written.max(1);
+        out["device_bytes_written_per_client_byte"] = json!(
+            ((k.cache_blocks_written + k.core_blocks_written) as f64 / client_written as f64
+                * 100.0)
+                .round()
+                / 100.0
+        );
+        out["cores"] = json!(cores);
+        let mut classes = Vec::new();
+        for cl in c.io_classes().classes() {
+            if io_class.is_some_and(|x| x != cl.id) {
+                continue;
+            }
+            let r = c.class_counters(cl.id).copied().unwrap_or_default();
+            classes.push(json!({"io_class": cl.id, "name": cl.name,
+                "occupancy_lines": c.class_lines(cl.id), "requests": requests(&r),
+                "blocks": blocks(&r)}));
+        }
+        if let Some(x) = io_class
+            && classes.is_empty()
+        {
+            return Err(format!("cache {cache_id} has no IO class {x}"));
+        }
+        out["io_classes"] = json!(classes);
+        Ok(out)
+    })?;
+    // Dirty-data risk (SPEC C20): bytes at risk if the cache device dies, and how long the
+    // cleaner needs at the rate it has been writing back.
+    let wb_blocks = v["writeback"]["bytes"].as_u64().unwrap_or(0) / 512;
+    let rate = reg.writeback_rate(cache_id, wb_blocks) * 512.0;
+    let dirty = v["usage"]["dirty_bytes"].as_u64().unwrap_or(0);
+    v["risk"] = json!({
+        "dirty_bytes": dirty,
+        "writeback_bytes_per_s": rate.round(),
+        "writeback_eta_s": if dirty == 0 { json!(0) } else if rate > 0.0 {
+            json!((dirty as f64 / rate).round()) } else { Value::Null },
+    });
+    let _ = lsz;
+    Ok(v)
+}
+
+fn add(a: &mut ReqCounters, b: &ReqCounters) {
+    a.read.full_hit += b.read.full_hit;
+    a.read.partial_hit += b.read.partial_hit;
+    a.read.miss += b.read.miss;
+    a.read.pass_through += b.read.pass_through;
+    a.write.full_hit += b.write.full_hit;
+    a.write.partial_hit += b.write.partial_hit;
+    a.write.miss += b.write.miss;
+    a.write.pass_through += b.write.pass_through;
+    a.trims += b.trims;
+    a.flushes += b.flushes;
+    a.blocks_read += b.blocks_read;
+    a.blocks_written += b.blocks_written;
+    a.errors += b.errors;
+}
+
+/// Every cache's statistics (those not running appear with their state only).
+pub fn all_stats(reg: &Registry) -> Value {
+    let mut v = Vec::new();
+    for id in reg.ids() {
+        match cache_stats(reg, id, None, None) {
+            Ok(s) => v.push(s),
+            Err(_) => v.push(json!({"cache_id": id, "state": reg.state(id)})),
+        }
+    }
+    json!(v)
+}
+
+/// Prometheus text format (version 0.0.4) of every cache, core and IO class.
+pub fn metrics(reg: &Registry) -> String {
+    let mut out = String::new();
+    let states = ["running", "degraded", "incomplete", "detached"];
+    let _ = writeln!(
+        out,
+        "# HELP tiercache_cache_state 1 for the state the cache is in (SPEC C19).\n# TYPE tiercache_cache_state gauge"
+    );
+    for id in reg.ids() {
+        let st = reg.state(id).unwrap_or("detached");
+        for s in states {
+            let _ = writeln!(
+                out,
+                "tiercache_cache_state{{cache=\"{id}\",state=\"{s}\"}} {}",
+                u8::from(s == st)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tiercache_core_state 1 for the state the core is in.\n# TYPE tiercache_core_state gauge"
+    );
+    for id in reg.ids() {
+        for (core, _, export, st) in reg.cores(id) {
+            for s in states {
+                let _ = writeln!(
+                    out,
+                    "tiercache_core_state{{cache=\"{id}\",core=\"{core}\",export=\"{export}\",state=\"{s}\"}} {}",
+                    u8::from(s == st)
+                );
+            }
+        }
+    }
+    let gauges: &[(&str, &str, &[&str])] = &[
+        ("lines", "Cache lines.", &["usage", "lines"]),
+        (
+            "occupancy_lines",
+            "Lines holding data.",
+            &["usage", "occupancy_lines"],
+        ),
+        (
+            "dirty_lines",
+            "Lines holding dirty data.",
+            &["usage", "dirty_lines"],
+        ),
+        (
+            "dirty_bytes",
+            "Dirty bytes (lost if the cache device dies).",
+            &["risk", "dirty_bytes"],
+        ),
+        (
+            "writeback_eta_seconds",
+            "Time to write every dirty byte back at the recent rate.",
+            &["risk", "writeback_eta_s"],
+        ),
+        (
+            "in_flight_ios",
+            "Device IOs in flight.",
+            &["engine", "in_flight"],
+        ),
+    ];
+    let counters: &[(&str, &str, &[&str])] = &[
+        (
+            "cache_read_bytes_total",
+            "Bytes read from the cache device.",
+            &["blocks", "cache_bytes_read"],
+        ),
+        (
+            "cache_written_bytes_total",
+            "Bytes written to the cache device.",
+            &["blocks", "cache_bytes_written"],
+        ),
+        (
+            "core_read_bytes_total",
+            "Bytes read from core devices.",
+            &["blocks", "core_bytes_read"],
+        ),
+        (
+            "core_written_bytes_total",
+            "Bytes written to core devices.",
+            &["blocks", "core_bytes_written"],
+        ),
+        (
+            "cache_errors_total",
+            "Cache device errors.",
+            &["errors", "cache"],
+        ),
+        (
+            "core_errors_total",
+            "Core device errors.",
+            &["errors", "core"],
+        ),
+        (
+            "writeback_errors_total",
+            "Failed writeback attempts (retried).",
+            &["errors", "writeback"],
+        ),
+        (
+            "writeback_bytes_total",
+            "Bytes written back.",
+            &["writeback", "bytes"],
+        ),
+        ("evictions_total", "Lines evicted.", &["evictions"]),
+    ];
+    let stats: Vec<Value> = reg
+        .ids()
+        .into_iter()
+        .filter_map(|id| cache_stats(reg, id, None, None).ok())
+        .collect();
+    for (name, help, path) in gauges.iter().chain(counters.iter()) {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(
+            out,
+            "# HELP tiercache_{name} {help}\n# TYPE tiercache_{name} {kind}"
+        );
+        for s in &stats {
+            let mut x = s;
+            for p in *path {
+                x = &x[*p];
+            }
+            if let Some(n) = x.as_f64() {
+                let _ = writeln!(out, "tiercache_{name}{{cache=\"{}\"}} {n}", s["cache_id"]);
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tiercache_requests_total Client requests by core, operation and outcome.\n# TYPE tiercache_requests_total counter"
+    );
+    for s in &stats {
+        for c in s["cores"].as_array().into_iter().flatten() {
+            for (op, outcome) in [
+                ("read", "full_hits"),
+                ("read", "partial_hits"),
+                ("read", "misses"),
+                ("read", "pass_through"),
+                ("write", "full_hits"),
+                ("write", "partial_hits"),
+                ("write", "misses"),
+                ("write", "pass_through"),
+            ] {
+                let n = c["requests"][format!("{op}_{outcome}")]
+                    .as_u64()
+                    .unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "tiercache_requests_total{{cache=\"{}\",core=\"{}\",op=\"{op}\",outcome=\"{outcome}\"}} {n}",
+                    s["cache_id"], c["core_id"]
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tiercache_core_dirty_lines Dirty lines per core.\n# TYPE tiercache_core_dirty_lines gauge"
+    );
+    for s in &stats {
+        for c in s["cores"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "tiercache_core_dirty_lines{{cache=\"{}\",core=\"{}\"}} {}",
+                s["cache_id"], c["core_id"], c["dirty_lines"]
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP tiercache_ioclass_occupancy_lines Lines per IO class.\n# TYPE tiercache_ioclass_occupancy_lines gauge"
+    );
+    for s in &stats {
+        for c in s["io_classes"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "tiercache_ioclass_occupancy_lines{{cache=\"{}\",io_class=\"{}\"}} {}",
+                s["cache_id"], c["io_class"], c["occupancy_lines"]
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,91 @@
+//! # tiercache-nbd: the NBD server
+//!
+//! Serves [`Export`]s (normally cores of the engine, [`EngineExport`]) over the NBD protocol
+//! (the NBD project's `doc/proto.md`) on unix sockets and loopback TCP.
+//!
+//! ## Protocol
+//!
+//! - **Handshake**: fixed newstyle only (`NBD_FLAG_FIXED_NEWSTYLE`, `NBD_FLAG_NO_ZEROES`; a
+//!   client without `NBD_FLAG_C_FIXED_NEWSTYLE` or with unknown flags is disconnected).
+//!   Options: `NBD_OPT_GO` and `NBD_OPT_INFO` (answering `NBD_INFO_EXPORT`, `NBD_INFO_NAME`,
+//!   `NBD_INFO_DESCRIPTION`, and always `NBD_INFO_BLOCK_SIZE`), `NBD_OPT_LIST`,
+//!   `NBD_OPT_EXPORT_NAME`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`. `NBD_OPT_STARTTLS`
+//!   gets `NBD_REP_ERR_POLICY` (no TLS yet), unknown options `NBD_REP_ERR_UNSUP` and the
+//!   handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
+//!   with the registry's reason. Option data longer than 64 KiB ends the connection (after
+//!   `NBD_REP_ERR_TOO_BIG`) without being read; each handshake read must arrive within
+//!   [`ServerConfig::handshake_timeout`], and an export must be chosen within 1024 options.
+//! - **Block sizes**: minimum 512 (or more, as the export says), preferred the cache line
+//!   size, maximum 32 MiB (the engine's request limit).
+//! - **Transmission**: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim, then flush), WRITE_ZEROES
+//!   (FUA, `NO_HOLE`, `FAST_ZERO` — zeroing is always fast here, so it is honoured), CACHE (a
+//!   read whose data is dropped: warm-up), DISC. Flags sent: `HAS_FLAGS`, `SEND_FLUSH`,
+//!   `SEND_FUA`, `SEND_TRIM`, `SEND_WRITE_ZEROES`, `SEND_FAST_ZERO`, `SEND_CACHE`,
+//!   `CAN_MULTI_CONN` (and `READ_ONLY` for read-only exports). Simple replies, or structured
+//!   replies once negotiated (`OFFSET_DATA` for reads, `ERROR` with a message, `NONE`; every
+//!   reply is one chunk with `DONE`).
+//! - **Errors** (SPEC R6, R7): reads, trims and caches out of range → `EINVAL`; writes and
+//!   write-zeroes past the end → `ENOSPC`; offsets or lengths not a multiple of the minimum
+//!   block size → `EINVAL`; READ, WRITE or CACHE longer than the maximum block size →
+//!   `EINVAL` (a refused write's payload is read and dropped, so the stream stays in sync;
+//!   TRIM and WRITE_ZEROES carry no payload and may be longer: the export splits them); unknown
+//!   commands or flags → `EINVAL`; writes to a read-only export → `EPERM`; device errors →
+//!   `EIO`; a stopping cache → `ESHUTDOWN`. The connection keeps working after each. A
+//!   request header with a bad magic ends the connection (the stream is out of sync).
+//!
+//! ## Threads and bounds
+//!
+//! - One **accept thread** per listener (it polls, so shutdown is seen within 100 ms).
+//! - One **reader thread** per connection: it runs the handshake, then parses requests,
+//!   answers bad ones itself and hands good ones (a WRITE with its payload, read into an
+//!   aligned buffer) to the workers.
+//! - A **worker pool** ([`ServerConfig::workers`], 16) shared by all connections runs the
+//!   requests on the export and writes the replies. Replies go out in completion order (so
+//!   out of order), header and data in one gathered write, under a per-connection writer
+//!   lock: a worker that finds the lock taken queues its reply for the holder to write and
+//!   moves on, so one slow reader holds at most one worker.
+//! - **In flight per connection** is bounded: at most [`ServerConfig::max_in_flight`] (64)
+//!   requests and [`ServerConfig::max_in_flight_bytes`] (128 MiB) of READ/WRITE payload
+//!   between reading a request and sending its reply; at the bound the reader stops reading
+//!   the socket, so a client cannot make the server allocate without limit. A reply write
+//!   blocked longer than [`ServerConfig::write_timeout`] drops the connection, so a client that
+//!   does not read cannot hold the workers.
+//! - A client that disconnects (or breaks the protocol) mid-request ends only its own
+//!   connection: requests already started finish, their replies are dropped, and the
+//!   connection thread exits once none is in flight. A panicking export answers `EIO`.
+//! - [`Server::disconnect_export`] closes the connections of one export (a removed core);
+//!   new connections are decided by [`Exports::get`].
+//! - [`Server::shutdown`] stops the listeners (removing their unix socket files), shuts every
+//!   connection's socket, waits for requests in flight, and joins every thread.
+//!
+//! ## Multi-conn and flush
+//!
+//! `NBD_FLAG_CAN_MULTI_CONN` is advertised: an [`Export::flush`] must cover every write whose
+//! reply was sent before the flush began, on *any* connection. [`EngineExport`] gets this from
+//! the engine: its flush of a core makes durable every write completed before it on any thread,
+//! and a write is completed before its reply is written. So a client may write on connection
+//! A, get the reply, flush on connection B and rely on the write being durable — in every
+//! cache mode (in `wt`/`wa`/`wi`/`pt` the flush reaches the core device; in lazy modes it
+//! makes the write durable on the cache device, SPEC durability point 1). FUA writes are
+//! durable when replied.
+//!
+//! ## Listeners
+//!
+//! Unix sockets are created with mode 0600 ([`ServerConfig::socket_mode`]; 0660 with
+//! [`ServerConfig::socket_group`]) before anyone can connect (bound in a private directory,
+//! chowned and chmodded, then renamed into place); an existing
+//! socket file is replaced only if nothing listens on it. TCP listeners are refused on
+//! non-loopback addresses until TLS is available (issue 8). Connections are handled through
+//! the [`NbdStream`] trait (read, write, split into halves, shut down), so a TLS stream can be
+//! served with [`Server::serve_stream`] or a listener of its own.
+
+#![warn(missing_docs)]
+
+mod export;
+pub mod proto;
+mod server;
+
+pub use export::{
+    BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,
+};
+pub use server::{BoundAddr, Closer, ListenAddr, NbdStream, Server, ServerConfig, ServerStats};

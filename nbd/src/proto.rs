@@ -1,0 +1,240 @@
+//! Wire constants of the NBD protocol (the NBD project's `doc/proto.md`) as this server
+//! speaks it, and small encoders for the messages it sends.
+
+/// `NBDMAGIC`: the first 8 bytes the server sends.
+pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+/// `IHAVEOPT`: sent by the server after `NBDMAGIC`, and by the client before every option.
+pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+/// Magic of every option reply.
+pub const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+/// Magic of a transmission request.
+pub const REQUEST_MAGIC: u32 = 0x2560_9513;
+/// Magic of a simple reply.
+pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+/// Magic of a structured reply chunk.
+pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+
+/// Handshake flag: the server speaks fixed newstyle.
+pub const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+/// Handshake flag: the server can omit the 124 zero bytes after `NBD_OPT_EXPORT_NAME`.
+pub const FLAG_NO_ZEROES: u16 = 1 << 1;
+/// Client flag: the client speaks fixed newstyle (required here).
+pub const FLAG_C_FIXED_NEWSTYLE: u32 = 1 << 0;
+/// Client flag: omit the 124 zero bytes.
+pub const FLAG_C_NO_ZEROES: u32 = 1 << 1;
+
+/// Options (`NBD_OPT_*`).
+pub mod opt {
+    /// Choose an export and enter transmission (no error replies possible).
+    pub const EXPORT_NAME: u32 = 1;
+    /// End the handshake.
+    pub const ABORT: u32 = 2;
+    /// List the exports.
+    pub const LIST: u32 = 3;
+    /// Upgrade to TLS.
+    pub const STARTTLS: u32 = 5;
+    /// Describe an export.
+    pub const INFO: u32 = 6;
+    /// Describe an export and enter transmission.
+    pub const GO: u32 = 7;
+    /// Use structured replies in transmission.
+    pub const STRUCTURED_REPLY: u32 = 8;
+}
+
+/// Option reply types (`NBD_REP_*`).
+pub mod rep {
+    /// The option is done (or the list is complete).
+    pub const ACK: u32 = 1;
+    /// One export of `NBD_OPT_LIST`.
+    pub const SERVER: u32 = 2;
+    /// One piece of information of `NBD_OPT_INFO`/`NBD_OPT_GO`.
+    pub const INFO: u32 = 3;
+    /// Bit set in every error reply.
+    pub const ERR: u32 = 1 << 31;
+    /// Unknown option.
+    pub const ERR_UNSUP: u32 = ERR | 1;
+    /// Known option forbidden by policy.
+    pub const ERR_POLICY: u32 = ERR | 2;
+    /// Syntactically invalid option.
+    pub const ERR_INVALID: u32 = ERR | 3;
+    /// TLS required first.
+    pub const ERR_TLS_REQD: u32 = ERR | 5;
+    /// The export is not available.
+    pub const ERR_UNKNOWN: u32 = ERR | 6;
+    /// The server is shutting down.
+    pub const ERR_SHUTDOWN: u32 = ERR | 7;
+    /// The request or the reply is too large.
+    pub const ERR_TOO_BIG: u32 = ERR | 9;
+}
+
+/// Information types of `NBD_REP_INFO` (`NBD_INFO_*`).
+pub mod info {
+    /// Size and transmission flags.
+    pub const EXPORT: u16 = 0;
+    /// The export's name.
+    pub const NAME: u16 = 1;
+    /// A human-readable description.
+    pub const DESCRIPTION: u16 = 2;
+    /// Minimum, preferred and maximum block sizes.
+    pub const BLOCK_SIZE: u16 = 3;
+}
+
+/// Transmission flags (`NBD_FLAG_*`).
+pub mod tflag {
+    /// Always set.
+    pub const HAS_FLAGS: u16 = 1 << 0;
+    /// The export is read-only.
+    pub const READ_ONLY: u16 = 1 << 1;
+    /// `NBD_CMD_FLUSH` is supported.
+    pub const SEND_FLUSH: u16 = 1 << 2;
+    /// `NBD_CMD_FLAG_FUA` is supported.
+    pub const SEND_FUA: u16 = 1 << 3;
+    /// `NBD_CMD_TRIM` is supported.
+    pub const SEND_TRIM: u16 = 1 << 5;
+    /// `NBD_CMD_WRITE_ZEROES` is supported.
+    pub const SEND_WRITE_ZEROES: u16 = 1 << 6;
+    /// Flush and FUA act across every connection to the export.
+    pub const CAN_MULTI_CONN: u16 = 1 << 8;
+    /// `NBD_CMD_CACHE` is supported.
+    pub const SEND_CACHE: u16 = 1 << 10;
+    /// `NBD_CMD_FLAG_FAST_ZERO` is supported.
+    pub const SEND_FAST_ZERO: u16 = 1 << 11;
+}
+
+/// Commands (`NBD_CMD_*`) and command flags.
+pub mod cmd {
+    /// Read.
+    pub const READ: u16 = 0;
+    /// Write (with a payload).
+    pub const WRITE: u16 = 1;
+    /// Disconnect (no reply).
+    pub const DISC: u16 = 2;
+    /// Flush.
+    pub const FLUSH: u16 = 3;
+    /// Discard.
+    pub const TRIM: u16 = 4;
+    /// Prefetch (a read whose data is not sent).
+    pub const CACHE: u16 = 5;
+    /// Write zeros.
+    pub const WRITE_ZEROES: u16 = 6;
+    /// Command flag: force unit access.
+    pub const FLAG_FUA: u16 = 1 << 0;
+    /// Command flag: write zeros, do not punch a hole.
+    pub const FLAG_NO_HOLE: u16 = 1 << 1;
+    /// Command flag: do not fragment the reply.
+    pub const FLAG_DF: u16 = 1 << 2;
+    /// Command flag: one extent only (block status).
+    pub const FLAG_REQ_ONE: u16 = 1 << 3;
+    /// Command flag: fail with `ENOTSUP` unless the zeroing is fast.
+    pub const FLAG_FAST_ZERO: u16 = 1 << 4;
+    /// Every command flag this server knows.
+    pub const FLAGS_KNOWN: u16 = FLAG_FUA | FLAG_NO_HOLE | FLAG_DF | FLAG_REQ_ONE | FLAG_FAST_ZERO;
+}
+
+/// Structured reply chunk types and flags.
+pub mod reply {
+    /// Chunk flag: the last chunk of the reply.
+    pub const FLAG_DONE: u16 = 1 << 0;
+    /// No payload.
+    pub const TYPE_NONE: u16 = 0;
+    /// Offset, then data.
+    pub const TYPE_OFFSET_DATA: u16 = 1;
+    /// Error: errno, message length, message.
+    pub const TYPE_ERROR: u16 = (1 << 15) | 1;
+}
+
+/// NBD error values (as sent on the wire; equal to Linux errno values).
+pub mod errno {
+    /// Operation not permitted (write to a read-only export).
+    pub const EPERM: u32 = 1;
+    /// Input/output error.
+    pub const EIO: u32 = 5;
+    /// Out of memory.
+    pub const ENOMEM: u32 = 12;
+    /// Invalid argument.
+    pub const EINVAL: u32 = 22;
+    /// No space left (write past the end).
+    pub const ENOSPC: u32 = 28;
+    /// Value too large.
+    pub const EOVERFLOW: u32 = 75;
+    /// Not supported.
+    pub const ENOTSUP: u32 = 95;
+    /// The server is shutting down.
+    pub const ESHUTDOWN: u32 = 108;
+}
+
+/// Size of a transmission request header.
+pub const REQUEST_LEN: usize = 28;
+/// Largest option payload accepted during the handshake; a longer one ends the connection.
+pub const MAX_OPTION_LEN: u32 = 64 << 10;
+/// Longest string (export name, description, message) the protocol allows.
+pub const MAX_STRING: usize = 4096;
+
+/// An option reply header followed by `data`.
+pub fn option_reply(option: u32, typ: u32, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(20 + data.len());
+    v.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
+    v.extend_from_slice(&option.to_be_bytes());
+    v.extend_from_slice(&typ.to_be_bytes());
+    v.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// A simple reply header.
+pub fn simple_reply(error: u32, cookie: u64) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    h[4..8].copy_from_slice(&error.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h
+}
+
+/// A structured reply chunk header for a payload of `len` bytes.
+pub fn structured_header(flags: u16, typ: u16, cookie: u64, len: u32) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
+    h[6..8].copy_from_slice(&typ.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h[16..20].copy_from_slice(&len.to_be_bytes());
+    h
+}
+
+/// A parsed transmission request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Command flags.
+    pub flags: u16,
+    /// Command type.
+    pub typ: u16,
+    /// The client's cookie (handle), echoed in the reply.
+    pub cookie: u64,
+    /// Byte offset.
+    pub offset: u64,
+    /// Byte length.
+    pub len: u32,
+}
+
+impl Request {
+    /// Decodes a request header; `None` if the magic is wrong (the connection is then closed).
+    pub fn decode(b: &[u8; REQUEST_LEN]) -> Option<Request> {
+        let u32at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u16at = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
+        let u64at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(a)
+        };
+        if u32at(0) != REQUEST_MAGIC {
+            return None;
+        }
+        Some(Request {
+            flags: u16at(4),
+            typ: u16at(6),
+            cookie: u64at(8),
+            offset: u64at(16),
+            len: u32at(24),
+        })
+    }
+}

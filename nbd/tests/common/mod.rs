@@ -1,0 +1,186 @@
+//! Helpers shared by the NBD server tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tiercache_core::Config;
+use tiercache_core::cache::CoreRecord;
+use tiercache_core::units::{CoreId, LineSize};
+use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
+use tiercache_format::tables::CoreIdentity;
+use tiercache_io::RamBackend;
+use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server, ServerConfig};
+
+/// A directory removed when dropped.
+pub struct TmpDir(pub PathBuf);
+
+impl TmpDir {
+    pub fn new(tag: &str) -> TmpDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "tc-nbd-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TmpDir(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether `bin` runs; prints the skip line if not.
+pub fn have(bin: &str) -> bool {
+    let ok = Command::new(bin)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        println!("skipped: {bin} not installed");
+    }
+    ok
+}
+
+/// An engine with a RAM cache of `cache_mib` MiB (4 KiB lines, write-through) and one RAM core
+/// (id 0) of `core_mib` MiB.
+pub fn engine(core_mib: u64, cache_mib: u64) -> Arc<Engine> {
+    let lines = (cache_mib << 20) / 4096;
+    let mut cfg = Config::new(lines as u32, LineSize::K4);
+    cfg.volatile = true;
+    let cache: Device = Arc::new(RamBackend::new(lines * 8));
+    let core: Device = Arc::new(RamBackend::new((core_mib << 20) / 512));
+    let e = Engine::create(
+        cfg,
+        cache,
+        vec![CoreSpec {
+            id: CoreId(0),
+            dev: core,
+            record: CoreRecord {
+                identity: CoreIdentity::File {
+                    fs_uuid: [7; 16],
+                    inode: 1,
+                },
+                export_name: "disk".into(),
+            },
+        }],
+        EngineConfig { io_threads: 4 },
+    )
+    .expect("engine");
+    Arc::new(e)
+}
+
+/// The flushes core 0 of `e` has seen.
+pub fn flushes(e: &Engine) -> u64 {
+    e.with_cache(|c| c.core_counters(CoreId(0)).map_or(0, |k| k.flushes))
+}
+
+/// A running server on a unix socket with exports `disk` (engine, `core_mib`), `plain` (a
+/// 8 MiB RAM backend, no cache) and `gone` (listed, refused).
+pub struct Setup {
+    pub engine: Arc<Engine>,
+    pub exports: Arc<ExportMap>,
+    pub server: Option<Server>,
+    pub sock: PathBuf,
+    pub dir: TmpDir,
+}
+
+impl Setup {
+    pub fn new(tag: &str, core_mib: u64, cache_mib: u64) -> Setup {
+        let dir = TmpDir::new(tag);
+        let engine = engine(core_mib, cache_mib);
+        let exports = Arc::new(ExportMap::new());
+        exports.insert(
+            "disk",
+            "cache0-core0 (test)",
+            Arc::new(EngineExport::new(engine.clone(), CoreId(0))),
+        );
+        exports.insert(
+            "plain",
+            "a RAM disk without cache",
+            Arc::new(BackendExport::new(Arc::new(RamBackend::new(8 << 11)))),
+        );
+        exports.refuse(
+            "gone",
+            "a core whose cache is missing",
+            "cache device missing: not served",
+        );
+        let server = Server::new(exports.clone(), ServerConfig::default());
+        let sock = dir.path("nbd.sock");
+        server
+            .listen(&ListenAddr::Unix(sock.clone()))
+            .expect("listen");
+        Setup {
+            engine,
+            exports,
+            server: Some(server),
+            sock,
+            dir,
+        }
+    }
+
+    pub fn uri(&self, name: &str) -> String {
+        format!("nbd+unix:///{name}?socket={}", self.sock.display())
+    }
+
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().unwrap()
+    }
+}
+
+/// Runs a command, returning its output; panics if it cannot start.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+/// Runs a command and asserts success, returning stdout.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let o = run(cmd);
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Writes `bytes` of seeded pseudo-random data to `path`.
+pub fn random_file(path: &Path, bytes: usize, seed: u64) {
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; bytes];
+    for c in buf.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(path, buf).unwrap();
+}
+
+/// Asserts two files are byte-identical.
+pub fn same_files(a: &Path, b: &Path) {
+    let x = std::fs::read(a).unwrap();
+    let y = std::fs::read(b).unwrap();
+    assert_eq!(
+        x.len(),
+        y.len(),
+        "{} and {} differ in size",
+        a.display(),
+        b.display()
+    );
+    if let Some(i) = x.iter().zip(&y).position(|(p, q)| p != q) {
+        panic!("{} and {} differ at byte {i}", a.display(), b.display());
+    }
+}
