@@ -42,6 +42,7 @@ pub fn measure(lines: u32, ops: u64) -> Result<EngineNumbers, String> {
             record: CoreRecord {
                 identity: CoreIdentity::Nbd { uri: "ram:".into() },
                 export_name: "bench".into(),
+                device: String::new(),
             },
         }],
         EngineConfig { io_threads: 2 },

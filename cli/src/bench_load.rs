@@ -138,6 +138,7 @@ fn one(dir: &Path, lines: u32, dirty_pct: u32, writes: u64) -> Result<Row, Strin
     let record = CoreRecord {
         identity: tiercache_engine::identity::of_path(&core_path)?,
         export_name: "bench".into(),
+        device: String::new(),
     };
     let ec = EngineConfig { io_threads: 8 };
     let e = Engine::create(

@@ -150,6 +150,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
                 "id": c.id,
                 "size_blocks": c.size_blocks,
                 "export": c.export_name,
+                "device": c.device,
                 "identity": identity(&c.identity),
             })).collect::<Vec<_>>(),
             "load": match &report {
@@ -204,9 +205,10 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
     println!("  cores:");
     for c in &cores {
         println!(
-            "    {}: export {:?}, {} blocks, {}",
+            "    {}: export {:?}, device {:?}, {} blocks, {}",
             c.id,
             c.export_name,
+            c.device,
             c.size_blocks,
             identity(&c.identity)
         );

@@ -289,7 +289,9 @@ fn lifecycle_through_the_cli() {
         "--load",
     );
 
-    // Load: incomplete until the core is attached; not served meanwhile.
+    // Load with the core device missing: incomplete until the core is attached; not served
+    // meanwhile. (With it present, --load attaches it by itself: see the resize test.)
+    std::fs::rename(&core, d.path("core.moved")).unwrap();
     let v = dm.json(&[
         "start-cache",
         "--cache-device",
@@ -299,6 +301,7 @@ fn lifecycle_through_the_cli() {
         "3",
     ]);
     assert_eq!(v["state"], "incomplete", "{v}");
+    std::fs::rename(d.path("core.moved"), &core).unwrap();
     assert_eq!(v["loaded"]["dirty_lines"], 2000);
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["state"], "incomplete");
@@ -572,9 +575,20 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
         .unwrap()
         .set_len(128 << 20)
         .unwrap();
-    dm.ok(&["start-cache", "--cache-device", &cache, "--load"]);
-    let v = dm.json(&["add-core", "--cache-id", "1", "--core-device", &core]);
+    // --load attaches the recorded core by itself (by its device string, identity checked).
+    let v = dm.json(&["start-cache", "--cache-device", &cache, "--load"]);
     assert_eq!(v["state"], "running", "{v}");
+    // Attaching it again by the same device is a no-op.
+    let v = dm.json(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &core,
+        "--core-id",
+        "0",
+    ]);
+    assert_eq!(v["already_attached"], true, "{v}");
     let e = dm.nbd("r").unwrap();
     assert_eq!(e.blocks() * 512, 128 << 20);
     check_set(&e, far..far + 4, 5);

@@ -56,6 +56,7 @@ fn inspect_and_check_a_cache_device_and_find_damage() {
                         uri: "nbd+unix:///x?socket=/tmp/s".into(),
                     },
                     export_name: "vol0".into(),
+                    device: String::new(),
                 },
             }],
             EngineConfig::default(),

@@ -4,7 +4,9 @@
 
 use crate::registry::{ExportTarget, Registry};
 use std::sync::Arc;
-use tiercache_nbd::{BackendExport, EngineExport, Export, Exports, ListenAddr, Server};
+use tiercache_nbd::{
+    BackendExport, EngineExport, Export, Exports, ListenAddr, Server, ServerConfig,
+};
 
 struct RegistryExports(Arc<Registry>);
 
@@ -37,7 +39,13 @@ pub fn start(reg: Arc<Registry>, listen: &[String]) -> Result<NbdHandle, String>
         .iter()
         .map(|s| ListenAddr::parse(s))
         .collect::<Result<_, _>>()?;
-    let server = Server::new(Arc::new(RegistryExports(reg)), Default::default());
+    let server = Server::new(
+        Arc::new(RegistryExports(reg)),
+        ServerConfig {
+            log_connections: true,
+            ..Default::default()
+        },
+    );
     for a in &addrs {
         let bound = server.listen(a)?;
         crate::log!(info, "NBD listening", address = format!("{bound:?}"));

@@ -383,8 +383,35 @@ impl Registry {
                 );
             }
         }
-        let state = entry.state();
+        let recorded: Vec<(u16, String)> = match &entry.run {
+            CacheRun::Incomplete(_, r) => r
+                .cores
+                .iter()
+                .filter(|e| !e.device.is_empty())
+                .map(|e| (e.id as u16, e.device.clone()))
+                .collect(),
+            _ => vec![],
+        };
         caches.insert(id, entry);
+        drop(caches);
+        // `--load` brings the cores back by the device strings they were attached with (each
+        // checked against its recorded identity and size); a core not found stays detached
+        // until `add-core` attaches it.
+        let mut problems = Vec::new();
+        for (core, dev) in recorded {
+            if let Err(e) = self.add_core(id, &dev, Some(core), None) {
+                crate::log!(
+                    warn,
+                    "recorded core not attached",
+                    cache = id,
+                    core = core,
+                    device = dev,
+                    reason = e
+                );
+                problems.push(format!("core {core} ({dev}): {e}"));
+            }
+        }
+        let state = self.state(id).unwrap_or("detached");
         crate::log!(
             info,
             "cache started",
@@ -392,7 +419,10 @@ impl Registry {
             device = p.device,
             state = state
         );
-        Ok(json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report}))
+        Ok(
+            json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report,
+            "cores_not_attached": problems}),
+        )
     }
 
     /// Registers a cache whose device is missing (reassembly from the config).
@@ -460,7 +490,9 @@ impl Registry {
                 return Err(format!("cache {cache_id} is detached ({why})"));
             }
             for other in caches.values() {
-                if let Some((i, _)) = other.cores.iter().find(|(_, x)| x.device == device) {
+                if let Some((i, _)) = other.cores.iter().find(|(i, x)| {
+                    x.device == device && !(other.id == cache_id && core_id == Some(**i))
+                }) {
                     return Err(format!(
                         "{device} is already core {i} of cache {}",
                         other.id
@@ -547,18 +579,21 @@ impl Registry {
                         record: CoreRecord {
                             identity: e.identity.clone(),
                             export_name: e.export_name.clone(),
+                            device: e.device.clone(),
                         },
                     })
                     .collect();
                 let cache_dev = DeviceSpec::parse(&c.device)?.open(&c.device)?;
                 let (engine, rep) = Engine::open_checked(&base, cache_dev, specs, engine_config())?;
-                // Export names given now (config file, add-core --export) replace recorded ones.
+                // Export names and device strings given now (config file, add-core) replace
+                // the recorded ones.
                 for e in &report.cores {
-                    let want = &c.cores[&(e.id as u16)].export;
-                    if *want != e.export_name {
+                    let k = &c.cores[&(e.id as u16)];
+                    if k.export != e.export_name || k.device != e.device {
                         let rec = CoreRecord {
                             identity: e.identity.clone(),
-                            export_name: want.clone(),
+                            export_name: k.export.clone(),
+                            device: k.device.clone(),
                         };
                         engine.with_cache(|k| k.set_core_record(CoreId(e.id as u16), rec))?;
                     }
@@ -577,6 +612,33 @@ impl Registry {
                 )
             }
             CacheRun::Running(engine) => {
+                // Attaching a core that is already attached, by the same device (another name
+                // for it is fine: the identity decides), changes nothing: reassembly after
+                // `--load` attached the recorded cores by themselves.
+                if let Some(i) = core_id
+                    && c.cores.contains_key(&i)
+                {
+                    let rec = engine.with_cache(|k| k.core_record(CoreId(i)).cloned());
+                    if rec.as_ref().is_some_and(|r| r.identity == identity) {
+                        if let Some(n) = export
+                            && c.cores[&i].export != n
+                        {
+                            if all_exports.iter().any(|x| x == n) {
+                                return Err(format!("export name '{n}' is taken"));
+                            }
+                            let mut r = rec.expect("checked");
+                            r.export_name = n.to_string();
+                            r.device = device.to_string();
+                            engine.with_cache(|k| k.set_core_record(CoreId(i), r))?;
+                            engine.wait(|k| k.tables_durable());
+                            let ce = c.cores.get_mut(&i).expect("checked");
+                            ce.export = n.to_string();
+                            ce.device = device.to_string();
+                        }
+                        return Ok(json!({"cache_id": cache_id, "core_id": i,
+                            "export": c.cores[&i].export, "already_attached": true}));
+                    }
+                }
                 let id = match core_id {
                     Some(i) if c.cores.contains_key(&i) => {
                         return Err(format!("core {i} of cache {cache_id} already exists"));
@@ -598,6 +660,7 @@ impl Registry {
                     record: CoreRecord {
                         identity,
                         export_name: name.clone(),
+                        device: device.to_string(),
                     },
                 })?;
                 c.cores.insert(

@@ -62,6 +62,7 @@ fn record(i: u16) -> CoreRecord {
             inode: i as u64,
         },
         export_name: format!("core{i}"),
+        device: String::new(),
     }
 }
 
@@ -393,6 +394,7 @@ fn a_swapped_core_of_the_same_size_is_refused() {
         record: CoreRecord {
             identity: id,
             export_name: "v".into(),
+            device: String::new(),
         },
     };
     let e = Engine::create(

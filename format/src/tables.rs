@@ -74,7 +74,14 @@ pub struct CoreEntry {
     /// Sequential cutoff: policy code (1 always, 2 full, 3 never), threshold bytes, promotion
     /// count.
     pub cutoff: (u8, u64, u32),
+    /// The device string the core was attached with (a path, `emu:…`, `nbd:…`), so `--load`
+    /// can attach it again (after checking its identity); empty when unknown.
+    pub device: String,
 }
+
+/// Marks the optional device-string section after the last core (absent when every device
+/// string is empty, so tables written before it existed decode unchanged).
+const DEVICES_MARKER: u8 = 0x50;
 
 /// Encodes the core table payload.
 pub fn encode_cores(cores: &[CoreEntry]) -> Vec<u8> {
@@ -105,6 +112,12 @@ pub fn encode_cores(cores: &[CoreEntry]) -> Vec<u8> {
         }
         put_str(&mut w, &c.export_name);
         w.u8(c.cutoff.0).u64(c.cutoff.1).u32(c.cutoff.2);
+    }
+    if cores.iter().any(|c| !c.device.is_empty()) {
+        w.u8(DEVICES_MARKER);
+        for c in cores {
+            put_str(&mut w, &c.device);
+        }
     }
     w.buf
 }
@@ -153,7 +166,17 @@ pub fn decode_cores(payload: &[u8]) -> Result<Vec<CoreEntry>, DecodeError> {
             identity,
             export_name,
             cutoff,
+            device: String::new(),
         });
+    }
+    if r.pos() < payload.len() {
+        let m = r.u8()?;
+        if m != DEVICES_MARKER {
+            return Err(bad(format!("unknown section {m:#x} after the last core")));
+        }
+        for c in out.iter_mut() {
+            c.device = get_str(&mut r, WHAT)?;
+        }
     }
     if r.pos() != payload.len() {
         return Err(bad("bytes after the last core".into()));

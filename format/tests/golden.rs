@@ -419,6 +419,7 @@ mod tables {
                 },
                 export_name: "osd0".into(),
                 cutoff: (1, 16384, 8),
+                device: String::new(),
             },
             CoreEntry {
                 id: 3,
@@ -429,6 +430,7 @@ mod tables {
                 },
                 export_name: "img".into(),
                 cutoff: (2, 1 << 20, 8),
+                device: String::new(),
             },
             CoreEntry {
                 id: 4,
@@ -439,6 +441,7 @@ mod tables {
                 },
                 export_name: "vm1".into(),
                 cutoff: (3, 0, 1),
+                device: String::new(),
             },
         ]
     }
@@ -479,8 +482,29 @@ mod tables {
             },
             export_name: "n".into(),
             cutoff: (3, 0, 1),
+            device: String::new(),
         }];
         assert_eq!(decode_cores(&encode_cores(&nbd)).unwrap(), nbd);
+        // With device strings, a section follows the last core; without, the bytes above.
+        let mut with = cores();
+        with[1].device = "/var/lib/img".into();
+        with[2].device = "rbd:pool/vm1".into();
+        let b = encode_cores(&with);
+        assert!(hex(&b).starts_with(GOLDEN_CORES_V1));
+        assert_eq!(
+            hex(&b[GOLDEN_CORES_V1.len() / 2..]),
+            "5000000c002f7661722f6c69622f696d670c007262643a706f6f6c2f766d31"
+        );
+        assert_eq!(decode_cores(&b).unwrap(), with);
+        let mut bad = b.clone();
+        bad[GOLDEN_CORES_V1.len() / 2] = 0x51;
+        assert!(decode_cores(&bad).is_err(), "unknown section refused");
+        for cut in GOLDEN_CORES_V1.len() / 2 + 1..b.len() {
+            assert!(
+                decode_cores(&b[..cut]).is_err(),
+                "truncated device section refused"
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,7 @@ fn main() {
                     inode: 0,
                 },
                 export_name: "disk".into(),
+                device: String::new(),
             },
         }],
         EngineConfig::default(),

@@ -93,6 +93,29 @@ pub struct ServerConfig {
     pub socket_mode: u32,
     /// Group (gid) given to unix sockets before they appear, for `socket_mode` 0o660.
     pub socket_group: Option<u32>,
+    /// Log each connection's span (export chosen, end, duration) as one `key=value` line on
+    /// stderr, in the daemon's log format.
+    pub log_connections: bool,
+}
+
+/// One log line in the daemon's format (`ts=… level=… msg="…" key=value …`).
+fn log_line(level: &str, msg: &str, kv: &[(&str, String)]) {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut l = format!(
+        "ts={}.{:03} level={level} msg={msg:?}",
+        t.as_secs(),
+        t.subsec_millis()
+    );
+    for (k, v) in kv {
+        if v.is_empty() || v.contains([' ', '"', '=']) {
+            l.push_str(&format!(" {k}={v:?}"));
+        } else {
+            l.push_str(&format!(" {k}={v}"));
+        }
+    }
+    eprintln!("{l}");
 }
 
 impl Default for ServerConfig {
@@ -105,6 +128,7 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(60),
             socket_mode: 0o600,
             socket_group: None,
+            log_connections: false,
         }
     }
 }
@@ -538,6 +562,24 @@ fn run_conn(inner: &Arc<Inner>, id: u64, mut stream: Box<dyn NbdStream>) {
         return;
     };
     inner.stats.transmitting.fetch_add(1, Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let log_export = lock(&inner.conns)
+        .0
+        .get(&id)
+        .and_then(|e| e.export.clone())
+        .unwrap_or_default();
+    if inner.cfg.log_connections {
+        log_line(
+            "info",
+            "NBD connection",
+            &[
+                ("conn", id.to_string()),
+                ("export", log_export.clone()),
+                ("size", neg.size.to_string()),
+                ("structured", neg.structured.to_string()),
+            ],
+        );
+    }
     let conn = Arc::new(Conn {
         export: neg.export,
         size: neg.size,
@@ -555,10 +597,28 @@ fn run_conn(inner: &Arc<Inner>, id: u64, mut stream: Box<dyn NbdStream>) {
         inner: inner.clone(),
     });
     let mut r = BufReader::with_capacity(64 << 10, r);
-    let _ = transmission(&conn, &mut r);
+    let end = transmission(&conn, &mut r);
     // Replies of requests still executing go out (or fail) before the socket is shut.
     conn.drain();
     (conn.closer)();
+    if inner.cfg.log_connections {
+        log_line(
+            "info",
+            "NBD connection ended",
+            &[
+                ("conn", id.to_string()),
+                ("export", log_export),
+                ("seconds", format!("{:.3}", started.elapsed().as_secs_f64())),
+                (
+                    "how",
+                    match end {
+                        Ok(()) => "disconnect".to_string(),
+                        Err(e) => e.to_string(),
+                    },
+                ),
+            ],
+        );
+    }
 }
 
 fn read_u32(r: &mut (impl Read + ?Sized)) -> io::Result<u32> {

@@ -696,6 +696,7 @@ fn device_errors_are_eio_and_the_connection_survives() {
                         inode: 2,
                     },
                     export_name: "f".into(),
+                    device: String::new(),
                 },
             }],
             EngineConfig { io_threads: 2 },

@@ -222,6 +222,7 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
                 CoreRecord {
                     identity: e.identity.clone(),
                     export_name: e.export_name.clone(),
+                    device: e.device.clone(),
                 },
             )
             .map_err(|err| damaged("the core table", err))?;

@@ -70,6 +70,8 @@ pub struct CoreRecord {
     pub identity: tiercache_format::tables::CoreIdentity,
     /// The NBD export name.
     pub export_name: String,
+    /// The device string it was attached with (empty when unknown), for reattaching at load.
+    pub device: String,
 }
 
 /// What a device has been asked to make durable.

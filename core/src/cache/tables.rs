@@ -83,9 +83,13 @@ impl Cache {
         for (i, c) in self.cores.iter().enumerate() {
             let Some(c) = c else { continue };
             let p = c.cutoff.params();
-            let (identity, export_name) = match &c.record {
-                Some(r) => (r.identity.clone(), r.export_name.clone()),
-                None => (CoreIdentity::Nbd { uri: String::new() }, String::new()),
+            let (identity, export_name, device) = match &c.record {
+                Some(r) => (r.identity.clone(), r.export_name.clone(), r.device.clone()),
+                None => (
+                    CoreIdentity::Nbd { uri: String::new() },
+                    String::new(),
+                    String::new(),
+                ),
             };
             out.push(CoreEntry {
                 id: i as u8,
@@ -93,6 +97,7 @@ impl Cache {
                 identity,
                 export_name,
                 cutoff: (cutoff_code(p.policy), p.threshold_bytes, p.promotion_count),
+                device,
             });
         }
         out

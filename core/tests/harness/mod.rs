@@ -418,6 +418,7 @@ impl Env {
                         inode: core as u64,
                     },
                     export_name: format!("core{core}"),
+                    device: String::new(),
                 },
             )
             .expect("core record");

@@ -72,6 +72,7 @@ pub fn engine(core_mib: u64, cache_mib: u64) -> Arc<Engine> {
                     inode: 1,
                 },
                 export_name: "disk".into(),
+                device: String::new(),
             },
         }],
         EngineConfig { io_threads: 4 },
