@@ -113,7 +113,8 @@ section "benchmarks and the study scenario (numbers printed, not asserted)"
 step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
 step "tiercache bench load (1M lines; 16M on demand: bench load --lines 16m)" \
     ./target/release/tiercache bench load --lines 1m --writes 5000
-step "tiercache sim ceph-opencas-2020 (the README's main job)" ./target/release/tiercache sim ceph-opencas-2020
+step "tiercache bench --quick (the README's main job)" ./target/release/tiercache bench --quick --out target/bench-quick
+step "tiercache sim ceph-opencas-2020 (the simulated study)" ./target/release/tiercache sim ceph-opencas-2020
 
 section "summary"
 echo "suite: $passed passed, $failed failed"

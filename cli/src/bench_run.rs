@@ -57,6 +57,10 @@ pub struct Args {
     /// Scratch directory for the device files (default: the system's temporary directory).
     #[arg(long)]
     pub scratch: Option<PathBuf>,
+    /// Load generator: fio (its nbd engine), own (tiercache-loadgen), or auto (fio when
+    /// installed).
+    #[arg(long, default_value = "auto")]
+    pub load_generator: String,
 }
 
 /// One workload of the matrix.
@@ -357,9 +361,16 @@ pub fn run(a: Args) -> Result<(), String> {
     if cache_bytes < 64 << 20 || ws < 16 << 20 {
         return Err("--cache-size must be at least 64m and --working-set at least 16m".into());
     }
-    let fio = fio_version().ok_or(
-        "fio is not installed (apt-get install fio); tiercache's own load generator is not wired into bench yet",
-    )?;
+    let fio = match a.load_generator.as_str() {
+        "auto" => fio_version(),
+        "fio" => Some(
+            fio_version()
+                .ok_or("fio is not installed (apt-get install fio); or use --load-generator own")?,
+        ),
+        "own" => None,
+        g => return Err(format!("--load-generator {g}: want fio, own or auto")),
+    };
+    let fio = fio.as_deref().unwrap_or("");
     let selected: Vec<&Workload> = MATRIX
         .iter()
         .filter(|w| a.only.as_deref().is_none_or(|o| w.name.contains(o)))
@@ -378,7 +389,7 @@ pub fn run(a: Args) -> Result<(), String> {
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("tiercache-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    let res = run_in(&a, &scratch, runtime, cache_bytes, ws, &fio, &selected);
+    let res = run_in(&a, &scratch, runtime, cache_bytes, ws, fio, &selected);
     let _ = std::fs::remove_dir_all(&scratch);
     res
 }
@@ -446,7 +457,11 @@ fn run_in(
         a.core_preset,
         a.cache_size,
         engine.with_cache(|c| format!("{} lines", c.config().lines)),
-        fio
+        if fio.is_empty() {
+            "tiercache-loadgen"
+        } else {
+            fio
+        }
     );
 
     // Warm the cached export: a sequential read pass over the random working set with the
@@ -471,9 +486,13 @@ fn run_in(
     {
         let before = engine.with_cache(|c| c.occupancy());
         let _ = before;
-        let v = run_fio_size(&uri("cached"), &warm, ws, warm_secs, &|f| {
-            bar.show("warm-up", f)
-        });
+        let v = if fio.is_empty() {
+            warm_own(&uri("cached"), ws).map(|_| Value::Null)
+        } else {
+            run_fio_size(&uri("cached"), &warm, ws, warm_secs, &|f| {
+                bar.show("warm-up", f)
+            })
+        };
         bar.end();
         if let Err(e) = v {
             cmd_ok = false;
@@ -540,9 +559,16 @@ fn run_in(
                     }
                 })
             };
-            let v = run_fio(&uri(config), w, region, a.iodepth, runtime, &|f| {
-                bar.show(&label, f)
-            });
+            let v = if fio.is_empty() {
+                run_own(&uri(config), w, region, a.iodepth, runtime, &|f| {
+                    bar.show(&label, f)
+                })
+            } else {
+                run_fio(&uri(config), w, region, a.iodepth, runtime, &|f| {
+                    bar.show(&label, f)
+                })
+                .and_then(|v| parse_fio(&v))
+            };
             sampling.store(false, Ordering::Relaxed);
             let _ = sampler.join();
             bar.end();
@@ -554,7 +580,7 @@ fn run_in(
                 }
                 Err(e) => return Err(format!("{label}: {e}")),
             };
-            let (iops, bw, mean, p99, p999, cdf) = parse_fio(&v)?;
+            let (iops, bw, mean, p99, p999, cdf) = v;
             let (hit_ratio, dirty) = match before {
                 Some(_) => {
                     let (n, h, d) = counters(&reg);
@@ -601,11 +627,95 @@ fn run_in(
     let stopped = STOP.load(Ordering::Relaxed);
     let table = table(&results);
     println!("\n{table}");
-    write_report(a, runtime, &results, &table, stopped)?;
+    let generator = if fio.is_empty() {
+        "tiercache-loadgen".to_string()
+    } else {
+        format!("{fio} (nbd engine)")
+    };
+    write_report(&generator, a, runtime, &results, &table, stopped)?;
     println!("report: {}", a.out.join("report.html").display());
     if stopped {
         println!("(stopped by Ctrl-C: the report holds what was measured)");
     }
+    Ok(())
+}
+
+/// Runs one workload with tiercache's own load generator.
+fn run_own(
+    uri: &str,
+    w: &Workload,
+    region: u64,
+    qd: u32,
+    runtime: u64,
+    progress: &(dyn Fn(f64) + Sync),
+) -> Result<FioNumbers, String> {
+    use tiercache_loadgen::{JobSpec, Target, run_with};
+    let target = Target::parse(uri).map_err(|e| e.to_string())?;
+    let mut spec = JobSpec {
+        block_size: tiercache_daemon::device::parse_size(w.bs)? as u32,
+        queue_depth: qd,
+        size: Some(region),
+        duration: Some(Duration::from_secs(runtime)),
+        ramp: Duration::from_secs(1),
+        seed: 42,
+        ..JobSpec::default()
+    };
+    spec.set_rw(w.rw, w.mix.unwrap_or(50) as u8)
+        .map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let total = runtime as f64 + 1.0;
+    let watcher = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if STOP.load(Ordering::Relaxed) {
+                    stop.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let r = run_with(&target, &spec, &stop, &mut |p| {
+        progress((p.elapsed.as_secs_f64() / total).min(1.0))
+    });
+    stop.store(true, Ordering::Relaxed);
+    let _ = watcher.join();
+    let r = r.map_err(|e| e.to_string())?;
+    if r.errors > 0 {
+        return Err(format!(
+            "{} IO errors: {}",
+            r.errors,
+            r.error_messages.first().cloned().unwrap_or_default()
+        ));
+    }
+    let cdf = r
+        .lat_cdf
+        .iter()
+        .map(|c| (c.fraction * 100.0, c.lat_us))
+        .collect();
+    Ok((
+        r.iops,
+        r.bw_mbps,
+        r.lat.mean_us,
+        r.lat.p99_us,
+        r.lat.p999_us,
+        cdf,
+    ))
+}
+
+/// The warm-up pass with tiercache's own client: NBD_CMD_CACHE over the working set, 1 MiB at
+/// a time (the server reads each range through the cache, which promotes it).
+fn warm_own(uri: &str, size: u64) -> Result<(), String> {
+    use tiercache_loadgen::{Connection, Target};
+    let target = Target::parse(uri).map_err(|e| e.to_string())?;
+    let mut c = Connection::connect(&target).map_err(|e| e.to_string())?;
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(1 << 20);
+        c.cache(off, n as u32).map_err(|e| e.to_string())?;
+        off += n;
+    }
+    c.close();
     Ok(())
 }
 
@@ -689,6 +799,7 @@ fn table(results: &[RunResult]) -> String {
 }
 
 fn write_report(
+    generator: &str,
     a: &Args,
     runtime: u64,
     results: &[RunResult],
@@ -720,7 +831,7 @@ fn write_report(
         "config": {
             "quick": a.quick, "runtime_s": runtime, "iodepth": a.iodepth, "mode": a.mode,
             "core": format!("emu:{}", a.core_preset), "cache_size": a.cache_size,
-            "working_set": a.working_set, "load_generator": "fio (nbd engine)",
+            "working_set": a.working_set, "load_generator": generator,
         },
         "stopped_early": stopped,
         "runs": runs,

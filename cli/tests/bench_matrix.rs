@@ -1,0 +1,89 @@
+//! `tiercache bench` (the matrix): the report is written with the promised keys, and the same
+//! short workload measured by fio's nbd engine and by tiercache's own load generator agrees
+//! within 10% where the server (the emulated HDD) is the bottleneck — a cross-check, not a copy.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
+
+fn have_fio() -> bool {
+    Command::new("fio")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn bench(out: &std::path::Path, generator: &str) -> serde_json::Value {
+    let o = Command::new(BIN)
+        .args(["bench", "--quick", "--runtime", "3", "--only", "randread"])
+        .args(["--working-set", "64m", "--cache-size", "128m"])
+        .args(["--load-generator", generator])
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("run tiercache bench");
+    assert!(
+        o.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    println!("{}", String::from_utf8_lossy(&o.stdout));
+    for f in ["report.md", "report.html", "iops.svg", "latency-cdf.svg"] {
+        assert!(out.join(f).exists(), "{f} written");
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains("randread-4k"));
+    serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap()
+}
+
+fn run_of<'a>(v: &'a serde_json::Value, config: &str) -> &'a serde_json::Value {
+    v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["workload"] == "randread-4k" && r["config"] == config)
+        .unwrap_or_else(|| panic!("no randread-4k {config} run in {v}"))
+}
+
+#[test]
+fn report_keys_and_fio_vs_own_generator() {
+    let dir = std::env::temp_dir().join(format!("tc-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let own = bench(&dir.join("own"), "own");
+    for cfg in ["baseline", "cached"] {
+        let r = run_of(&own, cfg);
+        for k in [
+            "workload",
+            "config",
+            "iops",
+            "bw_mbps",
+            "lat_mean_us",
+            "lat_p99_us",
+            "hit_ratio",
+        ] {
+            assert!(r.get(k).is_some(), "key {k} in {r}");
+        }
+        assert!(r["iops"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(own["config"]["load_generator"], "tiercache-loadgen");
+    // After the warm-up every read of the working set hits (the server's own counters).
+    let hits = run_of(&own, "cached")["hit_ratio"].as_f64().unwrap();
+    assert!(hits > 0.99, "hit ratio {hits}");
+    assert!(own["commit"].is_string() && own["host"]["cpus"].as_u64().unwrap() >= 1);
+
+    if !have_fio() {
+        println!("skipped: fio not installed (the fio half of the cross-check)");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
+    let fio = bench(&dir.join("fio"), "fio");
+    let a = run_of(&own, "baseline")["iops"].as_f64().unwrap();
+    let b = run_of(&fio, "baseline")["iops"].as_f64().unwrap();
+    println!("baseline randread-4k QD16 on the emulated HDD: own {a:.0} IOPS, fio {b:.0} IOPS");
+    assert!(
+        (a / b - 1.0).abs() <= 0.10,
+        "own generator {a:.0} IOPS vs fio {b:.0} IOPS: more than 10% apart"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
