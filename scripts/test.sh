@@ -109,6 +109,27 @@ canary_engine() {
 }
 step "canary: device flushes skipped, caught by the engine's power-cut test" canary_engine
 
+# SPEC R2 on the real daemon (cli/tests/sigkill.rs): the same canary, built into the tiercache
+# binary, must be caught by the SIGKILL test through its oracle or its recovery check.
+canary_sigkill() {
+    local log
+    log=$(mktemp)
+    if TIERCACHE_KILLS=20 cargo test -q -p tiercache --features tiercache-engine/canary-skip-flush \
+        --test sigkill >"$log" 2>&1; then
+        echo "canary canary-skip-flush was NOT caught by the daemon SIGKILL test"
+        rm -f "$log"
+        return 1
+    fi
+    if ! grep -m1 -oE 'CRASH \([a-z ]+\)|RECOVERY FAILED|FLIP-FLOP|STALE READ' "$log"; then
+        echo "canary canary-skip-flush made the SIGKILL test fail, but not through its checks:"
+        grep -m3 -E 'panicked|error' "$log" || tail -5 "$log"
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
+}
+step "canary: device flushes skipped, caught by the daemon SIGKILL test" canary_sigkill
+
 section "benchmarks and the study scenario (numbers printed, not asserted)"
 step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
 step "tiercache bench load (1M lines; 16M on demand: bench load --lines 16m)" \

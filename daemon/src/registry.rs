@@ -35,8 +35,10 @@ pub const CORE_ID_MAX: u16 = 254;
 pub enum CacheRun {
     /// Serving.
     Running(Arc<Engine>),
-    /// Loaded metadata, waiting for recorded cores: the base configuration and the report.
-    Incomplete(Box<Config>, Box<LoadReport>),
+    /// Loaded metadata, waiting for recorded cores: the base configuration, the report, and the
+    /// cache device, kept open (a device is opened once: a second handle on a device with its
+    /// own write cache, like `powercut:`, would not see the first one's writes).
+    Incomplete(Box<Config>, Box<LoadReport>, Device),
     /// The cache device is missing (why).
     Detached(String),
 }
@@ -87,7 +89,7 @@ impl CacheEntry {
     fn engine(&self) -> Result<Arc<Engine>, String> {
         match &self.run {
             CacheRun::Running(e) => Ok(e.clone()),
-            CacheRun::Incomplete(_, r) => Err(format!(
+            CacheRun::Incomplete(_, r, _) => Err(format!(
                 "cache {} is incomplete: cores {} are not attached (add-core them)",
                 self.id,
                 missing_cores(self, r).join(", ")
@@ -323,7 +325,7 @@ impl Registry {
                 let (e, _) = Engine::open(&base_config(), dev.clone(), vec![], engine_config())?;
                 CacheRun::Running(Arc::new(e))
             } else {
-                CacheRun::Incomplete(Box::new(base_config()), Box::new(report))
+                CacheRun::Incomplete(Box::new(base_config()), Box::new(report), dev.clone())
             };
             (run, false, ls, rep)
         } else {
@@ -369,7 +371,7 @@ impl Registry {
             volatile,
             wb_sample: (Instant::now(), 0),
         };
-        if let CacheRun::Incomplete(_, r) = &entry.run {
+        if let CacheRun::Incomplete(_, r, _) = &entry.run {
             for e in &r.cores {
                 entry.cores.insert(
                     e.id as u16,
@@ -384,7 +386,7 @@ impl Registry {
             }
         }
         let recorded: Vec<(u16, String)> = match &entry.run {
-            CacheRun::Incomplete(_, r) => r
+            CacheRun::Incomplete(_, r, _) => r
                 .cores
                 .iter()
                 .filter(|e| !e.device.is_empty())
@@ -509,7 +511,8 @@ impl Registry {
             return Err(format!("{device}: no such file or device"));
         }
         let identity = spec.identity(device)?;
-        let dev = spec.open(device)?;
+        // Opened only where it is attached: a core already attached keeps its one handle.
+        let open = || spec.open(device);
         let mut caches = self.lock();
         let all_exports: Vec<String> = caches
             .values()
@@ -519,7 +522,7 @@ impl Registry {
             .get_mut(&cache_id)
             .ok_or_else(|| format!("no cache {cache_id}"))?;
         match &c.run {
-            CacheRun::Incomplete(base, report) => {
+            CacheRun::Incomplete(base, report, cache_dev) => {
                 // Attach a recorded core: by id, else by identity.
                 let e = report
                     .cores
@@ -540,6 +543,13 @@ impl Registry {
                         e.id, e.identity, identity
                     ));
                 }
+                if let Some(k) = c.cores.get(&(e.id as u16))
+                    && k.dev.is_some()
+                {
+                    return Ok(json!({"cache_id": cache_id, "core_id": e.id,
+                        "export": k.export, "already_attached": true, "state": "incomplete"}));
+                }
+                let dev = open()?;
                 // A core that grew is taken at its new size when the engine opens (SPEC C22).
                 if e.size_blocks > dev.blocks() {
                     return Err(format!(
@@ -583,8 +593,8 @@ impl Registry {
                         },
                     })
                     .collect();
-                let cache_dev = DeviceSpec::parse(&c.device)?.open(&c.device)?;
-                let (engine, rep) = Engine::open_checked(&base, cache_dev, specs, engine_config())?;
+                let (engine, rep) =
+                    Engine::open_checked(&base, cache_dev.clone(), specs, engine_config())?;
                 // Export names and device strings given now (config file, add-core) replace
                 // the recorded ones.
                 for e in &report.cores {
@@ -654,6 +664,7 @@ impl Registry {
                 if all_exports.contains(&name) {
                     return Err(format!("export name '{name}' is taken"));
                 }
+                let dev = open()?;
                 engine.add_core(CoreSpec {
                     id: CoreId(id),
                     dev: dev.clone(),
@@ -839,7 +850,7 @@ impl Registry {
                         Value::Null,
                     )
                 }),
-                CacheRun::Incomplete(_, r) => (
+                CacheRun::Incomplete(_, r, _) => (
                     "-".into(),
                     r.superblock.lines,
                     0,

@@ -234,6 +234,21 @@ fn open_rw(path: &Path, create: bool) -> Result<File, IoErr> {
         .map_err(|e| IoErr::io(path.display(), &e))
 }
 
+/// One user at a time: two instances over the same file would each keep their own pending
+/// writes, and a flush on one would lose the other's. Held until the base file is closed.
+fn lock_exclusive(base: &File, path: &Path) -> Result<(), IoErr> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a file descriptor we own; no memory is involved.
+    if unsafe { libc::flock(base.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(IoErr::io(
+            format!("{} (in use by another power-cut device)", path.display()),
+            &e,
+        ));
+    }
+    Ok(())
+}
+
 fn base_blocks(base: &File, path: &Path) -> Result<u64, IoErr> {
     let len = base
         .metadata()
@@ -260,6 +275,7 @@ impl OverlayBackend {
             .truncate(true)
             .open(path)
             .map_err(|e| IoErr::io(path.display(), &e))?;
+        lock_exclusive(&base, path)?;
         base.set_len(blocks * BLOCK as u64)
             .map_err(|e| IoErr::io(path.display(), &e))?;
         base.sync_all().map_err(|e| IoErr::io(path.display(), &e))?;
@@ -277,6 +293,7 @@ impl OverlayBackend {
     /// writes the log holds: the index is rebuilt from the log and a torn tail cut off.
     pub fn open(path: &Path) -> Result<OverlayBackend, IoErr> {
         let base = open_rw(path, false)?;
+        lock_exclusive(&base, path)?;
         let blocks = base_blocks(&base, path)?;
         let log_path = Self::log_path(path);
         let log = open_rw(&log_path, true)?;
@@ -307,6 +324,7 @@ impl OverlayBackend {
     /// is removed. A torn record at the end of the log counts as never written.
     pub fn power_cut(path: &Path, pattern: PowerCutPattern) -> Result<PowerCutReport, IoErr> {
         let base = open_rw(path, false)?;
+        lock_exclusive(&base, path)?;
         let blocks = base_blocks(&base, path)?;
         let log_path = Self::log_path(path);
         let log = match File::open(&log_path) {
