@@ -131,11 +131,12 @@ canary_sigkill() {
 step "canary: device flushes skipped, caught by the daemon SIGKILL test" canary_sigkill
 
 section "benchmarks and the study scenario (numbers printed, not asserted)"
-step "tiercache bench core (small)" ./target/release/tiercache bench core --lines 65536 --ops 20000
+TC="${CARGO_TARGET_DIR:-target}/release/tiercache"
+step "tiercache bench core (small)" "$TC" bench core --lines 65536 --ops 20000
 step "tiercache bench load (1M lines; 16M on demand: bench load --lines 16m)" \
-    ./target/release/tiercache bench load --lines 1m --writes 5000
-step "tiercache bench --quick (the README's main job)" ./target/release/tiercache bench --quick --out target/bench-quick
-step "tiercache sim ceph-opencas-2020 (the simulated study)" ./target/release/tiercache sim ceph-opencas-2020
+    "$TC" bench load --lines 1m --writes 5000
+step "tiercache bench --quick (the README's main job)" "$TC" bench --quick --out target/bench-quick
+step "tiercache sim ceph-opencas-2020 (the simulated study)" "$TC" sim ceph-opencas-2020
 
 section "summary"
 echo "suite: $passed passed, $failed failed"

@@ -370,14 +370,21 @@ fn batch_is_queued_at_once() {
         model as f64 / 1e6,
         took as f64 / 1e6
     );
+    // Never early; late only as far as the machine's scheduling makes it (printed, not
+    // asserted: tests assert no upper wall-clock bound).
     let ratio = took as f64 / model as f64;
-    assert!((0.9..1.1).contains(&ratio), "{took} vs {model}");
+    assert!(ratio >= 0.9, "{took} vs {model}");
+    if ratio > 1.1 {
+        println!(
+            "note: emulated {ratio:.2}x the model time (a loaded machine wakes sleepers late)"
+        );
+    }
     // Queued together they beat QD1 (~6.4 ms each) by far.
     assert!(model < 32 * 5_000_000, "{model}");
 }
 
 /// Each operation reaches the model as the right kind: a flash model with distinct, long
-/// latencies per kind (lower bounds prove the mapping; upper bounds leave 10+ ms of slack), and
+/// latencies per kind (lower bounds prove the mapping; no upper wall-clock bound is asserted), and
 /// an HDD with its write cache on for FUA (a FUA write goes to the media, a plain one does not).
 #[test]
 fn operations_map_to_model_operations() {
@@ -412,13 +419,15 @@ fn operations_map_to_model_operations() {
         "ms: read {read:.1}, write {write:.1}, FUA write {fua:.1}, flush {flush:.1}, trim \
          {trim:.1}, write_zeroes {zeroes:.1}, empty read {empty:.2}, rejected read {bad:.2}"
     );
-    assert!((5.0..15.0).contains(&read), "read {read}");
-    assert!((40.0..55.0).contains(&write), "write {write}");
-    assert!((40.0..55.0).contains(&fua), "FUA write {fua}");
-    assert!((25.0..38.0).contains(&flush), "flush {flush}");
-    assert!((15.0..27.0).contains(&trim), "trim {trim}");
-    assert!((15.0..27.0).contains(&zeroes), "write_zeroes {zeroes}");
-    assert!(empty < 4.0 && bad < 4.0, "{empty} {bad}");
+    // Only lower bounds: a sleep never ends early, but a loaded machine may wake it late (tests
+    // never assert an upper wall-clock bound).
+    assert!(read >= 5.0, "read {read}");
+    assert!(write >= 40.0, "write {write}");
+    assert!(fua >= 40.0, "FUA write {fua}");
+    assert!(flush >= 25.0, "flush {flush}");
+    assert!(trim >= 15.0, "trim {trim}");
+    assert!(zeroes >= 15.0, "write_zeroes {zeroes}");
+    // The empty and the rejected read never reached the model (6 modelled operations).
     assert_eq!(e.stats().ios, 6);
     let mut back = vec![1u8; 8 * BLOCK];
     e.read(0, &mut back).unwrap();
@@ -445,8 +454,8 @@ fn operations_map_to_model_operations() {
         .map(|&lba| time(&|| e.write(lba, &buf, true).unwrap()))
         .fold(f64::MAX, f64::min);
     println!("hdd with write cache, ms (fastest of 4): write {cached:.2}, FUA write {media:.2}");
-    assert!(cached < 2.0, "cached write {cached}");
     assert!(media > 2.0, "FUA write {media}");
+    assert!(cached < media, "cached write {cached} vs FUA write {media}");
 }
 
 /// Many threads with mixed operations and batches on a fast model: every call returns (no lost
