@@ -123,6 +123,13 @@ struct Inner {
     /// Reused between `drive` calls so the hot path does not allocate.
     events: VecDeque<Event>,
     actions: Vec<Action>,
+    /// While a request's own thread drives the core (`capture`), the IOs it starts are kept
+    /// here for that thread to run itself instead of handing them to an IO thread: a cache
+    /// hit on a file then costs no thread hop (see [`Engine::request`]).
+    capture: bool,
+    captured: Vec<Job>,
+    /// Threads parked until their request completes (woken one by one, not all at once).
+    waiters: tiercache_core::hash::FxHashMap<ReqId, std::thread::Thread>,
 }
 
 struct Shared {
@@ -211,6 +218,9 @@ impl Shared {
                 let slot = g.reqs.remove(&req).expect("completion of a live request");
                 g.done.insert(req, (result, slot.buf));
                 g.stats.requests += 1;
+                if let Some(t) = g.waiters.remove(&req) {
+                    t.unpark();
+                }
             }
             Action::Copy { src, dst, blocks } => {
                 let data = buf_ref(g, src, blocks).to_vec();
@@ -322,11 +332,57 @@ impl Shared {
         g.stats.in_flight += 1;
         g.stats.in_flight_max = g.stats.in_flight_max.max(g.stats.in_flight);
         g.stats.thread_ios += 1;
-        self.work
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(Job { io, dev, op });
-        self.work_cv.notify_one();
+        let job = Job { io, dev, op };
+        if g.capture {
+            g.captured.push(job);
+            return;
+        }
+        self.hand_over(std::iter::once(job));
+    }
+
+    /// Gives jobs to the IO threads.
+    fn hand_over(&self, jobs: impl IntoIterator<Item = Job>) {
+        let mut w = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        let before = w.len();
+        w.extend(jobs);
+        let n = w.len() - before;
+        drop(w);
+        for _ in 0..n {
+            self.work_cv.notify_one();
+        }
+    }
+
+    /// Drives the core with `ev` and returns the IOs it started, to be run by this thread:
+    /// the first one to run now, the rest handed to the IO threads at once (so that the IOs
+    /// of one request still run in parallel).
+    fn drive_capture(&self, g: &mut Inner, ev: Event) -> Option<Job> {
+        g.capture = true;
+        self.drive(g, ev);
+        g.capture = false;
+        let mut jobs = std::mem::take(&mut g.captured);
+        let first = if jobs.is_empty() {
+            None
+        } else {
+            Some(jobs.swap_remove(0))
+        };
+        if !jobs.is_empty() {
+            self.hand_over(jobs.drain(..));
+        }
+        g.captured = jobs;
+        first
+    }
+
+    /// The event for a finished IO (a read's data copied to where the core wants it).
+    fn finished(g: &mut Inner, io: IoId, buf: Option<AlignedBuf>, r: Result<(), IoErr>) -> Event {
+        g.stats.in_flight -= 1;
+        if let Some(dst) = g.reads.remove(&io)
+            && let Some(b) = buf
+            && r.is_ok()
+        {
+            let blocks = (b.len() / 512) as u32;
+            buf_mut(g, dst, blocks).copy_from_slice(&b);
+        }
+        done(io, r)
     }
 
     /// An IO thread: run jobs, report their completions.
@@ -353,15 +409,8 @@ impl Shared {
             if g.dead {
                 continue;
             }
-            g.stats.in_flight -= 1;
-            if let Some(dst) = g.reads.remove(&job.io)
-                && let Some(b) = buf
-                && r.is_ok()
-            {
-                let blocks = (b.len() / 512) as u32;
-                buf_mut(&mut g, dst, blocks).copy_from_slice(&b);
-            }
-            self.drive(&mut g, done(job.io, r));
+            let ev = Self::finished(&mut g, job.io, buf, r);
+            self.drive(&mut g, ev);
         }
     }
 
@@ -484,6 +533,9 @@ impl Engine {
                 waiting: 0,
                 events: VecDeque::new(),
                 actions: Vec::new(),
+                capture: false,
+                captured: Vec::new(),
+                waiters: Default::default(),
             }),
             done_cv: Condvar::new(),
             work: Mutex::new(VecDeque::new()),
@@ -716,12 +768,34 @@ impl Engine {
             },
             Op::Flush => Event::Flush { req, core },
         };
-        self.sh.drive(&mut g, ev);
+        // The IOs this request starts run on this thread (one at a time; any others at once
+        // on IO threads), and so do the IOs their completions start, until the request is
+        // done: a hit costs one pread and no thread hop.
+        let mut mine = self.sh.drive_capture(&mut g, ev);
         loop {
             if let Some(r) = g.done.remove(&req) {
+                if let Some(job) = mine {
+                    self.sh.hand_over(std::iter::once(job));
+                }
                 return r;
             }
-            g = self.sh.wait_done(g, Duration::from_millis(100));
+            if let Some(job) = mine.take() {
+                drop(g);
+                let (buf, r) = run(&*job.dev, job.op);
+                g = self.sh.lock();
+                if g.dead {
+                    continue;
+                }
+                let ev = Shared::finished(&mut g, job.io, buf, r);
+                mine = self.sh.drive_capture(&mut g, ev);
+                continue;
+            }
+            // Parked until the completion names this request (a timeout only re-checks).
+            g.waiters.insert(req, std::thread::current());
+            drop(g);
+            std::thread::park_timeout(Duration::from_millis(100));
+            g = self.sh.lock();
+            g.waiters.remove(&req);
         }
     }
 
