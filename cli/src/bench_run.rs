@@ -61,6 +61,12 @@ pub struct Args {
     /// installed).
     #[arg(long, default_value = "auto")]
     pub load_generator: String,
+    /// SPEC's full procedures: the dirty-full run (P5) for 5 minutes per queue depth.
+    #[arg(long)]
+    pub full: bool,
+    /// Skip the SPEC P4/P5 procedures after the matrix (they are skipped with --only too).
+    #[arg(long)]
+    pub no_studies: bool,
 }
 
 /// One workload of the matrix.
@@ -624,15 +630,39 @@ fn run_in(
     server.shutdown();
     drop(engine);
     let _ = reg.stop_cache(1, true, |_, _| {});
-    let stopped = STOP.load(Ordering::Relaxed);
     let table = table(&results);
     println!("\n{table}");
+    let mut targets = p3_summary(&results);
+    if let Some(t) = &targets.1 {
+        print!("{t}");
+    }
+    if a.only.is_none() && !a.no_studies && !STOP.load(Ordering::Relaxed) {
+        let plan = crate::bench_studies::Plan::new(a.quick, a.full, a.iodepth, &a.core_preset);
+        let show = |l: &str, f: f64| bar.show(l, f);
+        let end = || bar.end();
+        let ui = crate::bench_studies::Ui {
+            show: &show,
+            end: &end,
+            stop: &STOP,
+        };
+        match crate::bench_studies::run(&plan, scratch, &ui) {
+            Ok((v, t)) => {
+                targets.0["p4_p5"] = v;
+                targets.1 = Some(targets.1.unwrap_or_default() + &t);
+            }
+            Err(e) => {
+                eprintln!("the SPEC P4/P5 procedures failed: {e}");
+                targets.0["p4_p5_error"] = json!(e);
+            }
+        }
+    }
+    let stopped = STOP.load(Ordering::Relaxed);
     let generator = if fio.is_empty() {
         "tiercache-loadgen".to_string()
     } else {
         format!("{fio} (nbd engine)")
     };
-    write_report(&generator, a, runtime, &results, &table, stopped)?;
+    write_report(&generator, a, runtime, &results, &table, &targets, stopped)?;
     println!("report: {}", a.out.join("report.html").display());
     if stopped {
         println!("(stopped by Ctrl-C: the report holds what was measured)");
@@ -798,12 +828,47 @@ fn table(results: &[RunResult]) -> String {
     t
 }
 
+/// SPEC P3 and the matrix's half of P4 from the matrix's runs: (JSON, text).
+fn p3_summary(results: &[RunResult]) -> (Value, Option<String>) {
+    let get = |w: &str, c: &str| results.iter().find(|r| r.workload == w && r.config == c);
+    let mut v = json!({});
+    let mut t = String::new();
+    for (w, want, name) in [
+        ("randread-4k", 100.0, "4K random read hits"),
+        ("randwrite-4k", 80.0, "4K random writes"),
+    ] {
+        if let (Some(b), Some(c)) = (get(w, "baseline"), get(w, "cached")) {
+            let x = c.iops / b.iops.max(1e-9);
+            let lat = c.lat_p99_us / b.lat_p99_us.max(1e-9) * 100.0;
+            v[format!("p3_{w}")] = json!({"speedup": x, "target_speedup": want,
+                "p99_pct_of_uncached": lat, "target_p99_pct": 1.0,
+                "met": x >= want && lat <= 1.0});
+            t += &format!(
+                "P3 {name}: {x:.1}x the uncached IOPS (target >= {want}x), p99 {lat:.1}% of uncached (target <= 1%)\n"
+            );
+        }
+    }
+    for w in ["seqread-512k", "seqwrite-512k"] {
+        if let (Some(b), Some(c)) = (get(w, "baseline"), get(w, "cached")) {
+            let loss = (1.0 - c.bw_mbps / b.bw_mbps.max(1e-9)) * 100.0;
+            v[format!("p4_{w}")] = json!({"bandwidth_loss_pct": loss, "target_pct": 2.0,
+                "met": loss <= 2.0});
+            t += &format!(
+                "P4 {w} with the cutoff: {loss:.1}% bandwidth loss vs uncached (target <= 2%)\n"
+            );
+        }
+    }
+    (v, (!t.is_empty()).then(|| format!("\nSPEC targets\n{t}")))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn write_report(
     generator: &str,
     a: &Args,
     runtime: u64,
     results: &[RunResult],
     table: &str,
+    targets: &(Value, Option<String>),
     stopped: bool,
 ) -> Result<(), String> {
     let w = |name: &str, body: &str| -> Result<(), String> {
@@ -835,6 +900,7 @@ fn write_report(
         },
         "stopped_early": stopped,
         "runs": runs,
+        "spec_targets": targets.0,
     });
     w(
         "results.json",
@@ -946,6 +1012,13 @@ fn write_report(
             ""
         }
     );
+    let md = match &targets.1 {
+        Some(t) => format!(
+            "{md}\n## SPEC targets\n\n```\n{}```\n",
+            t.trim_start_matches("\nSPEC targets\n")
+        ),
+        None => md,
+    };
     w("report.md", &md)?;
     let html = format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>tiercache bench</title>\n<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head><body>\n<h1>tiercache bench</h1>\n<p>commit {}, {} s per run, QD {}, cache mode {}, core emu:{} (emulated), cache {} file, working set {}.{}</p>\n<pre>{}</pre>\n{}\n{}\n{}\n{}\n<p>Raw numbers: results.json. Hit ratio and dirty % are the server's own counters.</p>\n</body></html>\n",
@@ -961,7 +1034,9 @@ fn write_report(
         } else {
             ""
         },
-        table.replace('&', "&amp;").replace('<', "&lt;"),
+        (table.to_string() + targets.1.as_deref().unwrap_or(""))
+            .replace('&', "&amp;")
+            .replace('<', "&lt;"),
         iops,
         p99,
         over_time.unwrap_or_default(),

@@ -9,6 +9,7 @@ mod bench_core;
 mod bench_engine;
 mod bench_load;
 mod bench_run;
+mod bench_studies;
 mod inspect;
 mod sim_cmd;
 mod svg;
