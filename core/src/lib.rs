@@ -28,6 +28,7 @@ pub mod policy;
 pub mod state;
 pub mod stats;
 pub mod units;
+pub mod wl;
 
 pub use cache::Cache;
 pub use config::Config;

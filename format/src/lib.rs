@@ -21,6 +21,7 @@
 //! | [`record`] | the record frame: header + payload, checksummed |
 //! | [`superblock`] | the superblock and the device layout it describes; two copies |
 //! | [`tables`] | the configuration and the core table (with each core's identity) |
+//! | [`wlog`] | the `wl` write log: entry headers and the log superblock |
 
 pub mod checkpoint;
 pub mod codec;
@@ -29,6 +30,7 @@ pub mod journal;
 pub mod record;
 pub mod superblock;
 pub mod tables;
+pub mod wlog;
 
 /// The newest format version this build writes (and the newest it reads).
 pub const FORMAT_VERSION: u16 = 1;

@@ -38,6 +38,10 @@ pub enum RecordKind {
     Journal = 3,
     /// A checkpoint chunk: the full state of a range of lines.
     Checkpoint = 4,
+    /// A `wl` log entry header.
+    LogEntry = 5,
+    /// The `wl` log superblock.
+    LogSuper = 6,
 }
 
 impl RecordKind {
@@ -48,6 +52,8 @@ impl RecordKind {
             2 => RecordKind::CoreTable,
             3 => RecordKind::Journal,
             4 => RecordKind::Checkpoint,
+            5 => RecordKind::LogEntry,
+            6 => RecordKind::LogSuper,
             _ => return None,
         })
     }

@@ -1,0 +1,1823 @@
+//! Mode `wl`, the write log (SPEC C9): a persistent write-back log in front of the cores that
+//! keeps each core crash-consistent even if the cache device is lost.
+//!
+//! [`WriteLog`] is a state machine of its own with the same contract as [`crate::Cache`]:
+//! `apply(now, event, &mut actions)`, no IO, no clock, no threads. It owns an inner `Cache` in
+//! mode `wa` over a separate part of the cache device as its *read cache*, and drives it with
+//! events of its own.
+//!
+//! - **Writes, TRIMs and WRITE_ZEROES** are appended to a ring on the cache device: one header
+//!   block (checksummed, with the CRC32C of the data) and the data. A write is acknowledged once
+//!   both are written; it is durable at the next client flush, or at once with FUA. Writes that
+//!   overlap one still being logged wait for it, so the log order of overlapping writes is
+//!   their acknowledgement order.
+//! - **Sync generations**: a client flush ends the current generation; so do `gen_max_writes`
+//!   writes or `gen_max_blocks` blocks, and the writeback when it has nothing else to do.
+//! - **Flush**: waits until every entry issued before it has been written (so that recovery,
+//!   which stops at the first entry it cannot read, finds every acknowledged one), then flushes
+//!   the cache device.
+//! - **Writeback** goes generation by generation: the entries of one generation are written to
+//!   the core through the read cache (concurrently; overlapping entries in log order), then each
+//!   core it touched is flushed, then the generation is retired from the index and the log
+//!   superblock records the new tail (FUA) — and only then does the next generation start. So a
+//!   core always holds "every generation up to k, and some writes of k+1".
+//! - **Reads**: the log index first; blocks it does not cover go to the read cache (which
+//!   promotes misses by its policy) and the core.
+//! - **Recovery** ([`scan`]) reads the log superblock, then every entry from the tail while each
+//!   one is valid, in sequence, of a non-decreasing epoch no newer than the superblock's; the
+//!   opened log first writes a superblock with a new epoch, so entries of a run that crashed
+//!   before being recovered can never be mistaken for live ones.
+
+pub mod index;
+
+use crate::cache::Cache;
+use crate::config::{Config, REQUEST_BLOCKS_MAX};
+use crate::event::{Action, BufRef, Dev, Event, IoError, ReqError};
+use crate::mode::CacheMode;
+use crate::units::{CoreId, IoId, Lba, Nanos, ReqId};
+use index::{Index, Src};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use tiercache_format::crc::crc32c;
+use tiercache_format::wlog::{LOG_BLOCK, LogHeader, LogKind, LogSuper, RING_OFFSET_BLOCKS};
+
+/// Request ids at or above this are the write log's own requests to its read cache; client
+/// request ids must stay below it.
+pub const INTERNAL_REQ: u64 = 1 << 63;
+/// Blocks of the zero buffer ([`WriteLog::meta_buf`] id [`ZERO_BUF`]).
+pub const ZERO_BLOCKS: u32 = 64;
+/// Metadata buffer id of a buffer of zeros, the source of reads of trimmed ranges.
+pub const ZERO_BUF: u32 = 0;
+const SB_BUF: u32 = 1;
+const HDR_BUF0: u32 = 2;
+/// How long a failed writeback or log repair waits before it is tried again.
+const RETRY_NS: u64 = 50_000_000;
+
+/// Configuration of a write log.
+#[derive(Clone, Debug)]
+pub struct WlConfig {
+    /// The cache's identity, written into every entry and superblock.
+    pub cache_id: [u8; 16],
+    /// First block of the log region on the cache device.
+    pub log_start: Lba,
+    /// Blocks of the log region (superblocks + ring).
+    pub log_blocks: u64,
+    /// A generation ends after this many entries ...
+    pub gen_max_writes: u32,
+    /// ... or this many blocks.
+    pub gen_max_blocks: u64,
+    /// Staging slots for writeback (each `read_cache.pool_slot_blocks` long).
+    pub staging_slots: u32,
+    /// The read cache: its mode is forced to `wa`, it persists nothing (it restarts cold), and
+    /// its `data_offset` must place its lines outside the log region.
+    pub read_cache: Config,
+}
+
+impl WlConfig {
+    fn ring_start(&self) -> u64 {
+        self.log_start.0 + RING_OFFSET_BLOCKS
+    }
+
+    fn ring_blocks(&self) -> u64 {
+        self.log_blocks - RING_OFFSET_BLOCKS
+    }
+
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.log_blocks < RING_OFFSET_BLOCKS + 64 {
+            return Err(format!(
+                "the write log needs at least {} blocks, this one has {}",
+                RING_OFFSET_BLOCKS + 64,
+                self.log_blocks
+            ));
+        }
+        let rc = &self.read_cache;
+        let rc_start = rc.data_offset.0;
+        let rc_end = rc_start + rc.lines as u64 * rc.line_size.blocks() as u64;
+        let (ls, le) = (self.log_start.0, self.log_start.0 + self.log_blocks);
+        if rc_start < le && ls < rc_end {
+            return Err("the read cache's lines overlap the write log".into());
+        }
+        if self.staging_slots == 0 || self.gen_max_writes == 0 || self.gen_max_blocks == 0 {
+            return Err("staging slots and generation limits must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// What an entry is doing.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum EState {
+    /// Its header and data writes are in flight (`left` of them).
+    Writing { left: u8, failed: bool },
+    /// Rewriting its header as `Void` after a failed write.
+    Voiding,
+    /// A void header is due (retry after a failure).
+    VoidDue,
+    /// In the log, valid (or void), waiting for writeback.
+    Logged,
+    /// Being written back: chunks issued and done.
+    Wb { issued: u32, done: u32 },
+    /// Written back to the core (flush pending with its generation).
+    Done,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    seq: u64,
+    gen_: u64,
+    kind: LogKind,
+    core: u16,
+    lba: u64,
+    blocks: u32,
+    /// Virtual ring position of the header.
+    pos: u64,
+    state: EState,
+    /// The client request waiting for it (until acknowledged).
+    req: Option<(ReqId, bool)>,
+    /// Meta buffer holding the header, while its write is in flight.
+    hdr_buf: Option<u32>,
+}
+
+impl Entry {
+    fn span(&self) -> u64 {
+        1 + if self.kind.has_data() || matches!(self.kind, LogKind::Pad | LogKind::Void) {
+            self.blocks as u64
+        } else {
+            0
+        }
+    }
+
+    fn overlaps(&self, core: u16, lba: u64, blocks: u32) -> bool {
+        self.core == core
+            && matches!(self.kind, LogKind::Write | LogKind::Trim | LogKind::Zero)
+            && self.lba < lba + blocks as u64
+            && lba < self.lba + self.blocks as u64
+    }
+}
+
+/// A client write waiting to be logged.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    req: ReqId,
+    kind: LogKind,
+    core: u16,
+    lba: u64,
+    blocks: u32,
+    fua: bool,
+}
+
+/// One of the write log's own IOs.
+#[derive(Clone, Copy, Debug)]
+enum OwnIo {
+    /// Header or data write of entry `seq`.
+    LogWrite { seq: u64 },
+    /// Void header rewrite of entry `seq`.
+    VoidWrite { seq: u64 },
+    /// Cache device flush covering `covers` completed log writes.
+    Flush { covers: u64 },
+    /// Superblock write.
+    Super { tail_pos: u64, tail_seq: u64 },
+    /// Read of log data for a client read.
+    ClientRead { req: ReqId },
+    /// Read of log data into a staging slot for writeback.
+    WbRead { op: u64 },
+}
+
+/// Who waits for a device flush.
+#[derive(Clone, Copy, Debug)]
+struct FlushWaiter {
+    req: ReqId,
+    /// A FUA write's entry (it keeps blocking overlapping writes until acknowledged).
+    fua_seq: Option<u64>,
+    /// Every entry with a smaller sequence number must be written first.
+    need_seq: u64,
+    /// `log_writes_done` once that was true (then a flush covering it is what is left).
+    mark: Option<u64>,
+}
+
+/// A client read in progress.
+#[derive(Debug)]
+struct ReadState {
+    /// Overlay pieces still to apply after the read cache answered (offset, len, src).
+    overlay: Vec<index::Piece>,
+    /// Positions pinned for this read.
+    pins: Vec<u64>,
+    /// Log reads in flight.
+    ios_left: u32,
+    /// Waiting for the read cache.
+    inner_pending: bool,
+    failed: Option<ReqError>,
+}
+
+/// One chunk of writeback: an internal request to the read cache.
+#[derive(Clone, Copy, Debug)]
+struct WbOp {
+    seq: u64,
+    /// Block offset inside the entry.
+    offset: u32,
+    blocks: u32,
+    /// Staging slot (global index), for writes.
+    slot: Option<u32>,
+    /// What the internal request is.
+    what: WbWhat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WbWhat {
+    Data,
+    Trim,
+    Zero,
+    Flush,
+}
+
+/// Counters of the write log (SPEC C20's `wl` fields and `rbd status`-like state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WlCounters {
+    /// Writes, TRIMs and WRITE_ZEROES logged.
+    pub entries_logged: u64,
+    /// Blocks of data logged.
+    pub blocks_logged: u64,
+    /// Reads served entirely from the log.
+    pub read_hits_full: u64,
+    /// Reads served partly from the log.
+    pub read_hits_partial: u64,
+    /// Reads the log had nothing of.
+    pub read_misses: u64,
+    /// Entries written back.
+    pub entries_written_back: u64,
+    /// Generations retired.
+    pub gens_retired: u64,
+    /// Writeback IOs that failed (retried).
+    pub wb_errors: u64,
+    /// Log writes that failed.
+    pub log_errors: u64,
+    /// Writes that had to wait for ring space.
+    pub waited_for_space: u64,
+}
+
+/// State a log scan found (see [`scan`]); what [`WriteLog::open`] starts from.
+#[derive(Clone, Debug)]
+pub struct Recovered {
+    /// The superblock in force and its copy index.
+    pub sb: LogSuper,
+    /// Which copy it was.
+    pub sb_copy: usize,
+    /// Valid entries from the tail, in order.
+    pub entries: Vec<LogHeader>,
+    /// Virtual ring position after the last valid entry.
+    pub head_pos: u64,
+}
+
+/// The write log. See the module docs.
+pub struct WriteLog {
+    cfg: WlConfig,
+    inner: Cache,
+    now: Nanos,
+    epoch: u32,
+    ready: bool,
+    /// Live entries (not yet retired), in sequence order.
+    entries: VecDeque<Entry>,
+    index: Index,
+    next_seq: u64,
+    open_gen: u64,
+    /// Entries and blocks in the open generation.
+    open_gen_writes: u32,
+    open_gen_blocks: u64,
+    head_pos: u64,
+    /// The tail as the durable superblock says it.
+    sb_tail_pos: u64,
+    sb_gen: u64,
+    sb_copy: usize,
+    sb_buf: [u8; LOG_BLOCK],
+    sb_in_flight: bool,
+    /// A superblock with this tail must be written (after a retirement or at open).
+    sb_due: Option<(u64, u64)>,
+    /// Readers' pins: virtual header position -> count.
+    pins: BTreeMap<u64, u32>,
+    /// Sequence numbers of entries whose log writes are not finished.
+    writing: BTreeSet<u64>,
+    /// Logged FUA entries not yet acknowledged (waiting for their flush): overlapping writes
+    /// wait for them too, so overlapping writes are acknowledged in log order.
+    unacked: BTreeMap<u64, (u16, u64, u32)>,
+    pending: VecDeque<Pending>,
+    /// Client requests waiting until the log is ready.
+    not_ready: VecDeque<Event>,
+    flush_waiters: Vec<FlushWaiter>,
+    log_writes_done: u64,
+    durable_upto: u64,
+    flush_in_flight: bool,
+    ios: Vec<Option<OwnIo>>,
+    free_ios: Vec<u32>,
+    hdr_bufs: Vec<[u8; LOG_BLOCK]>,
+    free_hdr: Vec<u32>,
+    reads: HashMap<ReqId, ReadState>,
+    wb_ops: HashMap<u64, WbOp>,
+    next_op: u64,
+    free_slots: Vec<u32>,
+    /// Writeback of the front generation: its flushes still to complete, and whether they
+    /// were issued.
+    wb_flushes_left: u32,
+    wb_flushing: bool,
+    wb_retry_at: Option<Nanos>,
+    void_retry_at: Option<Nanos>,
+    inner_events: VecDeque<Event>,
+    inner_actions: Vec<Action>,
+    zero: Vec<u8>,
+    counters: WlCounters,
+    /// Test hook: (request, seq, generation) of every entry issued for a client request.
+    issued_log: Vec<(ReqId, u64, u64)>,
+    cores: Vec<Option<u64>>,
+    /// A new log writes both superblock copies before it serves.
+    create_second_copy: bool,
+    /// An entry whose chunks did not all fit in staging: (seq, next offset).
+    wb_partial: Option<(u64, u32)>,
+    /// Entries a chunk of which failed: they go back to `Logged` once settled.
+    failed_entries: BTreeSet<u64>,
+    wb_flush_failed: bool,
+}
+
+fn ext_src_lba(cfg: &WlConfig, pos: u64) -> u64 {
+    cfg.ring_start() + pos % cfg.ring_blocks()
+}
+
+impl WriteLog {
+    fn new_empty(cfg: WlConfig) -> Result<WriteLog, String> {
+        cfg.validate()?;
+        let mut rc = cfg.read_cache.clone();
+        rc.mode = CacheMode::Wa;
+        rc.persist = None;
+        let inner = Cache::new(rc)?;
+        let inner_slots = inner.config().pool_slots;
+        let free_slots = (inner_slots..inner_slots + cfg.staging_slots)
+            .rev()
+            .collect();
+        Ok(WriteLog {
+            inner,
+            now: Nanos(0),
+            epoch: 1,
+            ready: false,
+            entries: VecDeque::new(),
+            index: Index::default(),
+            next_seq: 1,
+            open_gen: 1,
+            open_gen_writes: 0,
+            open_gen_blocks: 0,
+            head_pos: 0,
+            sb_tail_pos: 0,
+            sb_gen: 0,
+            sb_copy: 1,
+            sb_buf: [0; LOG_BLOCK],
+            sb_in_flight: false,
+            sb_due: None,
+            pins: BTreeMap::new(),
+            writing: BTreeSet::new(),
+            unacked: BTreeMap::new(),
+            pending: VecDeque::new(),
+            not_ready: VecDeque::new(),
+            flush_waiters: Vec::new(),
+            log_writes_done: 0,
+            durable_upto: 0,
+            flush_in_flight: false,
+            ios: Vec::new(),
+            free_ios: Vec::new(),
+            hdr_bufs: Vec::new(),
+            free_hdr: Vec::new(),
+            reads: HashMap::new(),
+            wb_ops: HashMap::new(),
+            next_op: 0,
+            free_slots,
+            wb_flushes_left: 0,
+            wb_flushing: false,
+            wb_retry_at: None,
+            void_retry_at: None,
+            inner_events: VecDeque::new(),
+            inner_actions: Vec::new(),
+            zero: vec![0; ZERO_BLOCKS as usize * 512],
+            counters: WlCounters::default(),
+            issued_log: Vec::new(),
+            cores: Vec::new(),
+            create_second_copy: false,
+            wb_partial: None,
+            failed_entries: BTreeSet::new(),
+            wb_flush_failed: false,
+            cfg,
+        })
+    }
+
+    /// A new, empty write log. It writes both superblock copies before it serves (requests
+    /// that arrive earlier wait).
+    pub fn create(cfg: WlConfig) -> Result<WriteLog, String> {
+        let mut wl = WriteLog::new_empty(cfg)?;
+        // Copy 0 first, then copy 1, both carrying the tail of an empty log.
+        wl.sb_copy = 1;
+        wl.sb_due = Some((0, 1));
+        wl.create_second_copy = true;
+        Ok(wl)
+    }
+
+    /// A write log recovered by [`scan`]: every entry found is kept for writeback; a
+    /// superblock with a new epoch is written before anything is served.
+    pub fn open(cfg: WlConfig, rec: Recovered) -> Result<WriteLog, String> {
+        let mut wl = WriteLog::new_empty(cfg)?;
+        if rec.sb.cache_id != wl.cfg.cache_id || rec.sb.ring_blocks != wl.cfg.ring_blocks() {
+            return Err("the write log on this device belongs to another cache or geometry".into());
+        }
+        wl.epoch = rec.sb.epoch + 1;
+        wl.sb_gen = rec.sb.sb_gen;
+        wl.sb_copy = rec.sb_copy;
+        wl.sb_tail_pos = rec.sb.tail_pos;
+        let mut pos = rec.sb.tail_pos;
+        let mut last_gen = rec.sb.tail_gen;
+        let mut next_seq = rec.sb.tail_seq;
+        for h in &rec.entries {
+            let e = Entry {
+                seq: h.seq,
+                gen_: h.gen_,
+                kind: h.kind,
+                core: h.core,
+                lba: h.lba,
+                blocks: h.blocks,
+                pos,
+                state: EState::Logged,
+                req: None,
+                hdr_buf: None,
+            };
+            if matches!(h.kind, LogKind::Write | LogKind::Trim | LogKind::Zero) {
+                let src = if h.kind == LogKind::Write {
+                    Src::Log { data_pos: pos + 1 }
+                } else {
+                    Src::Zero
+                };
+                wl.index
+                    .insert(h.core, h.lba, h.lba + h.blocks as u64, h.seq, pos, src);
+            }
+            pos += e.span();
+            last_gen = last_gen.max(h.gen_);
+            next_seq = h.seq + 1;
+            wl.entries.push_back(e);
+        }
+        debug_assert_eq!(pos, rec.head_pos);
+        wl.head_pos = rec.head_pos;
+        wl.next_seq = next_seq;
+        wl.open_gen = last_gen + 1;
+        let (tp, ts) = (rec.sb.tail_pos, rec.sb.tail_seq);
+        wl.sb_due = Some((tp, ts));
+        Ok(wl)
+    }
+
+    /// Attaches a core of `size_blocks` blocks.
+    pub fn add_core(&mut self, core: CoreId, size_blocks: u64) -> Result<(), String> {
+        self.inner
+            .add_core(core, size_blocks)
+            .map_err(|e| format!("{e:?}"))?;
+        let i = core.0 as usize;
+        if self.cores.len() <= i {
+            self.cores.resize(i + 1, None);
+        }
+        self.cores[i] = Some(size_blocks);
+        Ok(())
+    }
+
+    /// Whether the log serves requests (its opening superblock is durable).
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Staging slots the driver must allocate (read cache's and writeback's), each
+    /// [`WriteLog::pool_slot_blocks`] long.
+    pub fn pool_slots(&self) -> u32 {
+        self.inner.config().pool_slots + self.cfg.staging_slots
+    }
+
+    /// Blocks per staging slot.
+    pub fn pool_slot_blocks(&self) -> u32 {
+        self.inner.config().pool_slot_blocks
+    }
+
+    /// The bytes of a metadata buffer named by a [`BufRef::Meta`] action.
+    pub fn meta_buf(&self, id: u32) -> &[u8] {
+        match id {
+            ZERO_BUF => &self.zero,
+            SB_BUF => &self.sb_buf,
+            _ => &self.hdr_bufs[(id - HDR_BUF0) as usize],
+        }
+    }
+
+    /// The read cache.
+    pub fn read_cache(&self) -> &Cache {
+        &self.inner
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> WlCounters {
+        self.counters
+    }
+
+    /// Blocks of data in the log not yet written back (dirty).
+    pub fn dirty_blocks(&self) -> u64 {
+        self.index.blocks()
+    }
+
+    /// Live entries (not yet retired).
+    pub fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Ring blocks in use, and the ring's size.
+    pub fn log_fill(&self) -> (u64, u64) {
+        (self.head_pos - self.reuse_bound(), self.cfg.ring_blocks())
+    }
+
+    /// Generations between the one being written back and the open one.
+    pub fn generation_lag(&self) -> u64 {
+        self.entries
+            .front()
+            .map_or(0, |e| self.open_gen.saturating_sub(e.gen_))
+    }
+
+    /// Whether everything logged has been written back.
+    pub fn is_clean(&self) -> bool {
+        self.entries.is_empty() && self.pending.is_empty()
+    }
+
+    /// Whether nothing is in flight.
+    pub fn is_idle(&self) -> bool {
+        self.ios.iter().all(Option::is_none)
+            && self.reads.is_empty()
+            && self.pending.is_empty()
+            && self.inner.is_idle()
+            && self.wb_ops.is_empty()
+    }
+
+    /// Test hook: the (request, sequence number, generation) of each entry issued since the
+    /// last call.
+    pub fn take_issued(&mut self) -> Vec<(ReqId, u64, u64)> {
+        std::mem::take(&mut self.issued_log)
+    }
+
+    /// The earliest time the log wants a [`Event::Tick`].
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        [
+            self.inner.next_deadline(),
+            self.wb_retry_at,
+            self.void_retry_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    // ----- events -----
+
+    /// Handles one event at time `now`, appending what the driver must do to `actions`.
+    ///
+    /// `data_crc(req)` must return the CRC32C of the data buffer of client write `req` (the
+    /// one byte-level fact the log needs: it goes into the entry's header so that recovery
+    /// can tell a torn entry). It is called only for writes still in flight.
+    pub fn apply(
+        &mut self,
+        now: Nanos,
+        event: Event,
+        actions: &mut Vec<Action>,
+        data_crc: &mut dyn FnMut(ReqId) -> u32,
+    ) {
+        self.now = self.now.max(now);
+        match event {
+            Event::IoDone { io, result } => {
+                if io.0 & 1 == 0 {
+                    self.inner_events.push_back(Event::IoDone {
+                        io: IoId(io.0 >> 1),
+                        result,
+                    });
+                } else {
+                    self.own_io_done(io, result, actions);
+                }
+            }
+            Event::Tick => self.inner_events.push_back(Event::Tick),
+            ev if !self.ready => self.not_ready.push_back(ev),
+            ev => self.on_request(ev, actions),
+        }
+        self.maintain(actions, data_crc);
+    }
+
+    fn on_request(&mut self, ev: Event, actions: &mut Vec<Action>) {
+        let (req, core, lba, blocks) = match ev {
+            Event::Read {
+                req,
+                core,
+                lba,
+                blocks,
+            }
+            | Event::Write {
+                req,
+                core,
+                lba,
+                blocks,
+                ..
+            }
+            | Event::WriteZeroes {
+                req,
+                core,
+                lba,
+                blocks,
+                ..
+            }
+            | Event::Trim {
+                req,
+                core,
+                lba,
+                blocks,
+            } => (req, core, lba.0, blocks),
+            Event::Flush { req, core } => (req, core, 0, 0),
+            Event::IoDone { .. } | Event::Tick => unreachable!("not a request"),
+        };
+        let reply = |actions: &mut Vec<Action>, r: Result<(), ReqError>| {
+            actions.push(Action::Complete { req, result: r });
+        };
+        if req.0 >= INTERNAL_REQ {
+            return reply(actions, Err(ReqError::OutOfRange));
+        }
+        let Some(size) = self.cores.get(core.0 as usize).copied().flatten() else {
+            return reply(actions, Err(ReqError::NoSuchCore));
+        };
+        let is_write = !matches!(ev, Event::Read { .. } | Event::Flush { .. });
+        if !matches!(ev, Event::Flush { .. }) {
+            let end = lba.checked_add(blocks as u64);
+            if end.is_none_or(|e| e > size) || blocks > REQUEST_BLOCKS_MAX {
+                let e = if is_write
+                    && !matches!(ev, Event::Trim { .. })
+                    && blocks <= REQUEST_BLOCKS_MAX
+                {
+                    ReqError::PastEnd
+                } else {
+                    ReqError::OutOfRange
+                };
+                return reply(actions, Err(e));
+            }
+            if blocks == 0 {
+                return reply(actions, Ok(()));
+            }
+        }
+        match ev {
+            Event::Read { .. } => self.client_read(req, core.0, lba, blocks, actions),
+            Event::Flush { .. } => {
+                self.close_gen();
+                self.flush_waiters.push(FlushWaiter {
+                    req,
+                    fua_seq: None,
+                    need_seq: self.next_seq,
+                    mark: None,
+                });
+            }
+            Event::Write { fua, .. } => self.pending.push_back(Pending {
+                req,
+                kind: LogKind::Write,
+                core: core.0,
+                lba,
+                blocks,
+                fua,
+            }),
+            Event::WriteZeroes { fua, .. } => self.pending.push_back(Pending {
+                req,
+                kind: LogKind::Zero,
+                core: core.0,
+                lba,
+                blocks,
+                fua,
+            }),
+            Event::Trim { .. } => self.pending.push_back(Pending {
+                req,
+                kind: LogKind::Trim,
+                core: core.0,
+                lba,
+                blocks,
+                fua: false,
+            }),
+            _ => unreachable!(),
+        }
+    }
+
+    // ----- reads -----
+
+    fn client_read(
+        &mut self,
+        req: ReqId,
+        core: u16,
+        lba: u64,
+        blocks: u32,
+        acts: &mut Vec<Action>,
+    ) {
+        let pieces = self.index.lookup(core, lba, lba + blocks as u64);
+        let covered: u64 = pieces.iter().map(|p| p.len).sum();
+        let mut st = ReadState {
+            overlay: Vec::new(),
+            pins: Vec::new(),
+            ios_left: 0,
+            inner_pending: false,
+            failed: None,
+        };
+        for p in &pieces {
+            if matches!(p.src, Src::Log { .. }) {
+                *self.pins.entry(p.hdr_pos).or_default() += 1;
+                st.pins.push(p.hdr_pos);
+            }
+        }
+        if covered == blocks as u64 {
+            self.counters.read_hits_full += 1;
+            self.reads.insert(req, st);
+            self.issue_overlay(req, pieces, acts);
+            self.finish_read_if_done(req, acts);
+            return;
+        }
+        if covered == 0 {
+            self.counters.read_misses += 1;
+        } else {
+            self.counters.read_hits_partial += 1;
+        }
+        st.overlay = pieces;
+        st.inner_pending = true;
+        self.reads.insert(req, st);
+        self.inner_events.push_back(Event::Read {
+            req,
+            core: CoreId(core),
+            lba: Lba(lba),
+            blocks,
+        });
+    }
+
+    fn issue_overlay(&mut self, req: ReqId, pieces: Vec<index::Piece>, acts: &mut Vec<Action>) {
+        for p in pieces {
+            match p.src {
+                Src::Log { data_pos } => {
+                    let io = self.new_io(OwnIo::ClientRead { req });
+                    self.reads.get_mut(&req).expect("read").ios_left += 1;
+                    acts.push(Action::Read {
+                        io,
+                        dev: Dev::Cache,
+                        lba: Lba(ext_src_lba(&self.cfg, data_pos)),
+                        blocks: p.len as u32,
+                        buf: BufRef::Req {
+                            req,
+                            offset: p.offset as u32,
+                        },
+                    });
+                }
+                Src::Zero => {
+                    let mut off = p.offset as u32;
+                    let mut left = p.len as u32;
+                    while left > 0 {
+                        let n = left.min(ZERO_BLOCKS);
+                        acts.push(Action::Copy {
+                            src: BufRef::Meta {
+                                id: ZERO_BUF,
+                                offset: 0,
+                            },
+                            dst: BufRef::Req { req, offset: off },
+                            blocks: n,
+                        });
+                        off += n;
+                        left -= n;
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_read_if_done(&mut self, req: ReqId, acts: &mut Vec<Action>) {
+        let st = &self.reads[&req];
+        if st.ios_left > 0 || st.inner_pending {
+            return;
+        }
+        let st = self.reads.remove(&req).expect("read");
+        for p in st.pins {
+            self.unpin(p);
+        }
+        acts.push(Action::Complete {
+            req,
+            result: st.failed.map_or(Ok(()), Err),
+        });
+    }
+
+    fn unpin(&mut self, pos: u64) {
+        let c = self.pins.get_mut(&pos).expect("pinned");
+        *c -= 1;
+        if *c == 0 {
+            self.pins.remove(&pos);
+        }
+    }
+
+    // ----- log writes -----
+
+    fn reuse_bound(&self) -> u64 {
+        let p = self.pins.keys().next().copied().unwrap_or(u64::MAX);
+        self.sb_tail_pos.min(p)
+    }
+
+    fn new_io(&mut self, o: OwnIo) -> IoId {
+        let i = match self.free_ios.pop() {
+            Some(i) => {
+                self.ios[i as usize] = Some(o);
+                i
+            }
+            None => {
+                self.ios.push(Some(o));
+                (self.ios.len() - 1) as u32
+            }
+        };
+        IoId(((i as u64) << 1) | 1)
+    }
+
+    fn new_hdr(&mut self, h: &LogHeader) -> u32 {
+        let b = h.encode();
+        match self.free_hdr.pop() {
+            Some(i) => {
+                self.hdr_bufs[i as usize] = b;
+                i + HDR_BUF0
+            }
+            None => {
+                self.hdr_bufs.push(b);
+                (self.hdr_bufs.len() - 1) as u32 + HDR_BUF0
+            }
+        }
+    }
+
+    fn header_of(&self, e: &Entry, kind: LogKind, data_crc: u32) -> LogHeader {
+        LogHeader {
+            kind,
+            cache_id: self.cfg.cache_id,
+            epoch: self.epoch,
+            seq: e.seq,
+            gen_: e.gen_,
+            core: e.core,
+            lba: e.lba,
+            blocks: e.blocks,
+            data_crc,
+        }
+    }
+
+    fn close_gen(&mut self) {
+        if self.open_gen_writes > 0 {
+            self.open_gen += 1;
+            self.open_gen_writes = 0;
+            self.open_gen_blocks = 0;
+        }
+    }
+
+    /// Starts logging waiting writes, in order, while they fit and overlap nothing in flight.
+    fn issue_pending(&mut self, acts: &mut Vec<Action>, data_crc: &mut dyn FnMut(ReqId) -> u32) {
+        while let Some(&p) = self.pending.front() {
+            let busy = self.writing.iter().any(|s| {
+                let e = &self.entries[(s - self.entries[0].seq) as usize];
+                e.overlaps(p.core, p.lba, p.blocks)
+            }) || self.unacked.values().any(|&(c, l, b)| {
+                c == p.core && l < p.lba + p.blocks as u64 && p.lba < l + b as u64
+            });
+            if busy {
+                return;
+            }
+            let span = 1 + if p.kind == LogKind::Write {
+                p.blocks as u64
+            } else {
+                0
+            };
+            let ring = self.cfg.ring_blocks();
+            if span > ring / 2 {
+                self.pending.pop_front();
+                acts.push(Action::Complete {
+                    req: p.req,
+                    result: Err(ReqError::Io(IoError::NoSpace)),
+                });
+                continue;
+            }
+            let phys = self.head_pos % ring;
+            let pad = if phys + span > ring { ring - phys } else { 0 };
+            if self.head_pos + pad + span - self.reuse_bound() > ring {
+                self.counters.waited_for_space += 1;
+                return;
+            }
+            self.pending.pop_front();
+            if pad > 0 {
+                self.append(LogKind::Pad, 0, 0, (pad - 1) as u32, None, 0, acts);
+            }
+            let crc = if p.kind == LogKind::Write {
+                data_crc(p.req)
+            } else {
+                0
+            };
+            self.append(
+                p.kind,
+                p.core,
+                p.lba,
+                p.blocks,
+                Some((p.req, p.fua)),
+                crc,
+                acts,
+            );
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &mut self,
+        kind: LogKind,
+        core: u16,
+        lba: u64,
+        blocks: u32,
+        req: Option<(ReqId, bool)>,
+        data_crc: u32,
+        acts: &mut Vec<Action>,
+    ) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let mut e = Entry {
+            seq,
+            gen_: self.open_gen,
+            kind,
+            core,
+            lba,
+            blocks,
+            pos: self.head_pos,
+            state: EState::Logged,
+            req,
+            hdr_buf: None,
+        };
+        self.head_pos += e.span();
+        if let Some((r, _)) = req {
+            self.issued_log.push((r, seq, e.gen_));
+            self.open_gen_writes += 1;
+            self.open_gen_blocks += blocks as u64;
+        }
+        let h = self.header_of(&e, kind, data_crc);
+        let hb = self.new_hdr(&h);
+        e.hdr_buf = Some(hb);
+        let hdr_lba = ext_src_lba(&self.cfg, e.pos);
+        let io = self.new_io(OwnIo::LogWrite { seq });
+        acts.push(Action::Write {
+            io,
+            dev: Dev::Cache,
+            lba: Lba(hdr_lba),
+            blocks: 1,
+            buf: BufRef::Meta { id: hb, offset: 0 },
+            fua: false,
+        });
+        let mut left = 1;
+        if kind == LogKind::Write {
+            let (r, _) = req.expect("a write has a request");
+            let io = self.new_io(OwnIo::LogWrite { seq });
+            acts.push(Action::Write {
+                io,
+                dev: Dev::Cache,
+                lba: Lba(hdr_lba + 1),
+                blocks,
+                buf: BufRef::Req { req: r, offset: 0 },
+                fua: false,
+            });
+            left = 2;
+        }
+        e.state = EState::Writing {
+            left,
+            failed: false,
+        };
+        self.writing.insert(seq);
+        self.entries.push_back(e);
+        if self.open_gen_writes >= self.cfg.gen_max_writes
+            || self.open_gen_blocks >= self.cfg.gen_max_blocks
+        {
+            self.close_gen();
+        }
+    }
+
+    fn entry_mut(&mut self, seq: u64) -> &mut Entry {
+        let first = self.entries[0].seq;
+        &mut self.entries[(seq - first) as usize]
+    }
+
+    fn log_write_done(&mut self, seq: u64, ok: bool, acts: &mut Vec<Action>) {
+        self.log_writes_done += 1;
+        let e = self.entry_mut(seq);
+        let EState::Writing { left, failed } = e.state else {
+            unreachable!("log write done for an entry not writing")
+        };
+        let failed = failed || !ok;
+        if left > 1 {
+            e.state = EState::Writing {
+                left: left - 1,
+                failed,
+            };
+            return;
+        }
+        let hb = e.hdr_buf.take().expect("header buffer");
+        self.free_hdr.push(hb - HDR_BUF0);
+        if failed {
+            self.counters.log_errors += 1;
+            let e = self.entry_mut(seq);
+            e.state = EState::VoidDue;
+            if let Some((r, _)) = e.req.take() {
+                acts.push(Action::Complete {
+                    req: r,
+                    result: Err(ReqError::Io(IoError::Io)),
+                });
+            }
+            self.issue_void(seq, acts);
+            return;
+        }
+        let e = self.entry_mut(seq);
+        e.state = EState::Logged;
+        let (kind, core, lba, blocks, pos, req) =
+            (e.kind, e.core, e.lba, e.blocks, e.pos, e.req.take());
+        self.writing.remove(&seq);
+        match kind {
+            LogKind::Write => {
+                self.index.insert(
+                    core,
+                    lba,
+                    lba + blocks as u64,
+                    seq,
+                    pos,
+                    Src::Log { data_pos: pos + 1 },
+                );
+            }
+            LogKind::Trim | LogKind::Zero => {
+                self.index
+                    .insert(core, lba, lba + blocks as u64, seq, pos, Src::Zero);
+            }
+            LogKind::Pad | LogKind::Void => {}
+        }
+        if let Some((r, fua)) = req {
+            self.counters.entries_logged += 1;
+            self.counters.blocks_logged += blocks as u64;
+            if fua {
+                self.unacked.insert(seq, (core, lba, blocks));
+                self.flush_waiters.push(FlushWaiter {
+                    req: r,
+                    fua_seq: Some(seq),
+                    need_seq: seq + 1,
+                    mark: None,
+                });
+            } else {
+                acts.push(Action::Complete {
+                    req: r,
+                    result: Ok(()),
+                });
+            }
+        }
+    }
+
+    fn issue_void(&mut self, seq: u64, acts: &mut Vec<Action>) {
+        let e = self.entry_mut(seq).clone();
+        let h = self.header_of(&e, LogKind::Void, 0);
+        // A void entry spans what the failed one did.
+        let h = LogHeader {
+            blocks: (e.span() - 1) as u32,
+            ..h
+        };
+        let hb = self.new_hdr(&h);
+        let io = self.new_io(OwnIo::VoidWrite { seq });
+        let em = self.entry_mut(seq);
+        em.hdr_buf = Some(hb);
+        em.state = EState::Voiding;
+        acts.push(Action::Write {
+            io,
+            dev: Dev::Cache,
+            lba: Lba(ext_src_lba(&self.cfg, e.pos)),
+            blocks: 1,
+            buf: BufRef::Meta { id: hb, offset: 0 },
+            fua: false,
+        });
+    }
+
+    fn void_done(&mut self, seq: u64, ok: bool, acts: &mut Vec<Action>) {
+        self.log_writes_done += 1;
+        let now = self.now;
+        let e = self.entry_mut(seq);
+        let hb = e.hdr_buf.take().expect("header buffer");
+        self.free_hdr.push(hb - HDR_BUF0);
+        let e = self.entry_mut(seq);
+        if ok {
+            // Entry spans as before, now void: writeback skips it.
+            let after_header = (e.span() - 1) as u32;
+            e.kind = LogKind::Void;
+            e.blocks = after_header;
+            e.state = EState::Logged;
+            self.writing.remove(&seq);
+        } else {
+            e.state = EState::VoidDue;
+            self.void_retry_at = Some(Nanos(now.0 + RETRY_NS));
+        }
+        let _ = acts;
+    }
+
+    // ----- flushes -----
+
+    fn run_flushes(&mut self, acts: &mut Vec<Action>) {
+        let min_writing = self.writing.first().copied().unwrap_or(u64::MAX);
+        let done = self.log_writes_done;
+        for w in &mut self.flush_waiters {
+            if w.mark.is_none() && min_writing >= w.need_seq {
+                w.mark = Some(done);
+            }
+        }
+        // Complete those a finished flush covers.
+        let upto = self.durable_upto;
+        let unacked = &mut self.unacked;
+        self.flush_waiters.retain(|w| match w.mark {
+            Some(m) if m <= upto => {
+                if let Some(s) = w.fua_seq {
+                    unacked.remove(&s);
+                }
+                acts.push(Action::Complete {
+                    req: w.req,
+                    result: Ok(()),
+                });
+                false
+            }
+            _ => true,
+        });
+        let need = self.flush_waiters.iter().filter_map(|w| w.mark).max();
+        if let Some(m) = need
+            && m > self.durable_upto
+            && !self.flush_in_flight
+        {
+            self.flush_in_flight = true;
+            let io = self.new_io(OwnIo::Flush {
+                covers: self.log_writes_done,
+            });
+            acts.push(Action::Flush {
+                io,
+                dev: Dev::Cache,
+            });
+        }
+    }
+
+    // ----- superblock -----
+
+    fn run_super(&mut self, acts: &mut Vec<Action>) {
+        if self.sb_in_flight {
+            return;
+        }
+        let Some((tail_pos, tail_seq)) = self.sb_due.take() else {
+            return;
+        };
+        self.sb_gen += 1;
+        self.sb_copy ^= 1;
+        let tail_gen = self.entries.front().map_or(self.open_gen, |e| e.gen_);
+        self.sb_buf = LogSuper {
+            cache_id: self.cfg.cache_id,
+            sb_gen: self.sb_gen,
+            epoch: self.epoch,
+            ring_blocks: self.cfg.ring_blocks(),
+            tail_pos,
+            tail_seq,
+            tail_gen,
+        }
+        .encode();
+        self.sb_in_flight = true;
+        let io = self.new_io(OwnIo::Super { tail_pos, tail_seq });
+        acts.push(Action::Write {
+            io,
+            dev: Dev::Cache,
+            lba: Lba(self.cfg.log_start.0 + self.sb_copy as u64),
+            blocks: 1,
+            buf: BufRef::Meta {
+                id: SB_BUF,
+                offset: 0,
+            },
+            fua: true,
+        });
+    }
+
+    fn super_done(&mut self, tail_pos: u64, tail_seq: u64, ok: bool) {
+        self.sb_in_flight = false;
+        if !ok {
+            // Write the other copy again later (the failed one may be torn; the other is fine).
+            self.sb_copy ^= 1;
+            self.sb_gen -= 1;
+            self.sb_due = Some((tail_pos, tail_seq));
+            return;
+        }
+        if self.create_second_copy {
+            // A new log: both copies must be valid before the first entry.
+            self.create_second_copy = false;
+            self.sb_due = Some((tail_pos, tail_seq));
+            return;
+        }
+        self.sb_tail_pos = tail_pos;
+        if !self.ready && self.sb_due.is_none() {
+            self.ready = true;
+        }
+    }
+
+    // ----- writeback -----
+
+    fn run_writeback(&mut self, acts: &mut Vec<Action>) {
+        if self.sb_in_flight || self.sb_due.is_some() || !self.ready {
+            return;
+        }
+        if let Some(t) = self.wb_retry_at {
+            if self.now < t {
+                return;
+            }
+            self.wb_retry_at = None;
+        }
+        let Some(front) = self.entries.front() else {
+            return;
+        };
+        let g = front.gen_;
+        if g == self.open_gen {
+            // Nothing closed: close the open generation so writeback can proceed.
+            self.close_gen();
+            if g == self.open_gen {
+                return;
+            }
+        }
+        if self.wb_flushing {
+            return;
+        }
+        // Issue chunks in log order while staging lasts; an entry overlapping one of its
+        // generation still in flight waits for it.
+        let mut all_done = true;
+        let n = self.entries.len();
+        let mut i = 0;
+        while i < n {
+            let e = &self.entries[i];
+            if e.gen_ != g {
+                break;
+            }
+            match e.state {
+                EState::Writing { .. } | EState::Voiding | EState::VoidDue => {
+                    all_done = false;
+                    break;
+                }
+                EState::Done => {}
+                EState::Wb { .. } => all_done = false,
+                EState::Logged => {
+                    all_done = false;
+                    let (core, lba, blocks, kind) = (e.core, e.lba, e.blocks, e.kind);
+                    let blocked = self.entries.iter().take(i).any(|o| {
+                        matches!(o.state, EState::Wb { .. }) && o.overlaps(core, lba, blocks)
+                    });
+                    if blocked {
+                        break;
+                    }
+                    if !self.start_entry_wb(i, kind, acts) {
+                        break;
+                    }
+                }
+            }
+            i += 1;
+        }
+        if all_done {
+            // Every entry of generation g is on its core: flush the cores it touched.
+            let cores: BTreeSet<u16> = self
+                .entries
+                .iter()
+                .take_while(|e| e.gen_ == g)
+                .filter(|e| matches!(e.kind, LogKind::Write | LogKind::Trim | LogKind::Zero))
+                .map(|e| e.core)
+                .collect();
+            if cores.is_empty() {
+                self.retire_front_gen();
+                return;
+            }
+            self.wb_flushing = true;
+            self.wb_flushes_left = cores.len() as u32;
+            for c in cores {
+                let op = self.new_op(WbOp {
+                    seq: 0,
+                    offset: 0,
+                    blocks: 0,
+                    slot: None,
+                    what: WbWhat::Flush,
+                });
+                self.inner_events.push_back(Event::Flush {
+                    req: ReqId(INTERNAL_REQ | op),
+                    core: CoreId(c),
+                });
+            }
+        }
+    }
+
+    fn new_op(&mut self, op: WbOp) -> u64 {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.wb_ops.insert(id, op);
+        id
+    }
+
+    /// Starts writeback of entry `i`, or as much of it as staging allows. Returns false when
+    /// staging ran out (the caller stops).
+    fn start_entry_wb(&mut self, i: usize, kind: LogKind, acts: &mut Vec<Action>) -> bool {
+        let e = self.entries[i].clone();
+        match kind {
+            LogKind::Pad | LogKind::Void => {
+                self.entries[i].state = EState::Done;
+                true
+            }
+            LogKind::Trim | LogKind::Zero => {
+                let what = if kind == LogKind::Trim {
+                    WbWhat::Trim
+                } else {
+                    WbWhat::Zero
+                };
+                let op = self.new_op(WbOp {
+                    seq: e.seq,
+                    offset: 0,
+                    blocks: e.blocks,
+                    slot: None,
+                    what,
+                });
+                let req = ReqId(INTERNAL_REQ | op);
+                let (core, lba, blocks) = (CoreId(e.core), Lba(e.lba), e.blocks);
+                self.inner_events.push_back(if kind == LogKind::Trim {
+                    Event::Trim {
+                        req,
+                        core,
+                        lba,
+                        blocks,
+                    }
+                } else {
+                    Event::WriteZeroes {
+                        req,
+                        core,
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
+                });
+                self.entries[i].state = EState::Wb { issued: 1, done: 0 };
+                true
+            }
+            LogKind::Write => {
+                let slot_blocks = self.pool_slot_blocks();
+                let chunks = e.blocks.div_ceil(slot_blocks);
+                if self.free_slots.len() < chunks.min(self.cfg.staging_slots) as usize
+                    || (chunks > self.cfg.staging_slots && !self.wb_ops.is_empty())
+                {
+                    return false;
+                }
+                // Issue what staging allows now; an entry longer than the whole pool goes in
+                // rounds (its chunks do not overlap each other).
+                let mut off = 0;
+                let mut issued = 0;
+                while off < e.blocks {
+                    let Some(slot) = self.free_slots.pop() else {
+                        break;
+                    };
+                    let n = (e.blocks - off).min(slot_blocks);
+                    let op = self.new_op(WbOp {
+                        seq: e.seq,
+                        offset: off,
+                        blocks: n,
+                        slot: Some(slot),
+                        what: WbWhat::Data,
+                    });
+                    let io = self.new_io(OwnIo::WbRead { op });
+                    acts.push(Action::Read {
+                        io,
+                        dev: Dev::Cache,
+                        lba: Lba(ext_src_lba(&self.cfg, e.pos + 1 + off as u64)),
+                        blocks: n,
+                        buf: BufRef::Pool { slot, offset: 0 },
+                    });
+                    off += n;
+                    issued += 1;
+                }
+                self.entries[i].state = EState::Wb { issued, done: 0 };
+                if off < e.blocks {
+                    // The rest waits for slots: remember where to continue.
+                    self.wb_partial = Some((e.seq, off));
+                }
+                true
+            }
+        }
+    }
+
+    fn continue_partial(&mut self, acts: &mut Vec<Action>) {
+        let Some((seq, mut off)) = self.wb_partial else {
+            return;
+        };
+        let e = self.entry_mut(seq).clone();
+        let slot_blocks = self.pool_slot_blocks();
+        let mut more = 0;
+        while off < e.blocks {
+            let Some(slot) = self.free_slots.pop() else {
+                break;
+            };
+            let n = (e.blocks - off).min(slot_blocks);
+            let op = self.new_op(WbOp {
+                seq,
+                offset: off,
+                blocks: n,
+                slot: Some(slot),
+                what: WbWhat::Data,
+            });
+            let io = self.new_io(OwnIo::WbRead { op });
+            acts.push(Action::Read {
+                io,
+                dev: Dev::Cache,
+                lba: Lba(ext_src_lba(&self.cfg, e.pos + 1 + off as u64)),
+                blocks: n,
+                buf: BufRef::Pool { slot, offset: 0 },
+            });
+            off += n;
+            more += 1;
+        }
+        if let EState::Wb { issued, done } = self.entry_mut(seq).state {
+            self.entry_mut(seq).state = EState::Wb {
+                issued: issued + more,
+                done,
+            };
+        }
+        self.wb_partial = if off < e.blocks {
+            Some((seq, off))
+        } else {
+            None
+        };
+    }
+
+    fn wb_read_done(&mut self, op: u64, ok: bool) {
+        let o = self.wb_ops[&op];
+        if !ok {
+            self.counters.wb_errors += 1;
+            // Read it again later.
+            self.wb_ops.remove(&op);
+            self.free_slots.push(o.slot.expect("slot"));
+            self.chunk_failed(o);
+            return;
+        }
+        let e = self.entry_mut(o.seq).clone();
+        self.inner_events.push_back(Event::Write {
+            req: ReqId(INTERNAL_REQ | op),
+            core: CoreId(e.core),
+            lba: Lba(e.lba + o.offset as u64),
+            blocks: o.blocks,
+            fua: false,
+        });
+    }
+
+    /// A chunk failed: the entry's writeback restarts from scratch after a delay (its chunks
+    /// still in flight finish first).
+    fn chunk_failed(&mut self, o: WbOp) {
+        self.wb_retry_at = Some(Nanos(self.now.0 + RETRY_NS));
+        let e = self.entry_mut(o.seq);
+        if let EState::Wb { issued, done } = e.state {
+            e.state = EState::Wb {
+                issued: issued - 1,
+                done,
+            };
+        }
+        self.failed_entries.insert(o.seq);
+        self.settle_entry(o.seq);
+    }
+
+    fn settle_entry(&mut self, seq: u64) {
+        let partial = self.wb_partial.is_some_and(|(s, _)| s == seq);
+        let e = self.entry_mut(seq);
+        if let EState::Wb { issued, done } = e.state
+            && issued == done
+            && !partial
+        {
+            if self.failed_entries.remove(&seq) {
+                self.entry_mut(seq).state = EState::Logged;
+            } else {
+                self.entry_mut(seq).state = EState::Done;
+                self.counters.entries_written_back += 1;
+            }
+        }
+    }
+
+    fn internal_done(&mut self, op: u64, result: Result<(), ReqError>) {
+        let o = self.wb_ops.remove(&op).expect("internal request");
+        if let Some(s) = o.slot {
+            self.free_slots.push(s);
+        }
+        if o.what == WbWhat::Flush {
+            if result.is_err() {
+                self.counters.wb_errors += 1;
+                self.wb_flush_failed = true;
+            }
+            self.wb_flushes_left -= 1;
+            if self.wb_flushes_left == 0 {
+                self.wb_flushing = false;
+                if std::mem::take(&mut self.wb_flush_failed) {
+                    // Write the whole generation again after a delay: the core may have lost
+                    // part of it.
+                    self.wb_retry_at = Some(Nanos(self.now.0 + RETRY_NS));
+                    let g = self.entries[0].gen_;
+                    for e in self.entries.iter_mut().take_while(|e| e.gen_ == g) {
+                        e.state = EState::Logged;
+                    }
+                } else {
+                    self.retire_front_gen();
+                }
+            }
+            return;
+        }
+        if result.is_err() {
+            self.counters.wb_errors += 1;
+            self.chunk_failed(o);
+            return;
+        }
+        let e = self.entry_mut(o.seq);
+        if let EState::Wb { issued, done } = e.state {
+            e.state = EState::Wb {
+                issued,
+                done: done + 1,
+            };
+        }
+        self.settle_entry(o.seq);
+    }
+
+    fn retire_front_gen(&mut self) {
+        let g = self.entries[0].gen_;
+        while let Some(e) = self.entries.front() {
+            if e.gen_ != g {
+                break;
+            }
+            let e = self.entries.pop_front().expect("front");
+            if matches!(e.kind, LogKind::Write | LogKind::Trim | LogKind::Zero) {
+                self.index
+                    .retire(e.core, e.lba, e.lba + e.blocks as u64, e.seq);
+            }
+        }
+        self.counters.gens_retired += 1;
+        let (tp, ts) = match self.entries.front() {
+            Some(e) => (e.pos, e.seq),
+            None => (self.head_pos, self.next_seq),
+        };
+        self.sb_due = Some((tp, ts));
+    }
+
+    // ----- IO completions and the read cache -----
+
+    fn own_io_done(&mut self, io: IoId, result: Result<(), IoError>, acts: &mut Vec<Action>) {
+        let i = (io.0 >> 1) as usize;
+        let o = self.ios[i]
+            .take()
+            .expect("completion for an IO the log did not issue");
+        self.free_ios.push(i as u32);
+        let ok = result.is_ok();
+        match o {
+            OwnIo::LogWrite { seq } => self.log_write_done(seq, ok, acts),
+            OwnIo::VoidWrite { seq } => self.void_done(seq, ok, acts),
+            OwnIo::Flush { covers } => {
+                self.flush_in_flight = false;
+                if ok {
+                    self.durable_upto = self.durable_upto.max(covers);
+                } else {
+                    // Fail the waiters it would have covered: their data may not be durable.
+                    let mut failed = Vec::new();
+                    let unacked = &mut self.unacked;
+                    self.flush_waiters.retain(|w| match w.mark {
+                        Some(m) if m <= covers => {
+                            if let Some(s) = w.fua_seq {
+                                unacked.remove(&s);
+                            }
+                            failed.push(w.req);
+                            false
+                        }
+                        _ => true,
+                    });
+                    for req in failed {
+                        acts.push(Action::Complete {
+                            req,
+                            result: Err(ReqError::Io(IoError::Io)),
+                        });
+                    }
+                }
+            }
+            OwnIo::Super { tail_pos, tail_seq } => self.super_done(tail_pos, tail_seq, ok),
+            OwnIo::ClientRead { req } => {
+                let st = self.reads.get_mut(&req).expect("read");
+                st.ios_left -= 1;
+                if !ok {
+                    st.failed = Some(ReqError::Io(result.expect_err("a failed IO")));
+                }
+                self.finish_read_if_done(req, acts);
+            }
+            OwnIo::WbRead { op } => self.wb_read_done(op, ok),
+        }
+    }
+
+    /// Runs the read cache on queued events and translates what it asks for.
+    fn pump_inner(&mut self, acts: &mut Vec<Action>) {
+        while let Some(ev) = self.inner_events.pop_front() {
+            let mut out = std::mem::take(&mut self.inner_actions);
+            self.inner.apply(self.now, ev, &mut out);
+            for a in out.drain(..) {
+                self.translate(a, acts);
+            }
+            self.inner_actions = out;
+        }
+    }
+
+    fn map_buf(&self, b: BufRef) -> BufRef {
+        match b {
+            BufRef::Req { req, offset } if req.0 >= INTERNAL_REQ => {
+                let op = &self.wb_ops[&(req.0 & !INTERNAL_REQ)];
+                BufRef::Pool {
+                    slot: op.slot.expect("a data request has a slot"),
+                    offset,
+                }
+            }
+            other => other,
+        }
+    }
+
+    fn translate(&mut self, a: Action, acts: &mut Vec<Action>) {
+        let io2 = |io: IoId| IoId(io.0 << 1);
+        match a {
+            Action::Complete { req, result } => {
+                if req.0 >= INTERNAL_REQ {
+                    self.internal_done(req.0 & !INTERNAL_REQ, result);
+                } else if let Some(st) = self.reads.get_mut(&req) {
+                    st.inner_pending = false;
+                    match result {
+                        Ok(()) => {
+                            let overlay = std::mem::take(&mut st.overlay);
+                            self.issue_overlay(req, overlay, acts);
+                        }
+                        Err(e) => st.failed = Some(e),
+                    }
+                    self.finish_read_if_done(req, acts);
+                } else {
+                    acts.push(Action::Complete { req, result });
+                }
+            }
+            Action::Read {
+                io,
+                dev,
+                lba,
+                blocks,
+                buf,
+            } => acts.push(Action::Read {
+                io: io2(io),
+                dev,
+                lba,
+                blocks,
+                buf: self.map_buf(buf),
+            }),
+            Action::Write {
+                io,
+                dev,
+                lba,
+                blocks,
+                buf,
+                fua,
+            } => acts.push(Action::Write {
+                io: io2(io),
+                dev,
+                lba,
+                blocks,
+                buf: self.map_buf(buf),
+                fua,
+            }),
+            Action::WriteZeroes {
+                io,
+                dev,
+                lba,
+                blocks,
+                fua,
+            } => acts.push(Action::WriteZeroes {
+                io: io2(io),
+                dev,
+                lba,
+                blocks,
+                fua,
+            }),
+            Action::Trim {
+                io,
+                dev,
+                lba,
+                blocks,
+            } => acts.push(Action::Trim {
+                io: io2(io),
+                dev,
+                lba,
+                blocks,
+            }),
+            Action::Flush { io, dev } => acts.push(Action::Flush { io: io2(io), dev }),
+            Action::Copy { src, dst, blocks } => acts.push(Action::Copy {
+                src: self.map_buf(src),
+                dst: self.map_buf(dst),
+                blocks,
+            }),
+        }
+    }
+
+    fn maintain(&mut self, acts: &mut Vec<Action>, crc: &mut dyn FnMut(ReqId) -> u32) {
+        for _ in 0..64 {
+            let before = acts.len() + self.inner_events.len();
+            self.pump_inner(acts);
+            if self.ready {
+                while let Some(ev) = self.not_ready.pop_front() {
+                    self.on_request(ev, acts);
+                }
+            }
+            if self.void_retry_at.is_some_and(|t| self.now >= t) {
+                self.void_retry_at = None;
+                let due: Vec<u64> = self
+                    .entries
+                    .iter()
+                    .filter(|e| e.state == EState::VoidDue)
+                    .map(|e| e.seq)
+                    .collect();
+                for s in due {
+                    self.issue_void(s, acts);
+                }
+            }
+            if self.ready {
+                self.issue_pending(acts, crc);
+            }
+            self.run_flushes(acts);
+            self.continue_partial(acts);
+            self.run_writeback(acts);
+            self.run_super(acts);
+            self.pump_inner(acts);
+            if acts.len() + self.inner_events.len() == before && self.inner_events.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+/// How [`scan`] reads the cache device: blocks at an LBA into a buffer.
+pub type ReadFn<'a> = dyn FnMut(Lba, &mut [u8]) -> Result<(), String> + 'a;
+
+/// Reads a write log from the cache device: the superblock in force, then every entry from
+/// its tail while each one is valid (framed, checksummed, of this cache, next in sequence,
+/// of a non-decreasing epoch no newer than the superblock's, with its data's checksum). The
+/// first entry that fails any of these ends the log: everything after it was never covered
+/// by a completed flush (a flush waits for every earlier entry).
+pub fn scan(cfg: &WlConfig, read: &mut ReadFn<'_>) -> Result<Recovered, String> {
+    let mut c0 = vec![0u8; LOG_BLOCK];
+    let mut c1 = vec![0u8; LOG_BLOCK];
+    read(cfg.log_start, &mut c0)?;
+    read(Lba(cfg.log_start.0 + 1), &mut c1)?;
+    let (sb, sb_copy) = LogSuper::pick(&c0, &c1)
+        .map_err(|e| format!("the write log's superblock is damaged ({e}); run tiercache check"))?;
+    if sb.cache_id != cfg.cache_id {
+        return Err("the write log belongs to another cache".into());
+    }
+    if sb.ring_blocks != cfg.ring_blocks() {
+        return Err(format!(
+            "the write log's ring is {} blocks, the configuration says {}",
+            sb.ring_blocks,
+            cfg.ring_blocks()
+        ));
+    }
+    let ring = sb.ring_blocks;
+    let mut pos = sb.tail_pos;
+    let mut seq = sb.tail_seq;
+    let mut epoch = 0;
+    let mut gen_ = sb.tail_gen;
+    let mut entries = Vec::new();
+    let mut hdr = vec![0u8; LOG_BLOCK];
+    let mut data = Vec::new();
+    while pos - sb.tail_pos < ring {
+        let phys = pos % ring;
+        if read(Lba(cfg.ring_start() + phys), &mut hdr).is_err() {
+            break;
+        }
+        let Ok(h) = LogHeader::decode(&hdr) else {
+            break;
+        };
+        if h.cache_id != cfg.cache_id
+            || h.seq != seq
+            || h.epoch < epoch
+            || h.epoch > sb.epoch
+            || h.gen_ < gen_
+        {
+            break;
+        }
+        let after = match h.kind {
+            LogKind::Write | LogKind::Pad | LogKind::Void => h.blocks as u64,
+            LogKind::Trim | LogKind::Zero => 0,
+        };
+        if phys + 1 + after > ring || (h.kind == LogKind::Pad && phys + 1 + after != ring) {
+            break;
+        }
+        if pos + 1 + after - sb.tail_pos > ring {
+            break;
+        }
+        if h.kind == LogKind::Write {
+            data.resize(h.blocks as usize * 512, 0);
+            if read(Lba(cfg.ring_start() + phys + 1), &mut data).is_err()
+                || crc32c(&data) != h.data_crc
+            {
+                break;
+            }
+        }
+        epoch = h.epoch;
+        gen_ = h.gen_;
+        seq += 1;
+        pos += 1 + after;
+        entries.push(h);
+    }
+    Ok(Recovered {
+        sb,
+        sb_copy,
+        entries,
+        head_pos: pos,
+    })
+}
