@@ -90,6 +90,10 @@ step "canary: early flush ack, caught by a crash at a device write" canary canar
 TIERCACHE_CRASH_SEEDS=600 CANARY_ARGS=--release \
     step "canary: journal commit without the flush before it, caught by a crash" canary canary-no-preflush crash
 
+# Mode wl: a flush that does not wait for earlier log entries loses flushed writes at a crash.
+step "canary: wl flush before earlier log entries are written, caught by the wl crash check" \
+    canary canary-wl-flush-early wl
+
 # The engine's power-cut test (SPEC R2 in process) must catch device flushes that are not done.
 canary_engine() {
     local log

@@ -775,8 +775,9 @@ impl Sim {
         for c in 0..ncores as usize {
             for b in 0..CORE_BLOCKS as usize {
                 if !legal[c][b].contains(&values[c][b]) {
+                    let name = ["Kept", "Dropped", "Torn"][pattern as usize];
                     sim.fail(&format!(
-                        "CRASH (pattern {pattern}): core {c} block {b} holds {:?} after recovery, legal {:?}",
+                        "CRASH ({name}): core {c} block {b} holds {:?} after recovery, legal {:?}",
                         values[c][b], legal[c][b]
                     ));
                 }

@@ -1113,7 +1113,10 @@ impl WriteLog {
         let min_writing = self.writing.first().copied().unwrap_or(u64::MAX);
         let done = self.log_writes_done;
         for w in &mut self.flush_waiters {
-            if w.mark.is_none() && min_writing >= w.need_seq {
+            let earlier_written = min_writing >= w.need_seq;
+            #[cfg(feature = "canary-wl-flush-early")]
+            let earlier_written = earlier_written || true;
+            if w.mark.is_none() && earlier_written {
                 w.mark = Some(done);
             }
         }
