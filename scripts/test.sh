@@ -37,6 +37,23 @@ command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
 command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
 python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
 command -v fio >/dev/null 2>&1 || need+=(fio)
+# A real single-node Ceph for the RBD core tests (scripts/ceph-cluster.sh, docs/CEPH.md): mon,
+# OSD, mgr, the ceph/rbd CLIs, librbd/librados (opened at run time by tiercache; the -dev
+# packages carry the headers its declarations follow) and python3-rbd (a second client).
+command -v ceph-mon >/dev/null 2>&1 || need+=(ceph ceph-mon)
+command -v ceph-osd >/dev/null 2>&1 || need+=(ceph-osd)
+command -v ceph-mgr >/dev/null 2>&1 || need+=(ceph-mgr)
+librbd_present() {
+    local f
+    for f in /usr/lib/*/librbd.so.1 /usr/lib64/librbd.so.1 /usr/lib/librbd.so.1; do
+        [ -e "$f" ] && return 0
+    done
+    return 1
+}
+if [ ! -e /usr/include/rbd/librbd.h ] || ! librbd_present; then
+    need+=(librbd-dev librados-dev)
+fi
+/usr/bin/python3 -c 'import rbd' >/dev/null 2>&1 || need+=(python3-rbd)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]} (Debian packages)"
     SUDO=""
@@ -44,7 +61,7 @@ if [ ${#need[@]} -gt 0 ]; then
     $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null ||
         echo "could not install ${need[*]}: the tests that need them will say they skipped"
 fi
-command -v nbdkit qemu-nbd nbdinfo nbdcopy nbdsh qemu-img fio || true
+command -v nbdkit qemu-nbd nbdinfo nbdcopy nbdsh qemu-img fio ceph-mon ceph-osd rbd || true
 
 section "format and lint"
 step "cargo fmt --check" cargo fmt --all -- --check
@@ -140,6 +157,8 @@ step "tiercache bench core (small)" "$TC" bench core --lines 65536 --ops 20000
 step "tiercache bench load (1M lines; 16M on demand: bench load --lines 16m)" \
     "$TC" bench load --lines 1m --writes 5000
 step "tiercache bench --quick (the README's main job)" "$TC" bench --quick --out target/bench-quick
+step "tiercache bench peers --quick (SPEC P1/P2 vs nbdkit and fio; full run: bench peers)" \
+    "$TC" bench peers --quick --out target/bench-peers-quick
 step "tiercache sim ceph-opencas-2020 (the simulated study)" "$TC" sim ceph-opencas-2020
 
 section "summary"

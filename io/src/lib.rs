@@ -6,6 +6,7 @@
 //!   allows it (buffered otherwise) and io_uring where the kernel allows it (`pread`/`pwrite`
 //!   otherwise), chosen at run time; the path in use is reported by [`Backend::name`].
 //! - [`RamBackend`]: volatile memory; flush is a no-op.
+//! - [`RbdBackend`]: a Ceph RBD image through librbd, loaded at run time (`rbd:POOL/IMAGE`).
 //! - [`FaultBackend`]: a wrapper that injects seeded errors and delays, and emulates a power cut
 //!   that drops or tears (at 512 B granularity) writes not covered by a completed flush.
 //!
@@ -22,6 +23,7 @@ mod file;
 mod nbd;
 mod overlay;
 mod ram;
+mod rbd;
 mod uring;
 
 pub use aligned::{ALIGN, AlignedBuf};
@@ -32,6 +34,10 @@ pub use file::{FileBackend, FileOptions, IoPath};
 pub use nbd::{NbdBackend, NbdExportInfo, NbdOptions};
 pub use overlay::OverlayBackend;
 pub use ram::RamBackend;
+pub use rbd::{
+    DEFAULT_CLIENT_ID, DIRTY_KEY, RbdBackend, RbdIdentity, RbdOptions, RbdTarget, parse_rbd,
+    rbd_available, rbd_identity,
+};
 
 /// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple
 /// of it.
