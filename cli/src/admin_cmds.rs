@@ -78,7 +78,7 @@ pub struct AddCore {
     /// Cache id.
     #[arg(long)]
     pub cache_id: u16,
-    /// Core device: a path, emu:PRESET:PATH or nbd:URI.
+    /// Core device: a path, emu:PRESET:PATH, nbd:URI or rbd:POOL/IMAGE.
     #[arg(long)]
     pub core_device: String,
     /// Core id.
@@ -87,6 +87,13 @@ pub struct AddCore {
     /// NBD export name (default cache<N>-core<M>).
     #[arg(long)]
     pub export: Option<String>,
+    /// Ceph config file for an rbd: core (default: librados's search, $CEPH_CONF then
+    /// /etc/ceph/ceph.conf).
+    #[arg(long)]
+    pub ceph_conf: Option<String>,
+    /// cephx client id for an rbd: core (default admin; the keyring is found as librados does).
+    #[arg(long)]
+    pub ceph_id: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -427,11 +434,28 @@ pub fn start_cache(a: StartCache) -> Result<(), String> {
 
 /// `add-core`.
 pub fn add_core(a: AddCore) -> Result<(), String> {
+    // The Ceph options travel in the device string (`rbd:POOL/IMAGE:conf=FILE:id=ID`), which
+    // is also what the cache records for `--load`; the config path is made absolute here
+    // because the daemon runs elsewhere.
+    let conf = match &a.ceph_conf {
+        Some(c) => Some(
+            std::path::absolute(c)
+                .map_err(|e| format!("--ceph-conf {c}: {e}"))?
+                .display()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let core_device = tiercache_daemon::device::with_ceph_options(
+        &a.core_device,
+        conf.as_deref(),
+        a.ceph_id.as_deref(),
+    )?;
     let v = send(
         &a.conn,
         Request::AddCore {
             cache_id: a.cache_id,
-            core_device: a.core_device,
+            core_device,
             core_id: a.core_id,
             export: a.export,
         },

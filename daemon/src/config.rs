@@ -22,6 +22,12 @@
 //! id = 0
 //! device = "/dev/sdb"
 //! export = "osd0"
+//!
+//! [[cache.core]]                  # a Ceph RBD image (docs/CEPH.md)
+//! id = 1
+//! device = "rbd:rbd/vm1"
+//! ceph_conf = "/etc/ceph/ceph.conf" # optional (librados's search otherwise)
+//! ceph_id = "tiercache"             # optional (default admin)
 //! ```
 
 use crate::registry::{NewCache, Registry, set_param};
@@ -85,6 +91,21 @@ pub struct CoreSection {
     pub device: String,
     /// Export name (default `cache<N>-core<M>`).
     pub export: Option<String>,
+    /// Ceph config file of an `rbd:` core.
+    pub ceph_conf: Option<String>,
+    /// cephx client id of an `rbd:` core.
+    pub ceph_id: Option<String>,
+}
+
+impl CoreSection {
+    /// The device string with the Ceph options folded in (`rbd:POOL/IMAGE:conf=…:id=…`).
+    pub fn device_string(&self) -> Result<String, String> {
+        crate::device::with_ceph_options(
+            &self.device,
+            self.ceph_conf.as_deref(),
+            self.ceph_id.as_deref(),
+        )
+    }
 }
 
 impl ConfigFile {
@@ -121,7 +142,7 @@ impl ConfigFile {
                 if !cores.insert(x.id) {
                     return Err(format!("cache {}: core id {} appears twice", k.id, x.id));
                 }
-                crate::device::DeviceSpec::parse(&x.device)
+                crate::device::DeviceSpec::parse(&x.device_string()?)
                     .map_err(|e| format!("cache {} core {}: {e}", k.id, x.id))?;
                 let name = x
                     .export
@@ -163,7 +184,7 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
                 .map(|x| {
                     (
                         x.id,
-                        x.device.clone(),
+                        x.device_string().unwrap_or_else(|_| x.device.clone()),
                         x.export
                             .clone()
                             .unwrap_or_else(|| format!("cache{}-core{}", k.id, x.id)),
@@ -219,7 +240,9 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
             continue;
         }
         for x in &k.core {
-            let r = reg.add_core(k.id, &x.device, Some(x.id), x.export.as_deref());
+            let r = x
+                .device_string()
+                .and_then(|d| reg.add_core(k.id, &d, Some(x.id), x.export.as_deref()));
             if let Err(e) = r {
                 crate::log!(
                     error,
@@ -287,5 +310,27 @@ export = "vm1"
         assert!(ConfigFile::parse("not toml [").is_err());
         let ex = ConfigFile::parse(include_str!("../../contrib/tiercache.toml.example")).unwrap();
         assert_eq!(ex.cache[0].core.len(), 2);
+        // RBD cores: the Ceph options become part of the device string; refused elsewhere.
+        let c = ConfigFile::parse(
+            "[[cache]]\nid = 1\ndevice = \"ram:1m\"\n[[cache.core]]\nid = 0\ndevice = \"rbd:rbd/vm1\"\nceph_conf = \"/etc/ceph/x.conf\"\nceph_id = \"tc\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.cache[0].core[0].device_string().unwrap(),
+            "rbd:rbd/vm1:conf=/etc/ceph/x.conf:id=tc"
+        );
+        assert!(
+            ConfigFile::parse(
+                "[[cache]]\nid = 1\ndevice = \"ram:1m\"\n[[cache.core]]\nid = 0\ndevice = \"/x\"\nceph_id = \"tc\"\n",
+            )
+            .unwrap_err()
+            .contains("rbd:POOL/IMAGE devices only")
+        );
+        assert!(
+            ConfigFile::parse(
+                "[[cache]]\nid = 1\ndevice = \"ram:1m\"\n[[cache.core]]\nid = 0\ndevice = \"rbd:nopool\"\n",
+            )
+            .is_err()
+        );
     }
 }

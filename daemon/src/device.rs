@@ -1,6 +1,7 @@
 //! Device strings (SPEC "CLI"): a path (file or block device), `ram:SIZE` (volatile),
 //! `emu:PRESET:PATH` (a file with a device model applied in real time), `nbd:URI` (core only),
-//! `rbd:POOL/IMAGE` (core only; not in this build yet), and for tests `powercut:PATH` (a file
+//! `rbd:POOL/IMAGE[:conf=FILE][:id=ID]` (core only: a Ceph RBD image through librbd, loaded at
+//! run time; docs/CEPH.md), and for tests `powercut:PATH` (a file
 //! whose writes not covered by a flush wait in a side log that survives the process, so a
 //! power cut can be played on it after a SIGKILL: `tiercache_io::OverlayBackend`). Opening a
 //! device also gives its identity for the core table (SPEC C18).
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tiercache_engine::Device;
 use tiercache_format::tables::CoreIdentity;
-use tiercache_io::{FileBackend, NbdBackend, RamBackend};
+use tiercache_io::{FileBackend, IoErr, NbdBackend, RamBackend, RbdBackend, RbdTarget};
 
 /// What a device string names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,8 +23,8 @@ pub enum DeviceSpec {
     Emu(String, PathBuf),
     /// Another NBD server's export.
     Nbd(String),
-    /// A Ceph RBD image (pool/image).
-    Rbd(String),
+    /// A Ceph RBD image (pool/image, config file and client id).
+    Rbd(RbdTarget),
     /// A file with a process-surviving volatile write cache (tests of SIGKILL + power cut).
     PowerCut(PathBuf),
 }
@@ -84,8 +85,8 @@ impl DeviceSpec {
             }
             return Ok(DeviceSpec::PowerCut(PathBuf::from(p)));
         }
-        if let Some(img) = s.strip_prefix("rbd:") {
-            return Ok(DeviceSpec::Rbd(img.to_string()));
+        if s.starts_with("rbd:") {
+            return Ok(DeviceSpec::Rbd(tiercache_io::parse_rbd(s)?));
         }
         Ok(DeviceSpec::Path(PathBuf::from(s)))
     }
@@ -123,12 +124,20 @@ impl DeviceSpec {
             DeviceSpec::Nbd(uri) => Arc::new(
                 NbdBackend::connect(uri).map_err(|e| format!("{shown}: cannot connect: {e}"))?,
             ),
-            DeviceSpec::Rbd(_) => {
-                return Err(format!(
-                    "{shown}: RBD devices are not in this build yet (Ceph support is issue 7)"
-                ));
-            }
+            DeviceSpec::Rbd(_) => self.open_core(shown)?.0,
         })
+    }
+
+    /// Opens the device as a core: also gives the RBD handle of an `rbd:` device (for its
+    /// dirty marker, SPEC C18), the same object as the device.
+    pub fn open_core(&self, shown: &str) -> Result<(Device, Option<Arc<RbdBackend>>), String> {
+        match self {
+            DeviceSpec::Rbd(t) => {
+                let b = Arc::new(RbdBackend::open_target(t).map_err(|e| rbd_msg(shown, e))?);
+                Ok((b.clone(), Some(b)))
+            }
+            _ => Ok((self.open(shown)?, None)),
+        }
     }
 
     /// The identity the core table records (SPEC C18).
@@ -139,9 +148,79 @@ impl DeviceSpec {
             }
             DeviceSpec::Nbd(uri) => Ok(CoreIdentity::Nbd { uri: uri.clone() }),
             DeviceSpec::Ram(_) => Ok(CoreIdentity::Nbd { uri: "ram:".into() }),
-            DeviceSpec::Rbd(_) => Err(format!("{shown}: RBD devices are not in this build yet")),
+            DeviceSpec::Rbd(t) => {
+                let id = tiercache_io::rbd_identity(t).map_err(|e| rbd_msg(shown, e))?;
+                Ok(CoreIdentity::Rbd {
+                    pool_id: id.pool_id,
+                    image_id: id.image_id,
+                })
+            }
         }
     }
+}
+
+/// An RBD error as one line: librbd's message (which names the image) without the IO-error
+/// wrapping, after the device string when that says more.
+fn rbd_msg(shown: &str, e: IoErr) -> String {
+    let msg = match e {
+        IoErr::Io { msg, .. } => msg,
+        e => e.to_string(),
+    };
+    match msg.split_once(": ") {
+        Some((dev, rest)) if shown.starts_with(dev) => format!("{shown}: {rest}"),
+        _ => msg,
+    }
+}
+
+/// The device string of a core given with `--ceph-conf` / `--ceph-id` (add-core, the config
+/// file's `ceph_conf` / `ceph_id`): those become the `:conf=` and `:id=` options of an `rbd:`
+/// device string. They are refused on other devices, and when the string already says
+/// otherwise. Without them the string is returned as given.
+pub fn with_ceph_options(
+    device: &str,
+    conf: Option<&str>,
+    id: Option<&str>,
+) -> Result<String, String> {
+    if conf.is_none() && id.is_none() {
+        return Ok(device.to_string());
+    }
+    let Ok(DeviceSpec::Rbd(mut t)) = DeviceSpec::parse(device) else {
+        DeviceSpec::parse(device)?;
+        return Err(format!(
+            "--ceph-conf and --ceph-id apply to rbd:POOL/IMAGE devices only, not to '{device}'"
+        ));
+    };
+    if let Some(c) = conf {
+        let p = PathBuf::from(c);
+        if c.is_empty() || c.contains(':') {
+            return Err(format!(
+                "--ceph-conf '{c}': want a path without ':' (the device string's separator)"
+            ));
+        }
+        match &t.opts.conf {
+            Some(old) if *old != p => {
+                return Err(format!(
+                    "{device} already names the config {}; --ceph-conf {c} contradicts it",
+                    old.display()
+                ));
+            }
+            _ => t.opts.conf = Some(p),
+        }
+    }
+    if let Some(i) = id {
+        let i = i.strip_prefix("client.").unwrap_or(i);
+        match &t.opts.id {
+            Some(old) if old != i => {
+                return Err(format!(
+                    "{device} already names client.{old}; --ceph-id {i} contradicts it"
+                ));
+            }
+            _ => t.opts.id = Some(i.to_string()),
+        }
+    }
+    let s = t.device_string();
+    tiercache_io::parse_rbd(&s)?;
+    Ok(s)
 }
 
 /// Allocates every block of a regular file (SPEC C21: no ENOSPC in the middle of a run).
@@ -203,5 +282,31 @@ mod tests {
         assert!(DeviceSpec::parse("nbd:http://x").is_err());
         assert!(DeviceSpec::parse("nbd:nbd+unix:///e?socket=/s").is_ok());
         assert!(DeviceSpec::parse("").is_err());
+        assert!(matches!(
+            DeviceSpec::parse("rbd:rbd/vm1:id=tc"),
+            Ok(DeviceSpec::Rbd(t)) if t.pool == "rbd" && t.image == "vm1" && t.opts.client_id() == "tc"
+        ));
+        assert!(DeviceSpec::parse("rbd:vm1").is_err());
+        assert!(DeviceSpec::parse("rbd:rbd/vm1").unwrap().path().is_none());
+    }
+
+    #[test]
+    fn ceph_options() {
+        assert_eq!(
+            with_ceph_options("/dev/sdb", None, None),
+            Ok("/dev/sdb".into())
+        );
+        assert_eq!(
+            with_ceph_options("rbd:rbd/vm1", Some("/etc/ceph/c.conf"), Some("client.tc")),
+            Ok("rbd:rbd/vm1:conf=/etc/ceph/c.conf:id=tc".into())
+        );
+        assert_eq!(
+            with_ceph_options("rbd:rbd/vm1:id=tc", None, Some("tc")),
+            Ok("rbd:rbd/vm1:id=tc".into())
+        );
+        assert!(with_ceph_options("rbd:rbd/vm1:id=a", None, Some("b")).is_err());
+        assert!(with_ceph_options("/dev/sdb", Some("/etc/ceph/ceph.conf"), None).is_err());
+        assert!(with_ceph_options("rbd:rbd/vm1", Some("/a:b"), None).is_err());
+        assert!(with_ceph_options("rbd:rbd/vm1", None, Some("bad id")).is_err());
     }
 }

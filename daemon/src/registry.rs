@@ -11,6 +11,14 @@
 //!
 //! The registry's lock is held only to look things up and to change the tables; long waits
 //! (writeback, stop) run outside it on the cache's engine.
+//!
+//! RBD cores carry the dirty marker of SPEC C18 (image metadata `tiercache.dirty` =
+//! `dirty in tiercache <cache uuid>`), kept conservatively — set whenever the core *may* have
+//! dirty data in the cache: at attach when the cache is in a lazy mode (`wb`, `wo`) or holds
+//! dirty lines of it, and before a switch to a lazy mode; removed only when it has none and
+//! cannot get any: after a writeback or a mode switch in a non-lazy mode, after
+//! `stop-cache` left none of its lines dirty, after `remove-core`. An image marked by another
+//! cache is refused at attach (docs/CEPH.md).
 
 use crate::device::{DeviceSpec, preallocate};
 use serde_json::{Value, json};
@@ -25,6 +33,7 @@ use tiercache_core::units::{CoreId, Lba, LineSize};
 use tiercache_core::{Config, config::Persist};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
 use tiercache_format::superblock::Layout;
+use tiercache_io::RbdBackend;
 
 /// Highest cache id (as casadm).
 pub const CACHE_ID_MAX: u16 = 16384;
@@ -55,6 +64,8 @@ pub struct CoreEntry {
     pub size_blocks: u64,
     /// Serve the bare core although the cache device is missing (config `force_bare_core`).
     pub bare: bool,
+    /// The same device as `dev` when it is an RBD image (for its dirty marker).
+    pub rbd: Option<Arc<RbdBackend>>,
 }
 
 /// One cache.
@@ -119,6 +130,10 @@ pub enum ExportTarget {
 #[derive(Default)]
 pub struct Registry {
     caches: Mutex<BTreeMap<u16, CacheEntry>>,
+    /// Held while deciding and writing RBD dirty markers, across a switch to a lazy mode and
+    /// across `add-core`, so that a marker is never removed, or left unset, after another
+    /// thread made the core dirtiable. Taken before `caches`, never while holding it.
+    markers: Mutex<()>,
 }
 
 /// Creation parameters of a cache.
@@ -381,6 +396,7 @@ impl Registry {
                         export: e.export_name.clone(),
                         size_blocks: e.size_blocks,
                         bare: false,
+                        rbd: None,
                     },
                 );
             }
@@ -446,10 +462,13 @@ impl Registry {
             wb_sample: (Instant::now(), 0),
         };
         for (cid, dev, export, bare) in cores {
-            let d = if bare {
-                DeviceSpec::parse(&dev).and_then(|s| s.open(&dev)).ok()
+            let (d, rbd) = if bare {
+                match DeviceSpec::parse(&dev).and_then(|s| s.open_core(&dev)) {
+                    Ok((d, r)) => (Some(d), r),
+                    Err(_) => (None, None),
+                }
             } else {
-                None
+                (None, None)
             };
             let size_blocks = d.as_ref().map_or(0, |d| d.blocks());
             entry.cores.insert(
@@ -460,6 +479,7 @@ impl Registry {
                     export,
                     size_blocks,
                     bare,
+                    rbd,
                 },
             );
         }
@@ -475,6 +495,10 @@ impl Registry {
         export: Option<&str>,
     ) -> Result<Value, String> {
         let spec = DeviceSpec::parse(device)?;
+        // Lock order: markers, then the registry (then an engine). Held throughout, so that a
+        // set-mode cannot switch to a lazy mode between the marker decision and the core
+        // being listed.
+        let _markers = lock_markers(&self.markers);
         if let Some(i) = core_id
             && i > CORE_ID_MAX
         {
@@ -512,7 +536,7 @@ impl Registry {
         }
         let identity = spec.identity(device)?;
         // Opened only where it is attached: a core already attached keeps its one handle.
-        let open = || spec.open(device);
+        let open = || spec.open_core(device);
         let mut caches = self.lock();
         let all_exports: Vec<String> = caches
             .values()
@@ -549,7 +573,10 @@ impl Registry {
                     return Ok(json!({"cache_id": cache_id, "core_id": e.id,
                         "export": k.export, "already_attached": true, "state": "incomplete"}));
                 }
-                let dev = open()?;
+                let (dev, rbd) = open()?;
+                if let Some(r) = &rbd {
+                    check_marker(device, r, &hex(&report.superblock.cache_id))?;
+                }
                 // A core that grew is taken at its new size when the engine opens (SPEC C22).
                 if e.size_blocks > dev.blocks() {
                     return Err(format!(
@@ -569,6 +596,7 @@ impl Registry {
                 let ce = c.cores.get_mut(&id).expect("recorded cores are listed");
                 ce.device = device.to_string();
                 ce.dev = Some(dev);
+                ce.rbd = rbd;
                 if let Some(n) = export {
                     ce.export = n.to_string();
                 }
@@ -609,6 +637,23 @@ impl Registry {
                     }
                 }
                 engine.wait(|k| k.tables_durable());
+                // Before anything is served: the marker of every RBD core as the loaded cache
+                // says (kept or set when it may have dirty data, removed when it cannot).
+                let rbds: Vec<(u16, Arc<RbdBackend>)> = c
+                    .cores
+                    .iter()
+                    .filter_map(|(i, k)| Some((*i, k.rbd.clone()?)))
+                    .collect();
+                if !rbds.is_empty()
+                    && let Err(why) = sync_markers(&engine, &rbds, false)
+                {
+                    crate::log!(
+                        error,
+                        "dirty marker not updated",
+                        cache = cache_id,
+                        reason = why
+                    );
+                }
                 c.run = CacheRun::Running(Arc::new(engine));
                 crate::log!(
                     info,
@@ -664,7 +709,18 @@ impl Registry {
                 if all_exports.contains(&name) {
                     return Err(format!("export name '{name}' is taken"));
                 }
-                let dev = open()?;
+                let (dev, rbd) = open()?;
+                if let Some(r) = &rbd {
+                    // Marked (in a lazy mode) before the core can get dirty data; set-mode
+                    // waits for the marker lock, held here until the core is listed.
+                    let uuid = engine_uuid(engine);
+                    check_marker(device, r, &uuid)?;
+                    let lazy = engine.with_cache(|c| {
+                        c.mode().is_lazy() || c.target_mode().is_some_and(CacheMode::is_lazy)
+                    });
+                    r.set_dirty_marker(lazy.then_some(uuid.as_str()))
+                        .map_err(|e| format!("{device}: dirty marker: {e}"))?;
+                }
                 engine.add_core(CoreSpec {
                     id: CoreId(id),
                     dev: dev.clone(),
@@ -682,6 +738,7 @@ impl Registry {
                         dev: Some(dev),
                         export: name.clone(),
                         bare: false,
+                        rbd,
                     },
                 );
                 crate::log!(
@@ -748,8 +805,28 @@ impl Registry {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+        // Nothing is dirty now: RBD markers go unless the mode may dirty them again.
+        let _m = lock_markers(&self.markers);
+        let rbds: Vec<(u16, Arc<RbdBackend>)> = self
+            .rbd_cores(cache_id)
+            .into_iter()
+            .filter(|(i, _)| only.is_none_or(|k| k == *i))
+            .collect();
+        if !rbds.is_empty() {
+            sync_markers(&e, &rbds, false)?;
+        }
         Ok(json!({"cache_id": cache_id, "lines_written_back": total,
             "seconds": t0.elapsed().as_secs_f64()}))
+    }
+
+    /// The RBD cores of a cache, with their handles.
+    fn rbd_cores(&self, cache_id: u16) -> Vec<(u16, Arc<RbdBackend>)> {
+        self.lock().get(&cache_id).map_or(Vec::new(), |c| {
+            c.cores
+                .iter()
+                .filter_map(|(i, k)| Some((*i, k.rbd.clone()?)))
+                .collect()
+        })
     }
 
     /// `remove-core`.
@@ -775,9 +852,24 @@ impl Registry {
                 Err(m) => return Err(m),
             }
         }
-        let mut caches = self.lock();
-        if let Some(c) = caches.get_mut(&cache_id) {
-            c.cores.remove(&core_id);
+        let removed = {
+            let mut caches = self.lock();
+            caches
+                .get_mut(&cache_id)
+                .and_then(|c| c.cores.remove(&core_id))
+        };
+        // The cache holds nothing of it any more.
+        if let Some(r) = removed.and_then(|k| k.rbd) {
+            let _m = lock_markers(&self.markers);
+            if let Err(e) = r.set_dirty_marker(None) {
+                crate::log!(
+                    warn,
+                    "dirty marker not removed",
+                    cache = cache_id,
+                    core = core_id,
+                    reason = e
+                );
+            }
         }
         crate::log!(info, "core removed", cache = cache_id, core = core_id);
         Ok(json!({"cache_id": cache_id, "core_id": core_id, "removed": true}))
@@ -812,6 +904,24 @@ impl Registry {
             // NBD connections may still hold the engine: stop it in place (final checkpoint,
             // core flushes; their later requests fail), then let it go.
             e.stop_shared()?;
+            // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
+            // dirty lines of it stay on the cache device.
+            let rbds: Vec<(u16, Arc<RbdBackend>)> = entry
+                .cores
+                .iter()
+                .filter_map(|(i, k)| Some((*i, k.rbd.clone()?)))
+                .collect();
+            if !rbds.is_empty() {
+                let _m = lock_markers(&self.markers);
+                if let Err(why) = sync_markers(&e, &rbds, true) {
+                    crate::log!(
+                        warn,
+                        "dirty marker not updated",
+                        cache = cache_id,
+                        reason = why
+                    );
+                }
+            }
             let mut e = e;
             for _ in 0..50 {
                 match Arc::try_unwrap(e) {
@@ -910,10 +1020,16 @@ impl Registry {
         let k = c.cores.get_mut(&i).expect("found above");
         // SPEC C22: a core that grew is picked up by the next connection; a shrink below cached
         // data is refused (and the export with it).
-        if let Some(now) = current_blocks(&k.device)
+        let now = current_blocks(&k.device)
+            .or_else(|| k.rbd.as_ref().and_then(|r| r.refresh_size().ok()));
+        if let Some(now) = now
             && now != k.size_blocks
         {
-            let dev = DeviceSpec::parse(&k.device)?.open(&k.device)?;
+            // An RBD image is held open (and locked) once: its handle sees the new size.
+            let dev = match (&k.rbd, &k.dev) {
+                (Some(_), Some(d)) => d.clone(),
+                _ => DeviceSpec::parse(&k.device)?.open(&k.device)?,
+            };
             match engine.resize_core(CoreId(i), dev.clone()) {
                 Ok(()) => {
                     crate::log!(
@@ -972,7 +1088,24 @@ impl Registry {
         let m = CacheMode::parse(mode)
             .ok_or_else(|| format!("unknown mode '{mode}' (want wt, wb, wa, wi, pt or wo)"))?;
         let e = self.engine(cache_id)?;
-        e.with_cache(|c| c.set_mode(m).map_err(|e| e.to_string()))?;
+        {
+            // A lazy mode may dirty any core at once: mark RBD cores first. A non-lazy one
+            // lets their markers go when nothing is dirty any more.
+            let _m = lock_markers(&self.markers);
+            let rbds = self.rbd_cores(cache_id);
+            if m.is_lazy() {
+                let uuid = engine_uuid(&e);
+                for (i, r) in &rbds {
+                    r.set_dirty_marker(Some(&uuid)).map_err(|err| {
+                        format!("core {i}: cannot set the dirty marker, mode not changed: {err}")
+                    })?;
+                }
+            }
+            e.with_cache(|c| c.set_mode(m).map_err(|e| e.to_string()))?;
+            if !m.is_lazy() && !rbds.is_empty() {
+                sync_markers(&e, &rbds, false)?;
+            }
+        }
         e.wait(|c| c.tables_durable());
         let (now, target) = e.with_cache(|c| (c.mode(), c.target_mode()));
         Ok(json!({"cache_id": cache_id, "mode": now.to_string(),
@@ -1098,6 +1231,53 @@ impl Registry {
     pub fn state(&self, cache_id: u16) -> Option<&'static str> {
         self.lock().get(&cache_id).map(|c| c.state())
     }
+}
+
+fn lock_markers(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The cache's identity as the dirty marker names it (its superblock's cache id, in hex).
+fn engine_uuid(e: &Engine) -> String {
+    e.with_cache(|c| {
+        c.config()
+            .persist
+            .as_ref()
+            .map(|p| hex(&p.superblock.cache_id))
+    })
+    .unwrap_or_else(|| "volatile".into())
+}
+
+/// Refuses an RBD image whose dirty marker names another cache: that cache holds dirty data
+/// the image lacks.
+fn check_marker(device: &str, r: &RbdBackend, uuid: &str) -> Result<(), String> {
+    let mine = format!("dirty in tiercache {uuid}");
+    match r.dirty_marker() {
+        Ok(Some(v)) if v != mine => Err(format!(
+            "{device}: the image is marked '{v}' (image metadata {}): another tiercache cache holds dirty data of it; write that cache back, or if it is gone for good: rbd image-meta remove {} {}",
+            tiercache_io::DIRTY_KEY,
+            r.target().spec(),
+            tiercache_io::DIRTY_KEY
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("{device}: reading its dirty marker: {e}")),
+    }
+}
+
+/// Sets the dirty marker of each RBD core that may have dirty data (the mode is lazy, unless
+/// `stopped`, or the cache holds dirty lines of it) and removes the others'. The caller holds
+/// the registry's marker lock.
+fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> Result<(), String> {
+    let uuid = engine_uuid(e);
+    for (i, r) in cores {
+        let want = e.with_cache(|c| {
+            let lazy = c.mode().is_lazy() || c.target_mode().is_some_and(CacheMode::is_lazy);
+            (lazy && !stopped) || c.core_lines(CoreId(*i)).1 > 0
+        });
+        r.set_dirty_marker(want.then_some(uuid.as_str()))
+            .map_err(|err| format!("core {i}: dirty marker: {err}"))?;
+    }
+    Ok(())
 }
 
 /// The size in blocks a local core device has now (files and block devices; `None` for others

@@ -1,0 +1,560 @@
+//! A Ceph RBD image as a core, end to end, as a user would run it: a real single-node cluster
+//! started on loopback by `scripts/ceph-cluster.sh` (stopped when the test process exits,
+//! whatever happens; see io/tests/common/ceph.rs), the real `tiercache` binary as a daemon, a
+//! `wb` cache on a file, `add-core --core-device rbd:rbd/IMG --ceph-conf FILE`, 64 MiB of
+//! random data through the NBD export with nbdcopy, the exclusive lock against a second
+//! client, a SIGKILL of the daemon and a restart from a config file (the dead daemon's lock is
+//! taken over, the dirty data recovered), a clean stop keeping the dirty data and another
+//! restart, the `tiercache.dirty` image marker through all of it, writeback, stop, and
+//! `rbd export` compared bit for bit with what was written.
+//!
+//! Skipped (with a printed reason) only when ceph-mon is not installed, or nbdcopy is not.
+
+#[path = "../../io/tests/common/ceph.rs"]
+mod ceph;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
+const MIB: usize = 1 << 20;
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("tc-ceph-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+    fn path(&self, f: &str) -> String {
+        self.0.join(f).display().to_string()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A daemon process started by the test; killed (exactly this child) on drop.
+struct Daemon {
+    child: Option<Child>,
+    socket: String,
+    nbd: String,
+    log: String,
+}
+
+impl Daemon {
+    fn start(d: &Dir, config: Option<&str>) -> Daemon {
+        let socket = d.path("admin.sock");
+        let nbd = d.path("nbd.sock");
+        let log = d.path("daemon.log");
+        let _ = std::fs::remove_file(&nbd);
+        let mut cmd = Command::new(BIN);
+        cmd.args(["daemon", "--socket", &socket, "--metrics-listen", "none"])
+            .args(["--nbd-listen", &format!("unix:{nbd}")])
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            );
+        if let Some(c) = config {
+            cmd.args(["--config", c]);
+        }
+        let child = cmd.spawn().expect("spawn the daemon");
+        let dm = Daemon {
+            child: Some(child),
+            socket,
+            nbd,
+            log,
+        };
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&dm.socket).is_err()
+            || !Path::new(&dm.nbd).exists()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(90),
+                "the daemon did not come up:\n{}",
+                dm.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dm
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn tc(&self, args: &[&str]) -> (bool, String, String) {
+        let o = Command::new(BIN)
+            .args(args)
+            .env("TIERCACHE_SOCKET", &self.socket)
+            .output()
+            .expect("run tiercache");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let (ok, out, err) = self.tc(&a);
+        assert!(ok, "tiercache {args:?} failed: {err}\n{}", self.log());
+        serde_json::from_str(&out).expect("JSON output")
+    }
+
+    fn fails(&self, args: &[&str], want: &str) -> String {
+        let (ok, _, err) = self.tc(args);
+        assert!(!ok, "tiercache {args:?} should fail");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(want), "{args:?}: want '{want}' in: {err}");
+        err
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.nbd)
+    }
+
+    /// SIGKILL, as a crash.
+    fn kill(mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// Clean stop through the admin socket (dirty data stays on the cache device).
+    fn shutdown(mut self) {
+        let (ok, _, err) = self.tc(&["shutdown"]);
+        assert!(ok, "shutdown: {err}");
+        let mut c = self.child.take().unwrap();
+        let t = Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn have(prog: &str) -> bool {
+    Command::new(prog)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `bytes` of seeded pseudo-random data in a file.
+fn random_file(path: &str, bytes: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = vec![0u8; bytes];
+    for c in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    std::fs::File::create(path).unwrap().write_all(&v).unwrap();
+    v
+}
+
+fn read_file(path: &str) -> Vec<u8> {
+    let mut v = Vec::new();
+    std::fs::File::open(path)
+        .unwrap()
+        .read_to_end(&mut v)
+        .unwrap();
+    v
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+#[test]
+fn rbd_core_end_to_end() {
+    if !have("nbdcopy") {
+        println!("skipped: rbd_core_end_to_end: nbdcopy is not installed (libnbd-bin)");
+        return;
+    }
+    // A killed client's watch, and with it its exclusive lock, is given up after 10 s (30 s by
+    // default) on this cluster, so the SIGKILL part waits less.
+    let Some(c) = ceph::shared_with(
+        "rbd_core_end_to_end",
+        &["--set", "osd_client_watch_timeout=10"],
+    ) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let img = ceph::image_name("e2e");
+    c.create_image(&img, 256);
+    let spec = format!("rbd/{img}");
+    let conf = c.conf.display().to_string();
+    let d = Dir::new("e2e");
+    let cache = d.path("cache.img");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let src = d.path("src.img");
+    let data = random_file(&src, 64 * MIB, 0xCE9A);
+
+    // --- A wb cache on a file, the RBD image as its core.
+    let dm = Daemon::start(&d, None);
+    dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+    // Data stays dirty until we write it back.
+    dm.json(&[
+        "set-param",
+        "--cache-id",
+        "1",
+        "cleaning",
+        "--policy",
+        "nop",
+    ]);
+    dm.fails(
+        &[
+            "add-core",
+            "--cache-id",
+            "1",
+            "--core-device",
+            "rbd:rbd/no-such-image",
+            "--ceph-conf",
+            &conf,
+        ],
+        "image rbd/no-such-image not found",
+    );
+    dm.fails(
+        &[
+            "add-core",
+            "--cache-id",
+            "1",
+            "--core-device",
+            &cache,
+            "--ceph-id",
+            "admin",
+        ],
+        "rbd:POOL/IMAGE devices only",
+    );
+    assert_eq!(c.image_meta(&img, "tiercache.dirty"), None);
+    let v = dm.json(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &format!("rbd:{spec}"),
+        "--ceph-conf",
+        &conf,
+        "--ceph-id",
+        "admin",
+        "--export",
+        "e2e",
+    ]);
+    assert_eq!(v["core_id"], 0, "{v}");
+    let l = dm.json(&["list"]);
+    let device = l[0]["cores"][0]["device"].as_str().unwrap().to_string();
+    assert_eq!(device, format!("rbd:{spec}:conf={conf}:id=admin"));
+    assert_eq!(l[0]["cores"][0]["size_bytes"], 256 << 20);
+    // SPEC C18: marked at attach in a lazy mode, before any write.
+    let marker = c
+        .image_meta(&img, "tiercache.dirty")
+        .expect("marker set at attach in wb");
+    assert!(marker.starts_with("dirty in tiercache "), "{marker}");
+    println!("marker at attach: {marker}");
+
+    // --- 64 MiB of random data through the export: dirty in the cache, not on the image.
+    let t = Instant::now();
+    run_ok(
+        Command::new("nbdcopy")
+            .args(["--flush", "--connections=4"])
+            .arg(&src)
+            .arg(dm.uri("e2e")),
+    );
+    println!("nbdcopy 64 MiB in: {:.2} s", t.elapsed().as_secs_f64());
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let dirty = s["usage"]["dirty_lines"].as_u64().unwrap();
+    assert_eq!(dirty, (64 * MIB / 4096) as u64, "{s}");
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str())
+    );
+
+    // A second client while tiercache holds the image: its writes are refused (EROFS), so it
+    // cannot corrupt the image under the cache. Its reads work and see the image without the
+    // cache's dirty data (zeros here): what the marker warns about.
+    let o = c.cli(
+        "rbd",
+        &[
+            "bench",
+            "--io-type",
+            "write",
+            "--io-size",
+            "4K",
+            "--io-total",
+            "1M",
+            &spec,
+        ],
+    );
+    assert!(
+        !o.status.success(),
+        "a second client wrote to the held image"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Read-only file system"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stale = d.path("stale.img");
+    c.rbd(&["export", "--no-progress", &spec, &stale]);
+    assert!(
+        read_file(&stale)[..MIB].iter().all(|&b| b == 0),
+        "the image holds data that only the cache should have"
+    );
+    std::fs::remove_file(&stale).unwrap();
+
+    // --- SIGKILL with the data dirty in the cache: the marker stays (it is in the cluster).
+    dm.kill();
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str()),
+        "marker gone after a crash with dirty data"
+    );
+
+    // --- Restart from a config file naming the RBD core with ceph_conf / ceph_id: the cache
+    // is recovered, and the core reattached once the killed daemon's lock is given up (its
+    // watch times out; librbd then blocklists the dead client and takes the lock).
+    let cfg = d.path("tiercache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"e2e\"\n"
+        ),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let dm = Daemon::start(&d, Some(&cfg));
+    println!(
+        "daemon restarted after SIGKILL in {:.2} s (lock taken over from the dead daemon)",
+        t.elapsed().as_secs_f64()
+    );
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "running", "{l}\n{}", dm.log());
+    assert_eq!(l[0]["dirty_lines"], dirty, "{l}");
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str())
+    );
+
+    // --- Clean stop with the dirty data kept on the cache device: the marker stays; the
+    // next start takes the released lock at once.
+    dm.shutdown();
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str()),
+        "marker gone while the cache device holds dirty data"
+    );
+    let t = Instant::now();
+    let dm = Daemon::start(&d, Some(&cfg));
+    println!(
+        "daemon restarted after a clean stop in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "running", "{l}\n{}", dm.log());
+    assert_eq!(l[0]["dirty_lines"], dirty, "{l}");
+    let back = d.path("back.img");
+    run_ok(
+        Command::new("nbdcopy")
+            .arg("--connections=2")
+            .arg(dm.uri("e2e"))
+            .arg(&back),
+    );
+    let got = read_file(&back);
+    assert_eq!(got.len(), 256 * MIB);
+    assert!(
+        got[..64 * MIB] == data[..],
+        "read back through the cache differs at {:?}",
+        first_diff(&got, &data)
+    );
+    std::fs::remove_file(&back).unwrap();
+
+    // --- Writeback: everything lands on the image. In wb the marker stays (any write may
+    // dirty the core again); switching to wt (nothing dirty) removes it, back to wb sets it.
+    let t = Instant::now();
+    let v = dm.json(&["writeback", "--cache-id", "1"]);
+    println!(
+        "writeback of {} lines: {:.2} s ({v})",
+        dirty,
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        dm.json(&["stats", "--cache-id", "1"])["usage"]["dirty_lines"],
+        0
+    );
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str())
+    );
+    dm.json(&["set-mode", "--cache-id", "1", "--mode", "wt"]);
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty"),
+        None,
+        "marker kept in wt with nothing dirty"
+    );
+    dm.json(&["set-mode", "--cache-id", "1", "--mode", "wb"]);
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str())
+    );
+
+    // --- Stop: nothing dirty is left, so the marker goes and the lock is released.
+    let v = dm.json(&["stop-cache", "--cache-id", "1"]);
+    assert_eq!(v["dirty_lines_kept"], 0, "{v}");
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty"),
+        None,
+        "marker left after a complete writeback and stop"
+    );
+    let out = d.path("export.img");
+    c.rbd(&["export", "--no-progress", &spec, &out]);
+    let img_bytes = read_file(&out);
+    assert_eq!(img_bytes.len(), 256 * MIB);
+    assert!(
+        img_bytes[..64 * MIB] == data[..],
+        "rbd export differs from what was written, first at byte {:?}",
+        first_diff(&img_bytes, &data)
+    );
+    assert!(
+        img_bytes[64 * MIB..].iter().all(|&b| b == 0),
+        "rbd export has data past what was written"
+    );
+
+    // --- An image marked by another cache is refused (that cache holds its dirty data);
+    // once the mark is removed it attaches, and a wt cache sets none.
+    let cache2 = d.path("cache2.img");
+    std::fs::File::create(&cache2)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let v = dm.json(&["start-cache", "--cache-device", &cache2, "--mode", "wt"]);
+    let id2 = v["cache_id"].to_string();
+    c.rbd(&[
+        "image-meta",
+        "set",
+        &spec,
+        "tiercache.dirty",
+        "dirty in tiercache 00000000000000000000000000000bad",
+    ]);
+    let dev = format!("rbd:{spec}:conf={conf}");
+    dm.fails(
+        &["add-core", "--cache-id", &id2, "--core-device", &dev],
+        "another tiercache cache holds dirty data of it",
+    );
+    c.rbd(&["image-meta", "remove", &spec, "tiercache.dirty"]);
+    dm.json(&["add-core", "--cache-id", &id2, "--core-device", &dev]);
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty"),
+        None,
+        "marker set in wt"
+    );
+    dm.shutdown();
+    println!(
+        "end to end on RBD: {:.1} s (cluster start {:.1} s)",
+        t0.elapsed().as_secs_f64(),
+        c.startup.as_secs_f64()
+    );
+}
+
+/// Where librbd is missing (here: pointed at a path that does not exist), opening an rbd:
+/// core fails with one line saying what to install, and everything else still works. Needs
+/// no cluster.
+#[test]
+fn without_librbd_an_rbd_core_is_one_clear_error() {
+    let d = Dir::new("nolib");
+    let cache = d.path("cache.img");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let core = d.path("core.img");
+    std::fs::File::create(&core)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    // Only the daemon child sees the variable.
+    let dm = {
+        let socket = d.path("admin.sock");
+        let nbd = d.path("nbd.sock");
+        let log = d.path("daemon.log");
+        let child = Command::new(BIN)
+            .args(["daemon", "--socket", &socket, "--metrics-listen", "none"])
+            .args(["--nbd-listen", &format!("unix:{nbd}")])
+            .env("TIERCACHE_LIBRBD", d.path("no-such-dir/librbd.so.1"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn the daemon");
+        let dm = Daemon {
+            child: Some(child),
+            socket,
+            nbd,
+            log,
+        };
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&dm.socket).is_err()
+            || !Path::new(&dm.nbd).exists()
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the daemon did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dm
+    };
+    dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+    let err = dm.fails(
+        &[
+            "add-core",
+            "--cache-id",
+            "1",
+            "--core-device",
+            "rbd:rbd/vm1",
+        ],
+        "librbd is not installed: apt-get install librbd1",
+    );
+    println!("{}", err.trim());
+    let v = dm.json(&["add-core", "--cache-id", "1", "--core-device", &core]);
+    assert_eq!(v["core_id"], 0);
+    dm.shutdown();
+}
