@@ -116,13 +116,14 @@ const MATRIX: [Workload; 5] = [
     },
 ];
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by Ctrl-C (SIGINT): runs stop early and the report holds what was measured.
+pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn install_sigint() {
+pub(crate) fn install_sigint() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
@@ -148,14 +149,14 @@ struct RunResult {
     cut_short: bool,
 }
 
-fn fio_version() -> Option<String> {
+pub(crate) fn fio_version() -> Option<String> {
     let o = Command::new("fio").arg("--version").output().ok()?;
     o.status
         .success()
         .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
-const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
+pub(crate) const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
 
 /// Runs fio against `uri`; returns its JSON.
 fn run_fio(
@@ -186,9 +187,18 @@ fn run_fio(
     if let Some(m) = w.mix {
         cmd.arg(format!("--rwmixread={m}"));
     }
+    fio_json(cmd, runtime as f64 + 1.0, progress)
+}
+
+/// Runs a prepared fio command (`--output-format=json`, stdout and stderr piped), showing
+/// progress over `total` seconds and passing Ctrl-C on; returns fio's JSON.
+pub(crate) fn fio_json(
+    mut cmd: Command,
+    total: f64,
+    progress: &(dyn Fn(f64) + Sync),
+) -> Result<Value, String> {
     let child = cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))?;
     let t0 = Instant::now();
-    let total = runtime as f64 + 1.0;
     let done = Arc::new(AtomicBool::new(false));
     let pid = child.id() as i32;
     let d2 = done.clone();
@@ -222,10 +232,10 @@ fn run_fio(
 }
 
 /// IOPS, MB/s, mean, p99 and p99.9 latency (µs), and the latency CDF of one fio job.
-type FioNumbers = (f64, f64, f64, f64, f64, Vec<(f64, f64)>);
+pub(crate) type FioNumbers = (f64, f64, f64, f64, f64, Vec<(f64, f64)>);
 
 /// Numbers of one fio job (reads and writes together).
-fn parse_fio(v: &Value) -> Result<FioNumbers, String> {
+pub(crate) fn parse_fio(v: &Value) -> Result<FioNumbers, String> {
     let job = v["jobs"].get(0).ok_or("fio reported no job")?;
     let mut iops = 0.0;
     let mut bw = 0.0;
@@ -299,12 +309,12 @@ fn counters(reg: &Registry) -> (u64, u64, f64) {
     }
 }
 
-struct Bar {
-    tty: bool,
+pub(crate) struct Bar {
+    pub(crate) tty: bool,
 }
 
 impl Bar {
-    fn show(&self, label: &str, frac: f64) {
+    pub(crate) fn show(&self, label: &str, frac: f64) {
         if !self.tty {
             return;
         }
@@ -321,14 +331,14 @@ impl Bar {
         let _ = e.flush();
     }
 
-    fn end(&self) {
+    pub(crate) fn end(&self) {
         if self.tty {
             eprint!("\r{:70}\r", "");
         }
     }
 }
 
-fn git_commit() -> String {
+pub(crate) fn git_commit() -> String {
     Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
@@ -338,7 +348,7 @@ fn git_commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn host() -> Value {
+pub(crate) fn host() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -735,7 +745,7 @@ fn run_own(
 
 /// The warm-up pass with tiercache's own client: NBD_CMD_CACHE over the working set, 1 MiB at
 /// a time (the server reads each range through the cache, which promotes it).
-fn warm_own(uri: &str, size: u64) -> Result<(), String> {
+pub(crate) fn warm_own(uri: &str, size: u64) -> Result<(), String> {
     use tiercache_loadgen::{Connection, Target};
     let target = Target::parse(uri).map_err(|e| e.to_string())?;
     let mut c = Connection::connect(&target).map_err(|e| e.to_string())?;

@@ -8,6 +8,7 @@ mod alloc_count;
 mod bench_core;
 mod bench_engine;
 mod bench_load;
+mod bench_peers;
 mod bench_run;
 mod bench_studies;
 mod inspect;
@@ -86,6 +87,9 @@ enum BenchCmd {
     Core(bench_core::Args),
     /// Load and recovery time of a persistent cache with a cold page cache (SPEC P9).
     Load(bench_load::Args),
+    /// SPEC P1 and P2 against the peers (nbdkit memory, nbdkit's cache filter, fio on the
+    /// cache device), servers and fio pinned apart, median of alternating rounds.
+    Peers(Box<bench_peers::Args>),
 }
 
 fn main() {
@@ -102,6 +106,10 @@ fn main() {
             what: Some(BenchCmd::Load(args)),
             ..
         } => bench_load::run(args),
+        Cmd::Bench {
+            what: Some(BenchCmd::Peers(args)),
+            ..
+        } => bench_peers::run(*args),
         Cmd::Bench { what: None, args } => bench_run::run(args),
         Cmd::Sim(args) => sim_cmd::run(args),
         Cmd::Inspect(args) => inspect::inspect(args),

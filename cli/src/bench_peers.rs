@@ -1,0 +1,1722 @@
+//! `tiercache bench peers`: SPEC P1 and P2 against the peers, measured as SPEC's "How to
+//! measure" says — one run on one machine, the servers pinned to one CPU and fio to another,
+//! the median of at least 5 alternating rounds with the spread, CPU-µs per IO beside IOPS,
+//! unix sockets, one connection unless said otherwise.
+//!
+//! - **P1** (4K random read, QD 16, 100% hits): tiercache with a `ram:` cache over a file core,
+//!   tiercache with a file cache device (O_DIRECT) over a file core, `nbdkit memory` holding
+//!   the same data, and fio `io_uring` direct on the cache file itself (the device ceiling).
+//!   Targets: ram / nbdkit memory ≥ 1.0; file / min(nbdkit memory, device) ≥ 0.8.
+//! - **P2** (4K 70/30, Zipf 0.9 over a working set of 2× the cache, QD 16): tiercache with a
+//!   file cache of size S over `nbd:` to `nbdkit --filter=delay memory`, against nbdkit's own
+//!   cache filter (writeback, 4K blocks, cache-on-read, at most S) over the same kind of
+//!   delayed core. Target: tiercache / nbdkit cache ≥ 1.5. Hit ratios: tiercache's from its
+//!   counters; nbdkit's from a log filter under its cache (reads that reached the core).
+//! - **Connections**: 4K random read hits with 1..4 connections (fio `numjobs`, each job its
+//!   own NBD connection: fio's nbd engine opens one libnbd handle per job), tiercache `ram:`
+//!   beside `nbdkit memory`.
+//!
+//! Every server is a child process started under `taskset` (tiercache as a `tiercache daemon`
+//! child, driven through its admin socket) in its own process group, so Ctrl-C reaches only
+//! this process, which stops between runs, prints what it measured and stops every child it
+//! started (also on errors; the children die with this process if it is killed).
+//!
+//! Server CPU per IO: the server process's utime+stime (`/proc/PID/stat`) over a window inside
+//! the measured part of the run, divided by the IOs of that window (IOPS × seconds). fio's:
+//! (usr_cpu + sys_cpu) × job runtime / IOs, from its JSON.
+
+use crate::bench_run::{
+    Bar, FioNumbers, PERCENTILES, STOP, fio_json, fio_version, git_commit, host, install_sigint,
+    parse_fio, warm_own,
+};
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tiercache_daemon::admin::{Request, call};
+use tiercache_daemon::device::parse_size;
+
+const NBDKIT: &str = "nbdkit";
+
+/// Arguments of `tiercache bench peers`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// A smoke run: 2 rounds of 1 s runs (1 round for the connection sweep), small working
+    /// sets; about 40 seconds. Not a measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// Alternating rounds per comparison; the median is reported (SPEC: at least 5).
+    #[arg(long)]
+    pub rounds: Option<u32>,
+    /// Seconds per measured run (default 5; 1 with --quick).
+    #[arg(long)]
+    pub runtime: Option<u64>,
+    /// Queue depth per connection.
+    #[arg(long, default_value_t = 16)]
+    pub iodepth: u32,
+    /// P1 working set (k/m/g), all of it cached (default 256m; 64m with --quick).
+    #[arg(long)]
+    pub working_set: Option<String>,
+    /// P2 cache size S (k/m/g); P2's working set is 2×S (default 128m; 32m with --quick).
+    #[arg(long)]
+    pub p2_cache_size: Option<String>,
+    /// P2 core delay per read and per write (nbdkit delay filter's rdelay/wdelay).
+    #[arg(long, default_value = "5ms")]
+    pub delay: String,
+    /// Seconds of the P2 workload each P2 configuration runs before the rounds (default 30;
+    /// 2 with --quick).
+    #[arg(long)]
+    pub p2_warmup: Option<u64>,
+    /// Connections of the sweep: 1 to this.
+    #[arg(long, default_value_t = 4)]
+    pub max_conns: u32,
+    /// CPU the servers run on.
+    #[arg(long, default_value_t = 0)]
+    pub server_cpu: usize,
+    /// CPU fio runs on.
+    #[arg(long, default_value_t = 1)]
+    pub client_cpu: usize,
+    /// Only these parts, comma separated: p1, p2, conns.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Write every raw number (each run's IOPS, latency percentiles, CPU) as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also write results.json and report.md (the printed tables) into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Scratch directory for device files and sockets (default: the system's temporary
+    /// directory).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+}
+
+/// What a run does, after the defaults are applied.
+struct Plan {
+    quick: bool,
+    rounds: u32,
+    conn_rounds: u32,
+    runtime_ms: u64,
+    ramp_ms: u64,
+    qd: u32,
+    ws: u64,
+    s2: u64,
+    delay: String,
+    warm2_ms: u64,
+    max_conns: u32,
+    server_cpu: usize,
+    client_cpu: usize,
+    p1: bool,
+    p2: bool,
+    conns: bool,
+}
+
+/// Runs `tiercache bench peers`.
+pub fn run(a: Args) -> Result<(), String> {
+    let quick = a.quick;
+    let rounds = a.rounds.unwrap_or(if quick { 2 } else { 5 });
+    let runtime = a.runtime.unwrap_or(if quick { 1 } else { 5 });
+    if rounds == 0 || runtime == 0 || a.iodepth == 0 || a.iodepth > 1024 {
+        return Err("--rounds and --runtime must be at least 1, --iodepth 1-1024".into());
+    }
+    if a.max_conns == 0 || a.max_conns > 64 {
+        return Err("--max-conns must be 1-64".into());
+    }
+    let ws = parse_size(
+        a.working_set
+            .as_deref()
+            .unwrap_or(if quick { "64m" } else { "256m" }),
+    )?;
+    let s2 = parse_size(
+        a.p2_cache_size
+            .as_deref()
+            .unwrap_or(if quick { "32m" } else { "128m" }),
+    )?;
+    if ws < 16 << 20 || s2 < 16 << 20 || ws % (1 << 20) != 0 || s2 % (1 << 20) != 0 {
+        return Err(
+            "--working-set and --p2-cache-size must be whole MiB, at least 16m each".into(),
+        );
+    }
+    let delay_ok = a
+        .delay
+        .strip_suffix("ms")
+        .or(a.delay.strip_suffix('s'))
+        .is_some_and(|n| n.parse::<f64>().is_ok_and(|x| x >= 0.0));
+    if !delay_ok {
+        return Err(format!(
+            "--delay {}: want milliseconds or seconds, e.g. 5ms",
+            a.delay
+        ));
+    }
+    let (mut p1, mut p2, mut conns) = (true, true, true);
+    if let Some(o) = &a.only {
+        (p1, p2, conns) = (false, false, false);
+        for part in o.split(',').map(str::trim) {
+            match part {
+                "p1" => p1 = true,
+                "p2" => p2 = true,
+                "conns" => conns = true,
+                x => {
+                    return Err(format!(
+                        "--only {x}: want p1, p2 or conns (comma separated)"
+                    ));
+                }
+            }
+        }
+    }
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if a.server_cpu >= cpus || a.client_cpu >= cpus {
+        return Err(format!(
+            "--server-cpu/--client-cpu: this machine has CPUs 0-{}",
+            cpus - 1
+        ));
+    }
+    let fio = fio_version().ok_or("fio is not installed (apt-get install fio)")?;
+    let nbdkit =
+        tool_version("nbdkit").ok_or("nbdkit is not installed (apt-get install nbdkit)")?;
+    tool_version("taskset").ok_or("taskset is not installed (util-linux)")?;
+    let plan = Plan {
+        quick,
+        rounds,
+        conn_rounds: if quick { 1 } else { rounds.min(3) },
+        runtime_ms: runtime * 1000,
+        ramp_ms: if quick { 500 } else { 1000 },
+        qd: a.iodepth,
+        ws,
+        s2,
+        delay: a.delay.clone(),
+        warm2_ms: a.p2_warmup.unwrap_or(if quick { 2 } else { 30 }) * 1000,
+        max_conns: a.max_conns,
+        server_cpu: a.server_cpu,
+        client_cpu: a.client_cpu,
+        p1,
+        p2,
+        conns,
+    };
+    if let Some(d) = &a.out {
+        std::fs::create_dir_all(d).map_err(|e| format!("--out {}: {e}", d.display()))?;
+    }
+    let scratch = a
+        .scratch
+        .clone()
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("tiercache-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    install_sigint();
+    let mut procs = Procs::default();
+    let mut rep = Report::default();
+    let res = run_in(&plan, &scratch, &mut procs, &mut rep);
+    procs.stop_all();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let stopped = STOP.load(Ordering::Relaxed);
+    if rep.runs.is_empty() {
+        return res.map(|_| ());
+    }
+    let (text, targets) = summarize(&plan, &rep);
+    println!("\n{text}");
+    if cpus < 2 || plan.server_cpu == plan.client_cpu {
+        println!("note: servers and fio share a CPU here; SPEC wants them pinned apart");
+    }
+    if stopped {
+        println!("(stopped by Ctrl-C: the tables hold what was measured)");
+    }
+    if let Err(e) = &res {
+        println!("(ended early: {e})");
+    }
+    let doc = json!({
+        "tool": "tiercache bench peers",
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": git_commit(),
+        "host": host(),
+        "fio": fio,
+        "nbdkit": nbdkit,
+        "config": {
+            "quick": plan.quick, "rounds": plan.rounds, "connection_rounds": plan.conn_rounds,
+            "runtime_s": plan.runtime_ms as f64 / 1000.0, "ramp_s": plan.ramp_ms as f64 / 1000.0,
+            "iodepth": plan.qd, "p1_working_set_bytes": plan.ws, "p2_cache_bytes": plan.s2,
+            "p2_working_set_bytes": 2 * plan.s2, "p2_core_delay": plan.delay,
+            "p2_warmup_s": plan.warm2_ms as f64 / 1000.0, "max_connections": plan.max_conns,
+            "server_cpu": plan.server_cpu, "client_cpu": plan.client_cpu,
+            "parts": {"p1": plan.p1, "p2": plan.p2, "connections": plan.conns},
+        },
+        "setup": rep.setup,
+        "runs": rep.runs.iter().map(Run::to_json).collect::<Vec<_>>(),
+        "summary": targets,
+        "stopped_early": stopped,
+        "error": res.as_ref().err(),
+    });
+    let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    if let Some(p) = &a.json {
+        std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
+    }
+    if let Some(d) = &a.out {
+        let w = |n: &str, b: &str| {
+            let p = d.join(n);
+            std::fs::write(&p, b).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        w("results.json", &body)?;
+        w(
+            "report.md",
+            &format!(
+                "# tiercache bench peers\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
+                git_commit(),
+                host()["cpu"].as_str().unwrap_or("")
+            ),
+        )?;
+    }
+    res.map(|_| ())
+}
+
+fn tool_version(tool: &str) -> Option<String> {
+    let o = Command::new(tool).arg("--version").output().ok()?;
+    o.status.success().then(|| {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes.
+
+/// Every child process this run started; dropping it stops them all (SIGTERM, then SIGKILL
+/// after a grace period), so errors and Ctrl-C leave nothing behind.
+#[derive(Default)]
+struct Procs {
+    list: Vec<(String, Child, PathBuf)>,
+}
+
+impl Procs {
+    /// Starts `prog args` pinned to `cpu`, in its own process group (Ctrl-C is ours to
+    /// handle), dying with this process, stderr (and stdout) into `log`.
+    fn spawn(
+        &mut self,
+        name: &str,
+        cpu: usize,
+        prog: &Path,
+        args: &[String],
+        env: &[(&str, &Path)],
+        log: PathBuf,
+    ) -> Result<u32, String> {
+        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let f2 = f.try_clone().map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("taskset");
+        cmd.arg("-c")
+            .arg(cpu.to_string())
+            .arg(prog)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(f)
+            .stderr(f2)
+            .process_group(0);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
+        // parent; the child is killed when the thread that started it (this program's main
+        // thread) ends.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        let pid = child.id();
+        self.list.push((name.to_string(), child, log));
+        Ok(pid)
+    }
+
+    /// Fails with the end of the child's log if it has exited.
+    fn check(&mut self, pid: u32) -> Result<(), String> {
+        for (name, c, log) in &mut self.list {
+            if c.id() == pid
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                return Err(format!("{name} exited ({st}): {}", log_tail(log)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `sock` accepts connections (the child `pid` must stay up meanwhile).
+    fn wait_socket(&mut self, pid: u32, sock: &Path) -> Result<(), String> {
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(sock).is_err() {
+            self.check(pid)?;
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err(format!("{} did not come up in 60 s", sock.display()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Stops one child: SIGTERM, up to `grace`, then SIGKILL.
+    fn stop(&mut self, pid: u32, grace: Duration) {
+        if let Some(i) = self.list.iter().position(|(_, c, _)| c.id() == pid) {
+            let (_, mut c, _) = self.list.remove(i);
+            terminate(&mut c, grace);
+        }
+    }
+
+    fn stop_all(&mut self) {
+        while let Some((_, mut c, _)) = self.list.pop() {
+            terminate(&mut c, Duration::from_secs(3));
+        }
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+fn terminate(c: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = c.try_wait() {
+        return;
+    }
+    // SAFETY: signalling our own child, which has not been reaped (try_wait said it runs), so
+    // its pid is still ours.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while t.elapsed() < grace {
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+fn log_tail(p: &Path) -> String {
+    let s = std::fs::read_to_string(p).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().rev().take(3).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// CPU seconds (user + system, all threads) the process has used so far.
+fn proc_cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime); `rest` starts at field 3.
+    let ut: f64 = f.get(11)?.parse().ok()?;
+    let st: f64 = f.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((ut + st) / hz)
+}
+
+/// Whether the process `pid` exists and has not exited.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rfind(')')
+            .and_then(|i| s[i + 1..].trim_start().chars().next())
+            .is_some_and(|st| st != 'Z' && st != 'X')
+    })
+}
+
+/// Whether the process `pid` has `path` open with O_DIRECT.
+fn opened_direct(pid: u32, path: &Path) -> Option<bool> {
+    let want = std::fs::canonicalize(path).ok()?;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        if std::fs::read_link(e.path()).ok().as_deref() == Some(want.as_path()) {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())?;
+            return Some(flags & libc::O_DIRECT as i64 != 0);
+        }
+    }
+    None
+}
+
+/// Bytes allocated to the deleted temporary files `pid` holds open (nbdkit's cache file).
+fn deleted_file_bytes(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = None;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let deleted =
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().ends_with(" (deleted)"));
+        if deleted && let Ok(m) = std::fs::metadata(e.path()) {
+            *total.get_or_insert(0) += m.blocks() * 512;
+        }
+    }
+    total
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tiercache daemon, driven through its admin socket.
+
+struct Daemon {
+    pid: u32,
+    admin: PathBuf,
+    nbd: PathBuf,
+}
+
+impl Daemon {
+    fn start(procs: &mut Procs, plan: &Plan, scratch: &Path) -> Result<Daemon, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let admin = scratch.join("admin.sock");
+        let nbd = scratch.join("tc-nbd.sock");
+        let args = [
+            "daemon".to_string(),
+            "--socket".into(),
+            admin.display().to_string(),
+            "--metrics-listen".into(),
+            "none".into(),
+            "--nbd-listen".into(),
+            format!("unix:{}", nbd.display()),
+        ];
+        let pid = procs.spawn(
+            "tiercache daemon",
+            plan.server_cpu,
+            &exe,
+            &args,
+            &[],
+            scratch.join("daemon.log"),
+        )?;
+        procs.wait_socket(pid, &admin)?;
+        procs.wait_socket(pid, &nbd)?;
+        Ok(Daemon { pid, admin, nbd })
+    }
+
+    fn call(&self, req: Request) -> Result<Value, String> {
+        call(&self.admin, &req, |_| {})
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.nbd.display())
+    }
+
+    fn start_cache(&self, id: u16, dev: &str, mode: &str) -> Result<Value, String> {
+        self.call(Request::StartCache {
+            cache_device: dev.into(),
+            cache_id: Some(id),
+            mode: Some(mode.into()),
+            line_size: None,
+            load: false,
+            force: true,
+        })
+    }
+
+    fn add_core(&self, id: u16, dev: &str, export: &str) -> Result<Value, String> {
+        self.call(Request::AddCore {
+            cache_id: id,
+            core_device: dev.into(),
+            core_id: Some(0),
+            export: Some(export.into()),
+        })
+    }
+
+    fn cutoff_never(&self, id: u16) -> Result<(), String> {
+        self.call(Request::SetParam {
+            cache_id: id,
+            core_id: None,
+            name: "seq-cutoff".into(),
+            values: vec![("policy".into(), "never".into())],
+        })
+        .map(|_| ())
+    }
+
+    fn stats(&self, id: u16) -> Result<Value, String> {
+        self.call(Request::Stats {
+            cache_id: Some(id),
+            core_id: None,
+            io_class: None,
+        })
+    }
+
+    fn reset(&self, id: u16) -> Result<(), String> {
+        self.call(Request::ResetCounters { cache_id: id })
+            .map(|_| ())
+    }
+
+    /// Stops the daemon: caches with dirty data are stopped without writeback first (their
+    /// devices are scratch files), then `shutdown`; SIGKILL if that takes more than 10 s.
+    fn stop(&self, procs: &mut Procs, wb_caches: &[u16]) {
+        for id in wb_caches {
+            let _ = self.call(Request::StopCache {
+                cache_id: *id,
+                no_writeback: true,
+            });
+        }
+        let _ = self.call(Request::Shutdown);
+        procs.stop(self.pid, Duration::from_secs(10));
+    }
+}
+
+/// Server counters of one run: (read hit ratio, hit ratio over reads and writes, reads).
+fn tc_hits(stats: &Value) -> (f64, f64, u64) {
+    let r = &stats["requests"];
+    let g = |k: &str| r[k].as_u64().unwrap_or(0);
+    let read_hits = g("read_full_hits") + g("read_partial_hits");
+    let reads = read_hits + g("read_misses") + g("read_pass_through");
+    let hits = read_hits + g("write_full_hits") + g("write_partial_hits");
+    let total = g("total");
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    (ratio(read_hits, reads), ratio(hits, total), reads)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data.
+
+/// Writes `size` bytes to `path`: pseudo-random data (seeded), or zeros (really written, so
+/// nothing reads a hole).
+fn fill_file(path: &Path, size: u64, seed: Option<u64>) -> Result<(), String> {
+    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut x = seed.unwrap_or(0) | 1;
+    let mut done = 0;
+    while done < size {
+        if seed.is_some() {
+            for c in buf.chunks_exact_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        let n = (size - done).min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        done += n as u64;
+    }
+    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Copies the file `src` into the NBD export at `uri` (1 MiB writes), then flushes.
+fn copy_to_nbd(src: &Path, uri: &str) -> Result<(), String> {
+    use tiercache_loadgen::{Connection, Target};
+    let target = Target::parse(uri).map_err(|e| e.to_string())?;
+    let mut c = Connection::connect(&target).map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::open(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        c.write_at(off, &buf[..n], false)
+            .map_err(|e| e.to_string())?;
+        off += n as u64;
+    }
+    c.flush().map_err(|e| e.to_string())?;
+    c.close();
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// fio runs.
+
+enum Target {
+    Nbd(String),
+    File(PathBuf, u64),
+}
+
+struct Job {
+    target: Target,
+    rw: &'static str,
+    mix: Option<u32>,
+    zipf: Option<f64>,
+    size: u64,
+    qd: u32,
+    jobs: u32,
+    runtime_ms: u64,
+    ramp_ms: u64,
+}
+
+/// Latency percentiles of one direction (µs).
+#[derive(Clone, Debug, Default)]
+struct Lat {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    mean: f64,
+}
+
+/// One measured run.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    part: &'static str,
+    phase: &'static str,
+    config: String,
+    round: u32,
+    conns: u32,
+    iops: f64,
+    read_iops: f64,
+    write_iops: f64,
+    read_ios: u64,
+    write_ios: u64,
+    lat_p50_us: f64,
+    lat_p99_us: f64,
+    lat_p999_us: f64,
+    lat_mean_us: f64,
+    read_lat: Option<Lat>,
+    write_lat: Option<Lat>,
+    fio_usr_pct: f64,
+    fio_sys_pct: f64,
+    fio_cpu_us_per_io: f64,
+    server_cpu_util: Option<f64>,
+    server_cpu_us_per_io: Option<f64>,
+    read_hit_ratio: Option<f64>,
+    hit_ratio: Option<f64>,
+    hit_source: &'static str,
+    core_reads: Option<u64>,
+    core_writes: Option<u64>,
+    cut_short: bool,
+}
+
+impl Run {
+    fn to_json(&self) -> Value {
+        let lat = |l: &Option<Lat>| {
+            l.as_ref().map(
+                |l| json!({"p50_us": l.p50, "p99_us": l.p99, "p99_9_us": l.p999, "mean_us": l.mean}),
+            )
+        };
+        json!({
+            "part": self.part, "phase": self.phase, "config": self.config, "round": self.round,
+            "connections": self.conns, "iops": self.iops, "read_iops": self.read_iops,
+            "write_iops": self.write_iops, "read_ios": self.read_ios, "write_ios": self.write_ios,
+            "lat_p50_us": self.lat_p50_us, "lat_p99_us": self.lat_p99_us,
+            "lat_p99_9_us": self.lat_p999_us, "lat_mean_us": self.lat_mean_us,
+            "read_lat": lat(&self.read_lat), "write_lat": lat(&self.write_lat),
+            "fio_usr_cpu_pct": self.fio_usr_pct, "fio_sys_cpu_pct": self.fio_sys_pct,
+            "fio_cpu_us_per_io": self.fio_cpu_us_per_io,
+            "server_cpu_utilization": self.server_cpu_util,
+            "server_cpu_us_per_io": self.server_cpu_us_per_io,
+            "read_hit_ratio": self.read_hit_ratio, "hit_ratio": self.hit_ratio,
+            "hit_ratio_source": self.hit_source,
+            "core_reads": self.core_reads, "core_writes": self.core_writes,
+            "cut_short": self.cut_short,
+        })
+    }
+}
+
+fn fio_cmd(plan: &Plan, j: &Job) -> Command {
+    let mut c = Command::new("taskset");
+    c.arg("-c")
+        .arg(plan.client_cpu.to_string())
+        .arg("fio")
+        .arg("--name=peers");
+    match &j.target {
+        Target::Nbd(uri) => {
+            c.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+        }
+        Target::File(p, _) => {
+            c.arg("--ioengine=io_uring")
+                .arg("--direct=1")
+                .arg(format!("--filename={}", p.display()));
+        }
+    }
+    let size = match &j.target {
+        Target::File(_, s) => *s,
+        Target::Nbd(_) => j.size,
+    };
+    c.arg(format!("--rw={}", j.rw))
+        .arg("--bs=4k")
+        .arg(format!("--iodepth={}", j.qd))
+        .arg(format!("--size={size}"))
+        .arg("--time_based")
+        .arg(format!("--runtime={}ms", j.runtime_ms))
+        .arg("--randrepeat=0")
+        .arg("--norandommap")
+        .arg(format!("--percentile_list={PERCENTILES}"))
+        .arg("--output-format=json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if j.ramp_ms > 0 {
+        c.arg(format!("--ramp_time={}ms", j.ramp_ms));
+    }
+    if let Some(m) = j.mix {
+        c.arg(format!("--rwmixread={m}"));
+    }
+    if let Some(z) = j.zipf {
+        c.arg(format!("--random_distribution=zipf:{z}"));
+    }
+    if j.jobs > 1 {
+        c.arg(format!("--numjobs={}", j.jobs))
+            .arg("--group_reporting");
+    }
+    c
+}
+
+/// Sleeps until `t`; false if `done` was set first.
+fn sleep_until(t: Instant, done: &AtomicBool) -> bool {
+    while Instant::now() < t {
+        if done.load(Ordering::Relaxed) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5).min(t - Instant::now()));
+    }
+    true
+}
+
+/// Runs one fio job; samples the server's CPU inside the measured part of the run.
+fn measure(plan: &Plan, j: &Job, server: &[u32], label: &str, bar: &Bar) -> Result<Run, String> {
+    let cmd = fio_cmd(plan, j);
+    let total = (j.ramp_ms + j.runtime_ms) as f64 / 1000.0 + 0.3;
+    let done = AtomicBool::new(false);
+    let start = Instant::now();
+    let a_at = start + Duration::from_millis(j.ramp_ms + 250);
+    let b_at = start + Duration::from_millis(j.ramp_ms + j.runtime_ms.saturating_sub(100));
+    let (v, cpu) = std::thread::scope(|s| {
+        let cpu_of = |pids: &[u32]| -> Option<f64> { pids.iter().map(|p| proc_cpu_secs(*p)).sum() };
+        let sampler = (!server.is_empty()).then(|| {
+            let done = &done;
+            s.spawn(move || -> Option<(f64, f64)> {
+                if b_at <= a_at || !sleep_until(a_at, done) {
+                    return None;
+                }
+                let c0 = cpu_of(server)?;
+                let t0 = Instant::now();
+                if !sleep_until(b_at, done) {
+                    return None;
+                }
+                let c1 = cpu_of(server)?;
+                Some((c1 - c0, t0.elapsed().as_secs_f64()))
+            })
+        });
+        let v = fio_json(cmd, total, &|f| bar.show(label, f));
+        done.store(true, Ordering::Relaxed);
+        let cpu = sampler.and_then(|h| h.join().ok().flatten());
+        (v, cpu)
+    });
+    bar.end();
+    let v = v?;
+    let job = &v["jobs"][0];
+    if let Some(e) = job["error"].as_i64().filter(|e| *e != 0) {
+        return Err(format!("fio reported error {e} for {label}"));
+    }
+    let (iops, _bw, mean, p99, p999, cdf): FioNumbers = parse_fio(&v)?;
+    let p50 = cdf
+        .iter()
+        .find(|(p, _)| (*p - 50.0).abs() < 1e-6)
+        .map(|x| x.1)
+        .unwrap_or(0.0);
+    let dir = |d: &str| -> Option<Lat> {
+        let x = &job[d];
+        (x["total_ios"].as_u64().unwrap_or(0) > 0).then(|| {
+            let pc = &x["clat_ns"]["percentile"];
+            let g = |k: &str| pc[k].as_f64().unwrap_or(0.0) / 1000.0;
+            Lat {
+                p50: g("50.000000"),
+                p99: g("99.000000"),
+                p999: g("99.900000"),
+                mean: x["clat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0,
+            }
+        })
+    };
+    let read_ios = job["read"]["total_ios"].as_u64().unwrap_or(0);
+    let write_ios = job["write"]["total_ios"].as_u64().unwrap_or(0);
+    if let Some(pid) = server.iter().find(|p| !alive(**p)) {
+        return Err(format!("{label}: the server process {pid} died"));
+    }
+    if read_ios + write_ios == 0 && !STOP.load(Ordering::Relaxed) {
+        return Err(format!("{label}: fio did no IO"));
+    }
+    let usr = job["usr_cpu"].as_f64().unwrap_or(0.0);
+    let sys = job["sys_cpu"].as_f64().unwrap_or(0.0);
+    let runtime_ms = job["job_runtime"].as_f64().unwrap_or(0.0);
+    let ios = (read_ios + write_ios).max(1) as f64;
+    let (util, per_io) = match cpu {
+        Some((c, t)) if t > 0.0 && iops > 0.0 => (Some(c / t), Some(c / t * 1e6 / iops)),
+        _ => (None, None),
+    };
+    Ok(Run {
+        iops,
+        read_iops: job["read"]["iops"].as_f64().unwrap_or(0.0),
+        write_iops: job["write"]["iops"].as_f64().unwrap_or(0.0),
+        read_ios,
+        write_ios,
+        lat_p50_us: p50,
+        lat_p99_us: p99,
+        lat_p999_us: p999,
+        lat_mean_us: mean,
+        read_lat: dir("read"),
+        write_lat: dir("write"),
+        fio_usr_pct: usr,
+        fio_sys_pct: sys,
+        fio_cpu_us_per_io: (usr + sys) / 100.0 * runtime_ms * 1000.0 / ios,
+        server_cpu_util: util,
+        server_cpu_us_per_io: per_io,
+        cut_short: STOP.load(Ordering::Relaxed),
+        ..Run::default()
+    })
+}
+
+fn print_run(r: &Run) {
+    let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
+    println!(
+        "  {:<5} {:<8} r{} {:<20} c{} {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  server {:>6} CPU-us/IO  fio {:>5.1} CPU-us/IO  hits {}",
+        r.part,
+        r.phase,
+        r.round,
+        r.config,
+        r.conns,
+        r.iops,
+        r.lat_p50_us,
+        r.lat_p99_us,
+        opt(r.server_cpu_us_per_io, &|x| format!("{x:.1}")),
+        r.fio_cpu_us_per_io,
+        opt(r.read_hit_ratio, &|x| format!("{:.1}% (reads)", x * 100.0)),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The procedure.
+
+#[derive(Default)]
+struct Report {
+    runs: Vec<Run>,
+    setup: Value,
+}
+
+/// One configuration of a comparison: a name, what fio drives, the server processes whose CPU
+/// it is charged (for tiercache over an nbdkit core, both).
+struct Cfg {
+    name: String,
+    target: String,
+    file: Option<(PathBuf, u64)>,
+    server: Vec<u32>,
+    tc_cache: Option<u16>,
+    nbdkit_log: Option<PathBuf>,
+}
+
+/// Reads the lines added to `log` since `*off`: (reads, writes) that reached the core.
+fn count_core_ops(log: &Path, off: &mut u64) -> (u64, u64) {
+    let Ok(mut f) = std::fs::File::open(log) else {
+        return (0, 0);
+    };
+    if f.seek(SeekFrom::Start(*off)).is_err() {
+        return (0, 0);
+    }
+    let mut s = String::new();
+    let _ = f.read_to_string(&mut s);
+    let Some(end) = s.rfind('\n') else {
+        return (0, 0);
+    };
+    *off += end as u64 + 1;
+    let mut r = 0;
+    let mut w = 0;
+    for l in s[..end].lines() {
+        // Each request is logged when it starts ("Read id=") and ends ("...Read id=").
+        if l.contains(" Read id=") {
+            r += 1;
+        } else if l.contains(" Write id=") {
+            w += 1;
+        }
+    }
+    (r, w)
+}
+
+/// What every run needs: the plan, the daemon, the progress bar.
+struct Ctx<'a> {
+    plan: &'a Plan,
+    d: &'a Daemon,
+    bar: &'a Bar,
+}
+
+/// Where a run belongs.
+struct Step {
+    part: &'static str,
+    phase: &'static str,
+    round: u32,
+    conns: u32,
+}
+
+/// One run of `c`: counters reset before, hit ratios after.
+fn one(
+    cx: &Ctx,
+    c: &Cfg,
+    st: Step,
+    job: Job,
+    label: &str,
+    log_off: &mut u64,
+) -> Result<Run, String> {
+    let d = cx.d;
+    if let Some(id) = c.tc_cache {
+        d.reset(id)?;
+    }
+    if let Some(l) = &c.nbdkit_log {
+        count_core_ops(l, log_off);
+    }
+    let mut r = measure(cx.plan, &job, &c.server, label, cx.bar)?;
+    r.part = st.part;
+    r.phase = st.phase;
+    r.config = c.name.clone();
+    r.round = st.round;
+    r.conns = st.conns;
+    if let Some(id) = c.tc_cache {
+        let s = d.stats(id)?;
+        let (rh, h, _) = tc_hits(&s);
+        r.read_hit_ratio = Some(rh);
+        r.hit_ratio = Some(h);
+        r.hit_source = "tiercache counters";
+        r.core_reads = s["blocks"]["core_bytes_read"].as_u64().map(|b| b / 4096);
+        r.core_writes = s["blocks"]["core_bytes_written"].as_u64().map(|b| b / 4096);
+    }
+    if let Some(l) = &c.nbdkit_log {
+        let (cr, cw) = count_core_ops(l, log_off);
+        r.core_reads = Some(cr);
+        r.core_writes = Some(cw);
+        if r.read_ios > 0 {
+            r.read_hit_ratio = Some((1.0 - cr as f64 / r.read_ios as f64).max(0.0));
+            r.hit_source = "nbdkit log filter under the cache: 1 - core reads / client reads";
+        }
+    }
+    print_run(&r);
+    Ok(r)
+}
+
+fn run_in(plan: &Plan, scratch: &Path, procs: &mut Procs, rep: &mut Report) -> Result<(), String> {
+    let bar = Bar {
+        tty: std::io::stderr().is_terminal(),
+    };
+    println!(
+        "tiercache bench peers{}: servers on CPU {}, fio on CPU {}; {} rounds of {} s (ramp {} s), QD {}{}",
+        if plan.quick { " --quick" } else { "" },
+        plan.server_cpu,
+        plan.client_cpu,
+        plan.rounds,
+        plan.runtime_ms as f64 / 1000.0,
+        plan.ramp_ms as f64 / 1000.0,
+        plan.qd,
+        if plan.quick {
+            " (a smoke run, not a measurement)"
+        } else {
+            ""
+        }
+    );
+    let mut setup = json!({});
+    let d = Daemon::start(procs, plan, scratch)?;
+    let cx = Ctx {
+        plan,
+        d: &d,
+        bar: &bar,
+    };
+    let mut wb_caches: Vec<u16> = Vec::new();
+    let res = (|| -> Result<(), String> {
+        if plan.p1 || plan.conns {
+            p1_and_conns(&cx, scratch, procs, rep, &mut setup)?;
+        }
+        if plan.p2 && !STOP.load(Ordering::Relaxed) {
+            wb_caches.push(3);
+            p2(&cx, scratch, procs, rep, &mut setup)?;
+        }
+        Ok(())
+    })();
+    rep.setup = setup;
+    d.stop(procs, &wb_caches);
+    res
+}
+
+fn p1_and_conns(
+    cx: &Ctx,
+    scratch: &Path,
+    procs: &mut Procs,
+    rep: &mut Report,
+    setup: &mut Value,
+) -> Result<(), String> {
+    let (plan, d) = (cx.plan, cx.d);
+    let nbdkit = Path::new(NBDKIT);
+    let ws = plan.ws;
+    let t = Instant::now();
+    let core_ram = scratch.join("p1-core-ram.img");
+    let core_file = scratch.join("p1-core-file.img");
+    let cache_file = scratch.join("p1-cache.img");
+    let cache_file_bytes = ws + ws / 2;
+    fill_file(&core_ram, ws, Some(0x9e37_79b9_7f4a_7c15))?;
+    fill_file(&core_file, ws, Some(0x9e37_79b9_7f4a_7c15))?;
+    fill_file(&cache_file, cache_file_bytes, None)?;
+    let ram_dev = format!("ram:{}m", (ws + ws / 4) >> 20);
+    let c1 = d.start_cache(1, &ram_dev, "wt")?;
+    d.add_core(1, &core_ram.display().to_string(), "p1-ram")?;
+    let c2 = d.start_cache(2, &cache_file.display().to_string(), "wt")?;
+    d.add_core(2, &core_file.display().to_string(), "p1-file")?;
+    let direct = opened_direct(d.pid, &cache_file);
+    // nbdkit memory with the same bytes.
+    let mem_sock = scratch.join("nbdkit-memory.sock");
+    let mem_args = vec![
+        "-f".to_string(),
+        "--exit-with-parent".into(),
+        "-U".into(),
+        mem_sock.display().to_string(),
+        "memory".into(),
+        format!("{ws}"),
+    ];
+    let mem_pid = procs.spawn(
+        "nbdkit memory",
+        plan.server_cpu,
+        nbdkit,
+        &mem_args,
+        &[],
+        scratch.join("nbdkit-memory.log"),
+    )?;
+    procs.wait_socket(mem_pid, &mem_sock)?;
+    let mem_uri = format!("nbd+unix:///?socket={}", mem_sock.display());
+    copy_to_nbd(&core_ram, &mem_uri)?;
+    // Warm both caches: NBD_CMD_CACHE over the working set, cutoff off.
+    let mut occupancy = Vec::new();
+    for (id, export) in [(1u16, "p1-ram"), (2, "p1-file")] {
+        d.cutoff_never(id)?;
+        warm_own(&d.uri(export), ws)?;
+        let s = d.stats(id)?;
+        let occ = s["usage"]["occupancy_lines"].as_u64().unwrap_or(0);
+        let line = s["line_size"].as_u64().unwrap_or(4096).max(1);
+        if occ * line < ws {
+            return Err(format!(
+                "cache {id} holds {} MiB after the warm-up, less than the {} MiB working set",
+                (occ * line) >> 20,
+                ws >> 20
+            ));
+        }
+        occupancy.push(
+            json!({"cache_id": id, "export": export, "occupancy_lines": occ,
+            "lines": s["usage"]["lines"], "device": s["device"]}),
+        );
+    }
+    println!(
+        "P1 setup: {} MiB working set (pseudo-random data) in tiercache {ram_dev} (wt), in a {} MiB file cache (wt, O_DIRECT: {}), and in nbdkit memory; warmed in {:.1} s",
+        ws >> 20,
+        cache_file_bytes >> 20,
+        direct
+            .map(|b| if b { "yes" } else { "NO" })
+            .unwrap_or("unknown"),
+        t.elapsed().as_secs_f64()
+    );
+    setup["p1"] = json!({
+        "working_set_bytes": ws, "ram_cache_device": ram_dev, "ram_cache": c1,
+        "file_cache_bytes": cache_file_bytes, "file_cache": c2,
+        "file_cache_o_direct": direct, "warm_up": occupancy,
+        "nbdkit": format!("nbdkit memory {ws}"), "core": "a file (pseudo-random data)",
+        "warm_up_method": "NBD_CMD_CACHE over the working set, sequential cutoff off",
+    });
+    let cfgs = [
+        Cfg {
+            name: "tiercache-ram".into(),
+            target: d.uri("p1-ram"),
+            file: None,
+            server: vec![d.pid],
+            tc_cache: Some(1),
+            nbdkit_log: None,
+        },
+        Cfg {
+            name: "tiercache-file".into(),
+            target: d.uri("p1-file"),
+            file: None,
+            server: vec![d.pid],
+            tc_cache: Some(2),
+            nbdkit_log: None,
+        },
+        Cfg {
+            name: "nbdkit-memory".into(),
+            target: mem_uri.clone(),
+            file: None,
+            server: vec![mem_pid],
+            tc_cache: None,
+            nbdkit_log: None,
+        },
+        Cfg {
+            name: "fio-io_uring-device".into(),
+            target: String::new(),
+            file: Some((cache_file.clone(), cache_file_bytes)),
+            server: Vec::new(),
+            tc_cache: None,
+            nbdkit_log: None,
+        },
+    ];
+    let job = |c: &Cfg, jobs: u32| Job {
+        target: match &c.file {
+            Some((p, s)) => Target::File(p.clone(), *s),
+            None => Target::Nbd(c.target.clone()),
+        },
+        rw: "randread",
+        mix: None,
+        zipf: None,
+        size: ws,
+        qd: plan.qd,
+        jobs,
+        runtime_ms: plan.runtime_ms,
+        ramp_ms: plan.ramp_ms,
+    };
+    let mut off = 0;
+    if plan.p1 {
+        let n = cfgs.len() as u32 * plan.rounds;
+        let mut k = 0;
+        'p1: for round in 1..=plan.rounds {
+            for i in 0..cfgs.len() {
+                // Alternate, and rotate who goes first each round.
+                let c = &cfgs[(i + round as usize - 1) % cfgs.len()];
+                if STOP.load(Ordering::Relaxed) {
+                    break 'p1;
+                }
+                k += 1;
+                let label = format!("[{k}/{n}] P1 {}", c.name);
+                let st = Step {
+                    part: "P1",
+                    phase: "measure",
+                    round,
+                    conns: 1,
+                };
+                let r = one(cx, c, st, job(c, 1), &label, &mut off)?;
+                if let Some(h) = r.read_hit_ratio
+                    && h < 0.99
+                {
+                    eprintln!(
+                        "warning: {} read hit ratio {:.2}% in round {round}: not a 100%-hit run",
+                        c.name,
+                        h * 100.0
+                    );
+                }
+                rep.runs.push(r);
+            }
+        }
+    }
+    if plan.conns && !STOP.load(Ordering::Relaxed) {
+        let pair = [&cfgs[0], &cfgs[2]];
+        let n = 2 * plan.max_conns * plan.conn_rounds;
+        let mut k = 0;
+        'conns: for round in 1..=plan.conn_rounds {
+            for conns in 1..=plan.max_conns {
+                for i in 0..2 {
+                    let c = pair[(i + conns as usize + round as usize) % 2];
+                    if STOP.load(Ordering::Relaxed) {
+                        break 'conns;
+                    }
+                    k += 1;
+                    let label = format!("[{k}/{n}] {conns} conn {}", c.name);
+                    let st = Step {
+                        part: "conns",
+                        phase: "measure",
+                        round,
+                        conns,
+                    };
+                    let r = one(cx, c, st, job(c, conns), &label, &mut off)?;
+                    rep.runs.push(r);
+                }
+            }
+        }
+    }
+    procs.stop(mem_pid, Duration::from_secs(3));
+    // The P1 caches stay (idle) until the daemon stops; their files go with the scratch dir.
+    Ok(())
+}
+
+fn p2(
+    cx: &Ctx,
+    scratch: &Path,
+    procs: &mut Procs,
+    rep: &mut Report,
+    setup: &mut Value,
+) -> Result<(), String> {
+    let (plan, d) = (cx.plan, cx.d);
+    let nbdkit = Path::new(NBDKIT);
+    let s = plan.s2;
+    let ws = 2 * s;
+    let delay = [
+        "--filter=delay".to_string(),
+        "memory".into(),
+        format!("{ws}"),
+        format!("rdelay={}", plan.delay),
+        format!("wdelay={}", plan.delay),
+    ];
+    // (a) tiercache's core: the delayed memory disk on its own socket.
+    let core_sock = scratch.join("p2-core.sock");
+    let mut core_args = vec![
+        "-f".to_string(),
+        "--exit-with-parent".into(),
+        "-U".into(),
+        core_sock.display().to_string(),
+    ];
+    core_args.extend(delay.iter().cloned());
+    let core_pid = procs.spawn(
+        "nbdkit delay core",
+        plan.server_cpu,
+        nbdkit,
+        &core_args,
+        &[],
+        scratch.join("p2-core.log"),
+    )?;
+    procs.wait_socket(core_pid, &core_sock)?;
+    let cache_file = scratch.join("p2-cache.img");
+    fill_file(&cache_file, s, None)?;
+    let c3 = d.start_cache(3, &cache_file.display().to_string(), "wb")?;
+    let core_dev = format!("nbd:nbd+unix:///?socket={}", core_sock.display());
+    d.add_core(3, &core_dev, "p2")?;
+    let direct = opened_direct(d.pid, &cache_file);
+    // (b) nbdkit's cache filter over the same kind of core, in one process; a log filter under
+    // the cache sees what reaches the core.
+    let nc_sock = scratch.join("p2-nbdkit-cache.sock");
+    let nc_log = scratch.join("p2-nbdkit-cache-core.log");
+    let nc_tmp = scratch.join("nbdkit-tmp");
+    std::fs::create_dir_all(&nc_tmp).map_err(|e| format!("{}: {e}", nc_tmp.display()))?;
+    let mut nc_args = vec![
+        "-f".to_string(),
+        "--exit-with-parent".into(),
+        "-U".into(),
+        nc_sock.display().to_string(),
+        "--filter=cache".into(),
+        "--filter=log".into(),
+    ];
+    nc_args.extend(delay.iter().cloned());
+    nc_args.extend([
+        "cache=writeback".to_string(),
+        "cache-min-block-size=4K".into(),
+        "cache-on-read=true".into(),
+        format!("cache-max-size={s}"),
+        format!("logfile={}", nc_log.display()),
+    ]);
+    let nc_pid = procs.spawn(
+        "nbdkit cache",
+        plan.server_cpu,
+        nbdkit,
+        &nc_args,
+        &[("TMPDIR", nc_tmp.as_path())],
+        scratch.join("p2-nbdkit-cache.log"),
+    )?;
+    procs.wait_socket(nc_pid, &nc_sock)?;
+    println!(
+        "P2 setup: S = {} MiB, working set {} MiB, cores nbdkit --filter=delay memory (rdelay=wdelay={}); tiercache wb, file cache of S (O_DIRECT: {}), core {core_dev}; nbdkit --filter=cache --filter=log --filter=delay (writeback, 4K blocks, cache-on-read, cache-max-size={s})",
+        s >> 20,
+        ws >> 20,
+        plan.delay,
+        direct
+            .map(|b| if b { "yes" } else { "NO" })
+            .unwrap_or("unknown"),
+    );
+    setup["p2"] = json!({
+        "cache_bytes": s, "working_set_bytes": ws, "tiercache_cache": c3,
+        "tiercache_core": core_dev, "tiercache_cache_o_direct": direct,
+        "tiercache_core_server": format!("nbdkit -U SOCK {}", delay.join(" ")),
+        "nbdkit_cache_server": format!("nbdkit -U SOCK {}", nc_args[4..].join(" ")),
+        "workload": "fio randrw 70/30, 4K, random_distribution=zipf:0.9, QD per plan, no ramp",
+        "server_cpu_note": "tiercache's server CPU includes its nbdkit core process; nbdkit's includes its in-process delay and memory layers",
+    });
+    let cfgs = [
+        Cfg {
+            name: "tiercache".into(),
+            target: d.uri("p2"),
+            file: None,
+            server: vec![d.pid, core_pid],
+            tc_cache: Some(3),
+            nbdkit_log: None,
+        },
+        Cfg {
+            name: "nbdkit-cache".into(),
+            target: format!("nbd+unix:///?socket={}", nc_sock.display()),
+            file: None,
+            server: vec![nc_pid],
+            tc_cache: None,
+            nbdkit_log: Some(nc_log.clone()),
+        },
+    ];
+    let job = |c: &Cfg, ms: u64| Job {
+        target: Target::Nbd(c.target.clone()),
+        rw: "randrw",
+        mix: Some(70),
+        zipf: Some(0.9),
+        size: ws,
+        qd: plan.qd,
+        jobs: 1,
+        runtime_ms: ms,
+        ramp_ms: 0,
+    };
+    let mut off = 0;
+    let n = 2 * (plan.rounds + 1);
+    let mut k = 0;
+    for c in &cfgs {
+        if STOP.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        k += 1;
+        let label = format!("[{k}/{n}] P2 warm {}", c.name);
+        let st = Step {
+            part: "P2",
+            phase: "warm-up",
+            round: 0,
+            conns: 1,
+        };
+        let r = one(cx, c, st, job(c, plan.warm2_ms), &label, &mut off)?;
+        rep.runs.push(r);
+    }
+    'p2: for round in 1..=plan.rounds {
+        for i in 0..2 {
+            let c = &cfgs[(i + round as usize - 1) % 2];
+            if STOP.load(Ordering::Relaxed) {
+                break 'p2;
+            }
+            k += 1;
+            let label = format!("[{k}/{n}] P2 {}", c.name);
+            let st = Step {
+                part: "P2",
+                phase: "measure",
+                round,
+                conns: 1,
+            };
+            let r = one(cx, c, st, job(c, plan.runtime_ms), &label, &mut off)?;
+            rep.runs.push(r);
+        }
+    }
+    setup["p2"]["nbdkit_cache_file_allocated_bytes_after"] = json!(deleted_file_bytes(nc_pid));
+    if let Ok(s3) = d.stats(3) {
+        setup["p2"]["tiercache_after"] = json!({"usage": s3["usage"], "policies": s3["policies"],
+            "writeback": s3["writeback"]});
+    }
+    procs.stop(nc_pid, Duration::from_secs(3));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summaries.
+
+/// (median, min, max) of `xs` (empty: zeros).
+fn mmm(xs: &[f64]) -> (f64, f64, f64) {
+    if xs.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let med = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    (med, v[0], v[n - 1])
+}
+
+fn med_opt(xs: &[Option<f64>]) -> Option<f64> {
+    let v: Vec<f64> = xs.iter().flatten().copied().collect();
+    (!v.is_empty()).then(|| mmm(&v).0)
+}
+
+/// Median summary of the measured runs of `part`/`config`/`conns`.
+fn cfg_summary(runs: &[&Run]) -> Value {
+    let iops: Vec<f64> = runs.iter().map(|r| r.iops).collect();
+    let (m, lo, hi) = mmm(&iops);
+    let f = |g: &dyn Fn(&Run) -> f64| mmm(&runs.iter().map(|r| g(r)).collect::<Vec<_>>()).0;
+    let o =
+        |g: &dyn Fn(&Run) -> Option<f64>| med_opt(&runs.iter().map(|r| g(r)).collect::<Vec<_>>());
+    let hits: Vec<f64> = runs.iter().filter_map(|r| r.read_hit_ratio).collect();
+    json!({
+        "runs": runs.len(),
+        "iops_median": m, "iops_min": lo, "iops_max": hi,
+        "spread_pct": if m > 0.0 { (hi - lo) / m * 100.0 } else { 0.0 },
+        "iops_per_round": iops,
+        "lat_p50_us_median": f(&|r| r.lat_p50_us),
+        "lat_p99_us_median": f(&|r| r.lat_p99_us),
+        "server_cpu_us_per_io_median": o(&|r| r.server_cpu_us_per_io),
+        "server_cpu_utilization_median": o(&|r| r.server_cpu_util),
+        "fio_cpu_us_per_io_median": f(&|r| r.fio_cpu_us_per_io),
+        "read_hit_ratio_median": (!hits.is_empty()).then(|| mmm(&hits).0),
+        "read_hit_ratio_min": hits.iter().copied().reduce(f64::min),
+        "hit_ratio_median": o(&|r| r.hit_ratio),
+    })
+}
+
+fn measured<'a>(rep: &'a Report, part: &str, cfg: &str, conns: u32) -> Vec<&'a Run> {
+    rep.runs
+        .iter()
+        .filter(|r| r.part == part && r.phase == "measure" && r.config == cfg && r.conns == conns)
+        // A run cut short by Ctrl-C is in the JSON, not in the medians.
+        .filter(|r| !r.cut_short)
+        .collect()
+}
+
+/// Per-round ratios a/b (rounds where both ran).
+fn round_ratios(a: &[&Run], b: &[&Run], f: &dyn Fn(&Run, &Run) -> f64) -> Vec<f64> {
+    a.iter()
+        .filter_map(|x| b.iter().find(|y| y.round == x.round).map(|y| f(x, y)))
+        .collect()
+}
+
+fn verdict(x: f64, want: f64) -> &'static str {
+    if x >= want { "met" } else { "NOT met" }
+}
+
+fn row(t: &mut String, name: &str, s: &Value, hits: bool) {
+    let g = |k: &str| s[k].as_f64();
+    let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
+    let _ = writeln!(
+        t,
+        "{:<20} {:>8.0} {:>15} {:>7} {:>7.1} {:>8.1} {:>8} {:>13} {:>10.1} {:>8}",
+        name,
+        g("iops_median").unwrap_or(0.0),
+        format!(
+            "{:.0}-{:.0}",
+            g("iops_min").unwrap_or(0.0),
+            g("iops_max").unwrap_or(0.0)
+        ),
+        format!("{:.1}%", g("spread_pct").unwrap_or(0.0)),
+        g("lat_p50_us_median").unwrap_or(0.0),
+        g("lat_p99_us_median").unwrap_or(0.0),
+        opt(g("server_cpu_utilization_median"), &|x| format!(
+            "{:.0}%",
+            x * 100.0
+        )),
+        opt(g("server_cpu_us_per_io_median"), &|x| format!("{x:.1}")),
+        g("fio_cpu_us_per_io_median").unwrap_or(0.0),
+        opt(g("read_hit_ratio_median").filter(|_| hits), &|h| format!(
+            "{:.1}%",
+            h * 100.0
+        )),
+    );
+}
+
+fn header(t: &mut String) {
+    let _ = writeln!(
+        t,
+        "{:<20} {:>8} {:>15} {:>7} {:>7} {:>8} {:>8} {:>13} {:>10} {:>8}",
+        "config",
+        "IOPS med",
+        "min-max",
+        "spread",
+        "p50 us",
+        "p99 us",
+        "srv CPU",
+        "srv CPU-us/IO",
+        "fio CPU-us",
+        "rd hits"
+    );
+}
+
+/// The printed tables and the JSON summary (with the targets met or not).
+fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
+    let mut t = String::new();
+    let mut out = json!({});
+    let mut targets = Vec::new();
+    let q = if plan.quick {
+        " [--quick: smoke run, not a measurement]"
+    } else {
+        ""
+    };
+    // P1.
+    let p1_cfgs = [
+        "tiercache-ram",
+        "tiercache-file",
+        "nbdkit-memory",
+        "fio-io_uring-device",
+    ];
+    if rep.runs.iter().any(|r| r.part == "P1") {
+        let _ = writeln!(
+            t,
+            "P1: 4K random read, QD {}, 1 connection, unix socket, 100% hits; median of {} alternating rounds{q}",
+            plan.qd, plan.rounds
+        );
+        header(&mut t);
+        let mut sums = json!({});
+        for c in p1_cfgs {
+            let runs = measured(rep, "P1", c, 1);
+            if runs.is_empty() {
+                continue;
+            }
+            let s = cfg_summary(&runs);
+            row(&mut t, c, &s, c.starts_with("tiercache"));
+            sums[c] = s;
+        }
+        let ram = measured(rep, "P1", "tiercache-ram", 1);
+        let file = measured(rep, "P1", "tiercache-file", 1);
+        let mem = measured(rep, "P1", "nbdkit-memory", 1);
+        let dev = measured(rep, "P1", "fio-io_uring-device", 1);
+        let med = |v: &[&Run]| mmm(&v.iter().map(|r| r.iops).collect::<Vec<_>>()).0;
+        let mut ratios = json!({});
+        if !ram.is_empty() && !mem.is_empty() {
+            let x = med(&ram) / med(&mem).max(1e-9);
+            let per = round_ratios(&ram, &mem, &|a, b| a.iops / b.iops.max(1e-9));
+            let (_, lo, hi) = mmm(&per);
+            let _ = writeln!(
+                t,
+                "P1 ram: tiercache ram: / nbdkit memory = {x:.2}x (per round {lo:.2}-{hi:.2}); target >= 1.0: {}",
+                verdict(x, 1.0)
+            );
+            ratios["ram_over_nbdkit_memory"] = json!({"ratio": x, "per_round": per,
+                "target": 1.0, "met": x >= 1.0});
+            targets.push(json!({"id": "P1-ram", "ratio": x, "target": 1.0, "met": x >= 1.0}));
+        }
+        if !file.is_empty() && !mem.is_empty() && !dev.is_empty() {
+            let floor = med(&mem).min(med(&dev));
+            let x = med(&file) / floor.max(1e-9);
+            let per = file
+                .iter()
+                .filter_map(|f| {
+                    let m = mem.iter().find(|r| r.round == f.round)?;
+                    let d = dev.iter().find(|r| r.round == f.round)?;
+                    Some(f.iops / m.iops.min(d.iops).max(1e-9))
+                })
+                .collect::<Vec<_>>();
+            let (_, lo, hi) = mmm(&per);
+            let _ = writeln!(
+                t,
+                "P1 file: tiercache file / min(nbdkit memory, fio io_uring on the cache file) = {x:.2}x (per round {lo:.2}-{hi:.2}); target >= 0.8: {}",
+                verdict(x, 0.8)
+            );
+            ratios["file_over_min_nbdkit_device"] = json!({"ratio": x, "per_round": per,
+                "floor_iops": floor, "target": 0.8, "met": x >= 0.8});
+            targets.push(json!({"id": "P1-file", "ratio": x, "target": 0.8, "met": x >= 0.8}));
+        }
+        let low_hits = rep
+            .runs
+            .iter()
+            .filter(|r| r.part == "P1" && r.read_hit_ratio.is_some_and(|h| h < 0.99))
+            .count();
+        if low_hits > 0 {
+            let _ = writeln!(
+                t,
+                "P1 warning: {low_hits} tiercache runs had a read hit ratio below 99%"
+            );
+        }
+        out["p1"] = json!({"configs": sums, "ratios": ratios});
+        t.push('\n');
+    }
+    // Connections.
+    if rep.runs.iter().any(|r| r.part == "conns") {
+        let _ = writeln!(
+            t,
+            "Connections: 4K random read hits, QD {} per connection (fio numjobs = connections), median of {} round{}{q}",
+            plan.qd,
+            plan.conn_rounds,
+            if plan.conn_rounds == 1 { "" } else { "s" }
+        );
+        let _ = writeln!(
+            t,
+            "{:>5} {:>14} {:>8} {:>12} {:>14} {:>8} {:>12} {:>9}",
+            "conns",
+            "tiercache ram",
+            "spread",
+            "srv CPU-us",
+            "nbdkit memory",
+            "spread",
+            "srv CPU-us",
+            "ratio"
+        );
+        let mut rows = Vec::new();
+        for n in 1..=plan.max_conns {
+            let a = measured(rep, "conns", "tiercache-ram", n);
+            let b = measured(rep, "conns", "nbdkit-memory", n);
+            if a.is_empty() && b.is_empty() {
+                continue;
+            }
+            let sa = cfg_summary(&a);
+            let sb = cfg_summary(&b);
+            let g = |s: &Value, k: &str| s[k].as_f64().unwrap_or(0.0);
+            let ratio = g(&sa, "iops_median") / g(&sb, "iops_median").max(1e-9);
+            let cpu = |s: &Value| {
+                s["server_cpu_us_per_io_median"]
+                    .as_f64()
+                    .map(|x| format!("{x:.1}"))
+                    .unwrap_or_else(|| "-".into())
+            };
+            let _ = writeln!(
+                t,
+                "{:>5} {:>14.0} {:>7.1}% {:>12} {:>14.0} {:>7.1}% {:>12} {:>8.2}x",
+                n,
+                g(&sa, "iops_median"),
+                g(&sa, "spread_pct"),
+                cpu(&sa),
+                g(&sb, "iops_median"),
+                g(&sb, "spread_pct"),
+                cpu(&sb),
+                ratio
+            );
+            rows.push(
+                json!({"connections": n, "tiercache_ram": sa, "nbdkit_memory": sb,
+                "ratio": ratio}),
+            );
+        }
+        out["connections"] = json!(rows);
+        t.push('\n');
+    }
+    // P2.
+    if rep.runs.iter().any(|r| r.part == "P2") {
+        let _ = writeln!(
+            t,
+            "P2: 4K randrw 70/30, Zipf 0.9, working set {} MiB = 2x the cache, QD {}, cores nbdkit delay {}; median of {} alternating rounds after {} s of warm-up each{q}",
+            (2 * plan.s2) >> 20,
+            plan.qd,
+            plan.delay,
+            plan.rounds,
+            plan.warm2_ms / 1000
+        );
+        header(&mut t);
+        let mut sums = json!({});
+        for c in ["tiercache", "nbdkit-cache"] {
+            let runs = measured(rep, "P2", c, 1);
+            if runs.is_empty() {
+                continue;
+            }
+            let s = cfg_summary(&runs);
+            row(&mut t, c, &s, true);
+            sums[c] = s;
+        }
+        let a = measured(rep, "P2", "tiercache", 1);
+        let b = measured(rep, "P2", "nbdkit-cache", 1);
+        let mut ratios = json!({});
+        if !a.is_empty() && !b.is_empty() {
+            let med = |v: &[&Run]| mmm(&v.iter().map(|r| r.iops).collect::<Vec<_>>()).0;
+            let x = med(&a) / med(&b).max(1e-9);
+            let per = round_ratios(&a, &b, &|x, y| x.iops / y.iops.max(1e-9));
+            let (_, lo, hi) = mmm(&per);
+            let _ = writeln!(
+                t,
+                "P2: tiercache / nbdkit cache filter = {x:.2}x (per round {lo:.2}-{hi:.2}); target >= 1.5: {}",
+                verdict(x, 1.5)
+            );
+            let hit = |v: &[&Run]| med_opt(&v.iter().map(|r| r.read_hit_ratio).collect::<Vec<_>>());
+            let all = med_opt(&a.iter().map(|r| r.hit_ratio).collect::<Vec<_>>());
+            let _ = writeln!(
+                t,
+                "P2 read hit ratios: tiercache {} (reads and writes: {}; its counters), nbdkit cache {} (1 - reads reaching the core / client reads, from a log filter under the cache; nbdkit reports no hit counter)",
+                hit(&a)
+                    .map(|h| format!("{:.1}%", h * 100.0))
+                    .unwrap_or_else(|| "-".into()),
+                all.map(|h| format!("{:.1}%", h * 100.0))
+                    .unwrap_or_else(|| "-".into()),
+                hit(&b)
+                    .map(|h| format!("{:.1}%", h * 100.0))
+                    .unwrap_or_else(|| "-".into()),
+            );
+            ratios["tiercache_over_nbdkit_cache"] = json!({"ratio": x, "per_round": per,
+                "target": 1.5, "met": x >= 1.5});
+            targets.push(json!({"id": "P2", "ratio": x, "target": 1.5, "met": x >= 1.5}));
+        }
+        out["p2"] = json!({"configs": sums, "ratios": ratios});
+        t.push('\n');
+    }
+    let _ = writeln!(
+        t,
+        "spread = (max - min) / median over the rounds; srv CPU = the server processes' CPU use (100% = one CPU); CPU-us/IO = CPU time per IO (server: /proc utime+stime; fio: usr+sys)"
+    );
+    if !targets.is_empty() {
+        let met = targets.iter().filter(|x| x["met"] == json!(true)).count();
+        let _ = writeln!(t, "SPEC targets met: {met} of {}", targets.len());
+    }
+    out["targets"] = json!(targets);
+    (t, out)
+}
