@@ -200,6 +200,10 @@ fn lifecycle_through_the_cli() {
         "volatile",
     );
     dm.fails(
+        &["start-cache", "--cache-device", "ram:12x"],
+        "is not a size",
+    );
+    dm.fails(
         &["start-cache", "--cache-device", &d.path("nope.img")],
         "no such file",
     );
@@ -360,6 +364,17 @@ fn lifecycle_through_the_cli() {
         &["io-class", "load", "--cache-id", "3", "--file", &csv],
         "line 2",
     );
+    // Malformed CSV (a row with too few fields, a non-numeric id): refused, nothing changes.
+    for bad in [
+        "IO class id,IO class name,Eviction priority,Allocation\n1,request_size:le:4096\n",
+        "IO class id,IO class name,Eviction priority,Allocation\nx,unclassified,22,0\n",
+    ] {
+        std::fs::write(&csv, bad).unwrap();
+        dm.fails(
+            &["io-class", "load", "--cache-id", "3", "--file", &csv],
+            "line 2",
+        );
+    }
     assert_eq!(
         dm.json(&["io-class", "list", "--cache-id", "3"])["classes"]
             .as_array()
