@@ -88,4 +88,7 @@ mod server;
 pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,
 };
-pub use server::{BoundAddr, Closer, ListenAddr, NbdStream, Server, ServerConfig, ServerStats};
+pub use server::{
+    BoundAddr, Closer, Handshake, ListenAddr, NbdStream, Server, ServerConfig, ServerStats,
+    serve_handshake,
+};

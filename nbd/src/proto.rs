@@ -1,5 +1,9 @@
 //! Wire constants of the NBD protocol (the NBD project's `doc/proto.md`) as this server
-//! speaks it, and small encoders for the messages it sends.
+//! speaks it, small encoders for the messages it sends, and the pure parsers of what a client
+//! sends (request headers and their checks, `NBD_OPT_INFO`/`NBD_OPT_GO` data), which the fuzz
+//! targets (`fuzzing/`) call directly.
+
+use crate::export::BlockSizes;
 
 /// `NBDMAGIC`: the first 8 bytes the server sends.
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -217,6 +221,77 @@ pub struct Request {
 }
 
 impl Request {
+    /// Encodes the header a client sends for this request (the inverse of [`Request::decode`]).
+    pub fn encode(&self) -> [u8; REQUEST_LEN] {
+        let mut h = [0u8; REQUEST_LEN];
+        h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        h[4..6].copy_from_slice(&self.flags.to_be_bytes());
+        h[6..8].copy_from_slice(&self.typ.to_be_bytes());
+        h[8..16].copy_from_slice(&self.cookie.to_be_bytes());
+        h[16..24].copy_from_slice(&self.offset.to_be_bytes());
+        h[24..28].copy_from_slice(&self.len.to_be_bytes());
+        h
+    }
+
+    /// Checks a request against an export of `size` bytes with block sizes `sizes`;
+    /// `Err((errno, message))` to answer it with. `NBD_CMD_DISC` is not a request here (the
+    /// caller ends the connection before checking).
+    pub fn check(
+        &self,
+        size: u64,
+        sizes: BlockSizes,
+        read_only: bool,
+    ) -> Result<(), (u32, String)> {
+        let r = self;
+        if r.flags & !cmd::FLAGS_KNOWN != 0 {
+            return Err((
+                errno::EINVAL,
+                format!("unknown command flags {:#x}", r.flags),
+            ));
+        }
+        let len = r.len as u64;
+        let (writes, past_end) = match r.typ {
+            cmd::READ | cmd::CACHE | cmd::TRIM => (r.typ == cmd::TRIM, errno::EINVAL),
+            cmd::WRITE | cmd::WRITE_ZEROES => (true, errno::ENOSPC),
+            cmd::FLUSH => return Ok(()),
+            t => return Err((errno::EINVAL, format!("unknown command {t}"))),
+        };
+        if writes && read_only {
+            return Err((errno::EPERM, "the export is read-only".into()));
+        }
+        // TRIM and WRITE_ZEROES carry no payload: longer ones are accepted (the export splits
+        // them); CACHE is bounded like READ, as the protocol says.
+        if matches!(r.typ, cmd::READ | cmd::WRITE | cmd::CACHE) && r.len > sizes.max {
+            return Err((
+                errno::EINVAL,
+                format!(
+                    "length {} is above the maximum block size {}",
+                    r.len, sizes.max
+                ),
+            ));
+        }
+        let min = sizes.min as u64;
+        if !r.offset.is_multiple_of(min) || !len.is_multiple_of(min) {
+            return Err((
+                errno::EINVAL,
+                format!(
+                    "offset {} / length {} not a multiple of the minimum block size {min}",
+                    r.offset, len
+                ),
+            ));
+        }
+        if r.offset.checked_add(len).is_none_or(|e| e > size) {
+            return Err((
+                past_end,
+                format!(
+                    "{} bytes at offset {} go past the end of the export ({} bytes)",
+                    len, r.offset, size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Decodes a request header; `None` if the magic is wrong (the connection is then closed).
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Option<Request> {
         let u32at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
@@ -237,4 +312,37 @@ impl Request {
             len: u32at(24),
         })
     }
+}
+
+/// Parses `NBD_OPT_INFO`/`NBD_OPT_GO` data: name length, name, count, info types. `None` if it
+/// is malformed (the option is answered `NBD_REP_ERR_INVALID`).
+pub fn parse_info_request(d: &[u8]) -> Option<(String, Vec<u16>)> {
+    let nlen = u32::from_be_bytes(d.get(0..4)?.try_into().ok()?) as usize;
+    if nlen > MAX_STRING {
+        return None;
+    }
+    let name = std::str::from_utf8(d.get(4..4 + nlen)?).ok()?.to_string();
+    let rest = &d[4 + nlen..];
+    let n = u16::from_be_bytes(rest.get(0..2)?.try_into().ok()?) as usize;
+    if rest.len() != 2 + 2 * n {
+        return None;
+    }
+    let infos = rest[2..]
+        .chunks_exact(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    Some((name, infos))
+}
+
+/// Encodes `NBD_OPT_INFO`/`NBD_OPT_GO` data as a client sends it (the inverse of
+/// [`parse_info_request`] for a name of at most [`MAX_STRING`] bytes and at most 65535 types).
+pub fn encode_info_request(name: &str, infos: &[u16]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(6 + name.len() + 2 * infos.len());
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+    for i in infos {
+        d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
 }

@@ -22,6 +22,10 @@
 //!   another class).
 //! - `Allocation` is a share of the cache 0.00–1.00 written with at most 4 characters (`0`, `1`,
 //!   `0.5`, `.25`, `1.00`), kept in percent, rounded to the nearest.
+//! - The whole table, as tiercache stores it ([`IoClassTable::to_csv`]), is at most
+//!   [`TABLE_CSV_MAX`] bytes: a persistent cache keeps it in its configuration record. (Open
+//!   CAS allows 1023-character rules in 33 classes; a table that long is refused, naming its
+//!   size.)
 //!
 //! # Rules
 //!
@@ -62,6 +66,10 @@ use crate::units::{CORES_MAX, CoreId, Lba};
 /// The longest rule (`IO class name`) accepted, in characters: Open CAS's `OCF_IO_CLASS_NAME_MAX`
 /// less its terminating NUL.
 pub const IO_CLASS_NAME_MAX: usize = 1023;
+
+/// The longest table accepted, in bytes of [`IoClassTable::to_csv`]: what the configuration
+/// record of a persistent cache can hold (`tiercache_format::tables::STRING_MAX`).
+pub const TABLE_CSV_MAX: usize = tiercache_format::tables::STRING_MAX;
 
 /// The canonical header, as Open CAS writes it and [`IoClassTable::to_csv`] writes it.
 const HEADER: &str = "IO class id,IO class name,Eviction priority,Allocation";
@@ -612,7 +620,20 @@ impl IoClassTable {
             classes.push(c);
             rules.extend(r);
         }
-        Ok(IoClassTable { classes, rules })
+        let table = IoClassTable { classes, rules };
+        // A persistent cache stores the table in its configuration record; one that does not
+        // fit would stop the cache at its next superblock write (found by the fuzz targets).
+        let n = table.to_csv().len();
+        if n > TABLE_CSV_MAX {
+            return Err(CsvError {
+                line: hline,
+                message: format!(
+                    "the table is {n} bytes as tiercache stores it, more than {TABLE_CSV_MAX} \
+                     (use shorter rules or fewer classes)"
+                ),
+            });
+        }
+        Ok(table)
     }
 
     /// The class of a request: the id of an existing class (0 if no rule holds).
@@ -699,6 +720,29 @@ mod tests {
         let back = IoClassTable::parse_csv(&csv).unwrap_or_else(|e| panic!("{csv}: {e}"));
         assert_eq!(&back, t, "{csv}");
         assert_eq!(back.to_csv(), csv);
+    }
+
+    #[test]
+    fn a_table_too_long_to_persist_is_refused() {
+        // 33 classes of valid 150-character rules: about 5 KiB as stored.
+        let rule = |i: u32| {
+            let c: Vec<String> = (0..10)
+                .map(|k| format!("lba:ne:{}", 1000 * k + i))
+                .collect();
+            format!("{}&done", c.join("&"))
+        };
+        let rows: String = (1..34)
+            .map(|i| format!("{i},{},1,0.01\n", rule(i)))
+            .collect();
+        let e = refused(&format!("0,unclassified,22,1\n{rows}"));
+        assert!(e.message.contains("more than 4096"), "{e}");
+        assert_eq!(e.line, 1);
+        // The same classes with short rules fit.
+        let rows: String = (1..34)
+            .map(|i| format!("{i},lba:ge:{i},1,0.01\n"))
+            .collect();
+        let t = table(&rows);
+        assert!(t.to_csv().len() <= TABLE_CSV_MAX);
     }
 
     #[test]
