@@ -1086,7 +1086,7 @@ impl WriteLog {
         });
     }
 
-    fn void_done(&mut self, seq: u64, ok: bool, acts: &mut Vec<Action>) {
+    fn void_done(&mut self, seq: u64, ok: bool) {
         self.log_writes_done += 1;
         let now = self.now;
         let e = self.entry_mut(seq);
@@ -1104,7 +1104,6 @@ impl WriteLog {
             e.state = EState::VoidDue;
             self.void_retry_at = Some(Nanos(now.0 + RETRY_NS));
         }
-        let _ = acts;
     }
 
     // ----- flushes -----
@@ -1359,42 +1358,18 @@ impl WriteLog {
                     return false;
                 }
                 // Issue what staging allows now; an entry longer than the whole pool goes in
-                // rounds (its chunks do not overlap each other).
-                let mut off = 0;
-                let mut issued = 0;
-                while off < e.blocks {
-                    let Some(slot) = self.free_slots.pop() else {
-                        break;
-                    };
-                    let n = (e.blocks - off).min(slot_blocks);
-                    let op = self.new_op(WbOp {
-                        seq: e.seq,
-                        offset: off,
-                        blocks: n,
-                        slot: Some(slot),
-                        what: WbWhat::Data,
-                    });
-                    let io = self.new_io(OwnIo::WbRead { op });
-                    acts.push(Action::Read {
-                        io,
-                        dev: Dev::Cache,
-                        lba: Lba(ext_src_lba(&self.cfg, e.pos + 1 + off as u64)),
-                        blocks: n,
-                        buf: BufRef::Pool { slot, offset: 0 },
-                    });
-                    off += n;
-                    issued += 1;
-                }
-                self.entries[i].state = EState::Wb { issued, done: 0 };
-                if off < e.blocks {
-                    // The rest waits for slots: remember where to continue.
-                    self.wb_partial = Some((e.seq, off));
-                }
+                // rounds (its chunks do not overlap each other): `continue_partial` issues
+                // chunks from the recorded offset while slots last.
+                self.entries[i].state = EState::Wb { issued: 0, done: 0 };
+                self.wb_partial = Some((e.seq, 0));
+                self.continue_partial(acts);
                 true
             }
         }
     }
 
+    /// Issues writeback chunks of the entry whose chunks did not all fit in staging, from
+    /// where it stopped, while slots last.
     fn continue_partial(&mut self, acts: &mut Vec<Action>) {
         let Some((seq, mut off)) = self.wb_partial else {
             return;
@@ -1562,7 +1537,7 @@ impl WriteLog {
         let ok = result.is_ok();
         match o {
             OwnIo::LogWrite { seq } => self.log_write_done(seq, ok, acts),
-            OwnIo::VoidWrite { seq } => self.void_done(seq, ok, acts),
+            OwnIo::VoidWrite { seq } => self.void_done(seq, ok),
             OwnIo::Flush { covers } => {
                 self.flush_in_flight = false;
                 if ok {
