@@ -438,6 +438,7 @@ mod generate {
             journal,
             checkpoint: [c0, c1],
             data,
+            log: Default::default(),
         };
         layout.validate(data.end()).expect("valid layout");
         cfg.data_offset = Lba(data.offset / 512);

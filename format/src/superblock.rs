@@ -43,6 +43,9 @@ pub const SUPERBLOCK_BYTES: usize = 4096;
 pub const SUPERBLOCK_OFFSETS: [u64; 2] = [0, 64 << 10];
 /// Bytes of the header the checksum covers in this version.
 const USED_V1: u16 = 136;
+/// Bytes covered by the checksum of a superblock that names a write-log region (mode `wl`):
+/// the log region follows the four regions of version 1.
+const USED_WL: u16 = 152;
 /// Byte offsets of the table areas that go with each superblock copy: the configuration and
 /// core-table records written just before that copy (see [`TABLES_BYTES`]).
 pub const TABLES_OFFSETS: [u64; 2] = [4 << 10, 68 << 10];
@@ -79,6 +82,8 @@ pub struct Layout {
     pub checkpoint: [Region; 2],
     /// Cache lines.
     pub data: Region,
+    /// The write log of mode `wl` (zero-length for every other cache).
+    pub log: Region,
 }
 
 /// Bytes of checkpoint per line: mapping (core line `u64`, core `u8`), class `u8`, and the
@@ -147,6 +152,7 @@ impl Layout {
                         journal,
                         checkpoint: [c0, c1],
                         data,
+                        log: Region::default(),
                     },
                     lines,
                 ));
@@ -155,15 +161,45 @@ impl Layout {
         }
     }
 
+    /// Plans a device for mode `wl`: as [`Layout::plan`], with a write-log region of
+    /// `log_bytes` (rounded up to 1 MiB) right after the journal, before the checkpoints and
+    /// the read cache's lines: the log is written at every client write, so it sits with the
+    /// other metadata at the device's start.
+    pub fn plan_wl(
+        device_bytes: u64,
+        line_size: u32,
+        journal_bytes: u64,
+        log_bytes: u64,
+    ) -> Option<(Layout, u32)> {
+        let log_len = log_bytes
+            .max(REGION_ALIGN)
+            .div_ceil(REGION_ALIGN)
+            .checked_mul(REGION_ALIGN)?;
+        let (mut l, lines) =
+            Layout::plan(device_bytes.checked_sub(log_len)?, line_size, journal_bytes)?;
+        let log = Region {
+            offset: l.journal.end(),
+            bytes: log_len,
+        };
+        l.checkpoint[0].offset += log_len;
+        l.checkpoint[1].offset += log_len;
+        l.data.offset += log_len;
+        l.log = log;
+        Some((l, lines))
+    }
+
     /// Checks that the regions are in order, aligned, within the device and disjoint.
     pub fn validate(&self, device_bytes: u64) -> Result<(), String> {
         let sb_end = SUPERBLOCK_OFFSETS[1] + SUPERBLOCK_BYTES as u64;
-        let regions = [
+        let mut regions = vec![
             ("journal", self.journal),
             ("checkpoint 0", self.checkpoint[0]),
             ("checkpoint 1", self.checkpoint[1]),
             ("data", self.data),
         ];
+        if self.log != Region::default() {
+            regions.push(("write log", self.log));
+        }
         for (i, (name, r)) in regions.iter().enumerate() {
             if r.offset < sb_end || r.offset % 4096 != 0 || r.end() > device_bytes || r.bytes == 0 {
                 return Err(format!(
@@ -221,9 +257,11 @@ impl Superblock {
     /// The 4 KiB block for this superblock.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
+        let wl = self.layout.log != Region::default();
+        let used = if wl { USED_WL } else { USED_V1 };
         w.bytes(&SUPERBLOCK_MAGIC)
             .u16(FORMAT_VERSION)
-            .u16(USED_V1)
+            .u16(used)
             .u32(0);
         w.u64(self.generation)
             .bytes(&self.cache_id)
@@ -242,7 +280,10 @@ impl Superblock {
         ] {
             w.u64(r.offset).u64(r.bytes);
         }
-        debug_assert_eq!(w.buf.len(), USED_V1 as usize);
+        if wl {
+            w.u64(self.layout.log.offset).u64(self.layout.log.bytes);
+        }
+        debug_assert_eq!(w.buf.len(), used as usize);
         let crc = crc32c(&w.buf);
         w.buf[12..16].copy_from_slice(&crc.to_le_bytes());
         w.pad_to(SUPERBLOCK_BYTES);
@@ -303,6 +344,18 @@ impl Superblock {
                 bytes: r.u64()?,
             };
         }
+        let log = if used >= USED_WL {
+            let log = Region {
+                offset: r.u64()?,
+                bytes: r.u64()?,
+            };
+            if log == Region::default() {
+                return Err(bad("a write-log region of zero bytes".into()));
+            }
+            log
+        } else {
+            Region::default()
+        };
         if !(4096..=65536).contains(&line_size) || !line_size.is_power_of_two() {
             return Err(bad(format!("line size {line_size}")));
         }
@@ -310,6 +363,7 @@ impl Superblock {
             journal: regions[0],
             checkpoint: [regions[1], regions[2]],
             data: regions[3],
+            log,
         };
         layout.validate(device_bytes).map_err(bad)?;
         if layout.data.bytes < lines as u64 * line_size as u64 {

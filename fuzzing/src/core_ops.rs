@@ -153,6 +153,7 @@ fn config(h: &[u8; HEADER]) -> (Config, Vec<u64>, bool) {
             journal,
             checkpoint: [c0, c1],
             data,
+            log: Default::default(),
         };
         cfg.data_offset = Lba(data.offset / 512);
         cfg.persist = Some(Persist::new_cache(

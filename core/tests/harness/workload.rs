@@ -157,6 +157,7 @@ pub fn persistent(mut cfg: Config, rng: &mut Rng) -> Config {
         journal,
         checkpoint: [c0, c1],
         data,
+        log: Default::default(),
     };
     let device = data.end();
     layout.validate(device).expect("valid layout");
