@@ -22,6 +22,7 @@ pub mod event;
 pub mod hash;
 mod hint;
 pub mod lists;
+pub mod machine;
 pub mod map;
 pub mod mode;
 pub mod policy;
@@ -32,5 +33,6 @@ pub mod wl;
 
 pub use cache::Cache;
 pub use config::Config;
+pub use machine::Machine;
 pub use event::{Action, BufRef, Dev, Event, IoError, ReqError};
 pub use mode::CacheMode;

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use tiercache_core::cache::{CoreRecord, LoadReport};
 use tiercache_core::event::{Action, BufRef, Dev, Event, IoError, ReqError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
-use tiercache_core::{Cache, Config};
+use tiercache_core::wl::WlConfig;
+use tiercache_core::{Cache, Config, Machine};
 use tiercache_io::{AlignedBuf, Backend, IoErr};
 
 /// A device shared between the engine's threads.
@@ -106,7 +107,8 @@ struct Slot {
 }
 
 struct Inner {
-    cache: Cache,
+    /// The cache's state machine (an Open CAS-style cache or a write log).
+    m: Machine,
     cache_dev: Device,
     cores: Vec<Option<Device>>,
     reqs: tiercache_core::hash::FxHashMap<ReqId, Slot>,
@@ -175,7 +177,10 @@ impl Shared {
         let mut actions = std::mem::take(&mut g.actions);
         events.push_back(ev);
         while let Some(ev) = events.pop_front() {
-            g.cache.apply(self.now(), ev, &mut actions);
+            let Inner { m, reqs, .. } = &mut *g;
+            m.apply(self.now(), ev, &mut actions, &mut |req| {
+                tiercache_format::crc::crc32c(&reqs[&req].buf)
+            });
             for a in actions.drain(..) {
                 self.execute(g, a, &mut events);
             }
@@ -423,8 +428,7 @@ impl Shared {
                     self.drive(&mut g, Event::Tick);
                 }
                 let now = self.now();
-                g.cache
-                    .next_deadline()
+                g.m.next_deadline()
                     .map(|d| Duration::from_nanos(d.0.saturating_sub(now.0)))
                     .unwrap_or(Duration::from_millis(50))
                     .min(Duration::from_millis(50))
@@ -469,7 +473,7 @@ fn buf_ref(g: &Inner, b: BufRef, blocks: u32) -> &[u8] {
         }
         BufRef::Meta { id, offset } => {
             let s = offset as usize * 512;
-            &g.cache.meta_buf(id)[s..s + len]
+            &g.m.meta_buf(id)[s..s + len]
         }
     }
 }
@@ -501,14 +505,14 @@ enum Op {
 
 impl Engine {
     fn start(
-        cache: Cache,
+        m: Machine,
         cache_dev: Device,
         cores: &[(CoreId, Device)],
         ec: EngineConfig,
     ) -> Engine {
-        let cfg = cache.config().clone();
-        let pool = (0..cfg.pool_slots)
-            .map(|_| AlignedBuf::new(cfg.pool_slot_blocks as usize * 512))
+        let (slots, slot_blocks) = m.pool();
+        let pool = (0..slots)
+            .map(|_| AlignedBuf::new(slot_blocks as usize * 512))
             .collect();
         let mut devs: Vec<Option<Device>> = Vec::new();
         for (id, d) in cores {
@@ -520,7 +524,7 @@ impl Engine {
         }
         let sh = Arc::new(Shared {
             inner: Mutex::new(Inner {
-                cache,
+                m,
                 cache_dev,
                 cores: devs,
                 reqs: Default::default(),
@@ -581,7 +585,27 @@ impl Engine {
             cache.set_core_record(c.id, c.record.clone())?;
         }
         let devs: Vec<(CoreId, Device)> = cores.iter().map(|c| (c.id, c.dev.clone())).collect();
-        let e = Engine::start(cache, cache_dev, &devs, ec);
+        let e = Engine::start(Machine::Cache(Box::new(cache)), cache_dev, &devs, ec);
+        e.wait(|c| c.is_ready() && c.tables_durable());
+        Ok(e)
+    }
+
+    /// Creates a write log (mode `wl`) on `cache_dev` with `cfg` (its read cache persistent
+    /// when `cfg.read_cache.persist` is set) and attaches `cores`. Returns once the log serves
+    /// and its tables are durable.
+    pub fn create_wl(
+        cfg: WlConfig,
+        cache_dev: Device,
+        cores: Vec<CoreSpec>,
+        ec: EngineConfig,
+    ) -> Result<Engine, String> {
+        let mut wl = tiercache_core::wl::WriteLog::create(cfg)?;
+        for c in &cores {
+            wl.add_core(c.id, c.dev.blocks())?;
+            wl.set_core_record(c.id, c.record.clone())?;
+        }
+        let devs: Vec<(CoreId, Device)> = cores.iter().map(|c| (c.id, c.dev.clone())).collect();
+        let e = Engine::start(Machine::Wl(Box::new(wl)), cache_dev, &devs, ec);
         e.wait(|c| c.is_ready() && c.tables_durable());
         Ok(e)
     }
@@ -610,7 +634,7 @@ impl Engine {
             dev.read(off / 512, buf)
                 .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
         };
-        let (cache, report) = tiercache_core::cache::open(base, &mut read)?;
+        let (cache, report) = tiercache_core::wl::device::open_device(base, &mut read)?;
         for e in &report.cores {
             let id = CoreId(e.id as u16);
             let Some((_, d)) = cores.iter().find(|(c, _)| *c == id) else {
@@ -647,20 +671,37 @@ impl Engine {
 
     /// Waits until `pred` holds for the core (checked whenever something happens, and every
     /// 10 ms).
-    pub fn wait(&self, pred: impl Fn(&Cache) -> bool) {
+    pub fn wait(&self, pred: impl Fn(&Machine) -> bool) {
         let mut g = self.sh.lock();
-        while !pred(&g.cache) {
+        while !pred(&g.m) {
             g = self.sh.wait_done(g, Duration::from_millis(10));
         }
     }
 
     /// Runs `f` on the core under the engine's lock (management, statistics), then lets the
     /// core act on what changed.
+    ///
+    /// In mode `wl` this is the write log's read cache (statistics, policies, core records);
+    /// what concerns the log goes through [`Engine::with_machine`].
     pub fn with_cache<R>(&self, f: impl FnOnce(&mut Cache) -> R) -> R {
         let mut g = self.sh.lock();
-        let r = f(&mut g.cache);
+        let r = f(g.m.cache_mut());
         self.sh.drive(&mut g, Event::Tick);
         r
+    }
+
+    /// Runs `f` on the state machine under the engine's lock, then lets it act on what
+    /// changed.
+    pub fn with_machine<R>(&self, f: impl FnOnce(&mut Machine) -> R) -> R {
+        let mut g = self.sh.lock();
+        let r = f(&mut g.m);
+        self.sh.drive(&mut g, Event::Tick);
+        r
+    }
+
+    /// Whether this is a write log (mode `wl`).
+    pub fn is_wl(&self) -> bool {
+        self.sh.lock().m.wl().is_some()
     }
 
     /// Attaches a core at run time (the cache shares its lines with every core) and returns
@@ -668,10 +709,8 @@ impl Engine {
     pub fn add_core(&self, spec: CoreSpec) -> Result<(), String> {
         {
             let mut g = self.sh.lock();
-            g.cache
-                .add_core(spec.id, spec.dev.blocks())
-                .map_err(|e| e.to_string())?;
-            g.cache.set_core_record(spec.id, spec.record)?;
+            g.m.add_core(spec.id, spec.dev.blocks())?;
+            g.m.set_core_record(spec.id, spec.record)?;
             let i = spec.id.0 as usize;
             if g.cores.len() <= i {
                 g.cores.resize(i + 1, None);
@@ -688,7 +727,7 @@ impl Engine {
     pub fn remove_core(&self, id: CoreId) -> Result<(), String> {
         {
             let mut g = self.sh.lock();
-            g.cache.remove_core(id).map_err(|e| e.to_string())?;
+            g.m.remove_core(id)?;
             if let Some(d) = g.cores.get_mut(id.0 as usize) {
                 *d = None;
             }
@@ -704,9 +743,7 @@ impl Engine {
     pub fn resize_core(&self, id: CoreId, dev: Device) -> Result<(), String> {
         {
             let mut g = self.sh.lock();
-            g.cache
-                .resize_core(id, dev.blocks())
-                .map_err(|e| e.to_string())?;
+            g.m.resize_core(id, dev.blocks())?;
             if let Some(d) = g.cores.get_mut(id.0 as usize) {
                 *d = Some(dev);
             }
@@ -882,7 +919,7 @@ impl Engine {
     /// (NBD connections): requests after this fail with `NotRunning`, and the threads end
     /// when the last holder drops the engine.
     pub fn stop_shared(&self) -> Result<(), String> {
-        self.with_cache(|c| c.stop());
+        self.with_machine(|c| c.stop());
         self.wait(|c| c.is_stopped());
         let devs: Vec<Device> = {
             let g = self.sh.lock();
@@ -1008,6 +1045,7 @@ impl Engine {
             dev.read(off / 512, buf)
                 .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
         };
+        // The core table only (the read cache's records, in mode `wl` too): no log scan here.
         let (_, report) = tiercache_core::cache::open(base, &mut read)?;
         for e in &report.cores {
             if let Some(c) = cores.iter().find(|c| c.id.0 == e.id as u16)

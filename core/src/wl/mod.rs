@@ -28,6 +28,7 @@
 //!   opened log first writes a superblock with a new epoch, so entries of a run that crashed
 //!   before being recovered can never be mistaken for live ones.
 
+pub mod device;
 pub mod index;
 
 use crate::cache::Cache;
@@ -48,6 +49,9 @@ pub const ZERO_BLOCKS: u32 = 64;
 /// Metadata buffer id of a buffer of zeros, the source of reads of trimmed ranges.
 pub const ZERO_BUF: u32 = 0;
 const SB_BUF: u32 = 1;
+/// Metadata buffer ids with this bit are the read cache's own (its superblock, tables,
+/// journal and checkpoint writes when it is persistent).
+const INNER_META: u32 = 1 << 31;
 const HDR_BUF0: u32 = 2;
 /// How long a failed writeback or log repair waits before it is tried again.
 const RETRY_NS: u64 = 50_000_000;
@@ -67,8 +71,10 @@ pub struct WlConfig {
     pub gen_max_blocks: u64,
     /// Staging slots for writeback (each `read_cache.pool_slot_blocks` long).
     pub staging_slots: u32,
-    /// The read cache: its mode is forced to `wa`, it persists nothing (it restarts cold), and
-    /// its `data_offset` must place its lines outside the log region.
+    /// The read cache: its mode is forced to `wa`, and its `data_offset` must place its lines
+    /// outside the log region. With `persist` set it keeps the cache device's superblock and
+    /// tables (configuration, core table with each core's identity) and its clean lines, as
+    /// any persistent `wa` cache does; without, it restarts cold.
     pub read_cache: Config,
 }
 
@@ -181,6 +187,8 @@ enum OwnIo {
     ClientRead { req: ReqId },
     /// Read of log data into a staging slot for writeback.
     WbRead { op: u64 },
+    /// Cache-device flush of a management step (clean stop, invalidate).
+    MgmtFlush,
 }
 
 /// Who waits for a device flush.
@@ -334,6 +342,27 @@ pub struct WriteLog {
     /// Entries a chunk of which failed: they go back to `Logged` once settled.
     failed_entries: BTreeSet<u64>,
     wb_flush_failed: bool,
+    /// A clean stop: no new requests, no new writeback; then a cache-device flush, then the
+    /// read cache stops.
+    stopping: bool,
+    stop_flush: StopFlush,
+    /// `invalidate`: cores whose logged data is to be voided once writeback is idle.
+    invalidating: BTreeSet<u16>,
+    /// Entries `invalidate` is rewriting as void.
+    inv_seqs: BTreeSet<u64>,
+    /// The cache-device flush that makes `invalidate`'s void headers durable.
+    inv_flush: StopFlush,
+    /// Writeback held (see [`WriteLog::set_writeback_paused`]).
+    wb_paused: bool,
+    /// Blocks of logged data dropped by `invalidate`.
+    invalidated_blocks: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopFlush {
+    No,
+    InFlight,
+    Done,
 }
 
 fn ext_src_lba(cfg: &WlConfig, pos: u64) -> u64 {
@@ -341,12 +370,21 @@ fn ext_src_lba(cfg: &WlConfig, pos: u64) -> u64 {
 }
 
 impl WriteLog {
-    fn new_empty(cfg: WlConfig) -> Result<WriteLog, String> {
+    fn new_empty(mut cfg: WlConfig, inner: Option<Cache>) -> Result<WriteLog, String> {
+        let inner = match inner {
+            Some(c) => {
+                if c.mode() != CacheMode::Wa {
+                    return Err("a write log's read cache must be in mode wa".into());
+                }
+                cfg.read_cache = c.config().clone();
+                c
+            }
+            None => {
+                cfg.read_cache.mode = CacheMode::Wa;
+                Cache::new(cfg.read_cache.clone())?
+            }
+        };
         cfg.validate()?;
-        let mut rc = cfg.read_cache.clone();
-        rc.mode = CacheMode::Wa;
-        rc.persist = None;
-        let inner = Cache::new(rc)?;
         let inner_slots = inner.config().pool_slots;
         let free_slots = (inner_slots..inner_slots + cfg.staging_slots)
             .rev()
@@ -400,6 +438,13 @@ impl WriteLog {
             wb_partial: None,
             failed_entries: BTreeSet::new(),
             wb_flush_failed: false,
+            stopping: false,
+            stop_flush: StopFlush::No,
+            invalidating: BTreeSet::new(),
+            inv_seqs: BTreeSet::new(),
+            inv_flush: StopFlush::Done,
+            wb_paused: false,
+            invalidated_blocks: 0,
             cfg,
         })
     }
@@ -407,7 +452,7 @@ impl WriteLog {
     /// A new, empty write log. It writes both superblock copies before it serves (requests
     /// that arrive earlier wait).
     pub fn create(cfg: WlConfig) -> Result<WriteLog, String> {
-        let mut wl = WriteLog::new_empty(cfg)?;
+        let mut wl = WriteLog::new_empty(cfg, None)?;
         // Copy 0 first, then copy 1, both carrying the tail of an empty log.
         wl.sb_copy = 1;
         wl.sb_due = Some((0, 1));
@@ -418,7 +463,26 @@ impl WriteLog {
     /// A write log recovered by [`scan`]: every entry found is kept for writeback; a
     /// superblock with a new epoch is written before anything is served.
     pub fn open(cfg: WlConfig, rec: Recovered) -> Result<WriteLog, String> {
-        let mut wl = WriteLog::new_empty(cfg)?;
+        WriteLog::open_with(cfg, None, rec)
+    }
+
+    /// [`WriteLog::open`] with a read cache loaded from the cache device (its configuration
+    /// replaces `cfg.read_cache`; the cores it records are the log's cores).
+    pub fn open_loaded(cfg: WlConfig, inner: Cache, rec: Recovered) -> Result<WriteLog, String> {
+        WriteLog::open_with(cfg, Some(inner), rec)
+    }
+
+    fn open_with(cfg: WlConfig, inner: Option<Cache>, rec: Recovered) -> Result<WriteLog, String> {
+        let mut wl = WriteLog::new_empty(cfg, inner)?;
+        for i in 0..=u8::MAX as u16 {
+            if let Some(c) = wl.inner.core(CoreId(i)) {
+                let size = c.size_blocks;
+                if wl.cores.len() <= i as usize {
+                    wl.cores.resize(i as usize + 1, None);
+                }
+                wl.cores[i as usize] = Some(size);
+            }
+        }
         if rec.sb.cache_id != wl.cfg.cache_id || rec.sb.ring_blocks != wl.cfg.ring_blocks() {
             return Err("the write log on this device belongs to another cache or geometry".into());
         }
@@ -478,9 +542,128 @@ impl WriteLog {
         Ok(())
     }
 
-    /// Whether the log serves requests (its opening superblock is durable).
+    /// Whether the log serves requests (its opening superblock is durable, and the read
+    /// cache's too when it is persistent).
     pub fn is_ready(&self) -> bool {
-        self.ready
+        self.ready && self.inner.is_ready()
+    }
+
+    /// Records a core's identity and export name (in the read cache's core table; durable
+    /// once [`WriteLog::tables_durable`]).
+    pub fn set_core_record(
+        &mut self,
+        core: CoreId,
+        record: crate::cache::CoreRecord,
+    ) -> Result<(), String> {
+        self.inner.set_core_record(core, record)
+    }
+
+    /// Whether every table change is durable (always, for a read cache without persistence).
+    pub fn tables_durable(&self) -> bool {
+        self.inner.tables_durable()
+    }
+
+    /// Detaches core `core`: refused while the log holds any of its entries (write them back
+    /// first) or requests for it are in flight.
+    pub fn remove_core(&mut self, core: CoreId) -> Result<(), String> {
+        if self.cores.get(core.0 as usize).copied().flatten().is_none() {
+            return Err(format!("no core {}", core.0));
+        }
+        if self
+            .entries
+            .iter()
+            .any(|e| e.core == core.0 && e.kind != LogKind::Pad)
+            || self.pending.iter().any(|p| p.core == core.0)
+        {
+            return Err(format!(
+                "core {} has data in the write log; write it back first",
+                core.0
+            ));
+        }
+        self.inner.remove_core(core).map_err(|e| e.to_string())?;
+        self.cores[core.0 as usize] = None;
+        Ok(())
+    }
+
+    /// Records a new size for core `core` (a shrink below logged data is refused).
+    pub fn resize_core(&mut self, core: CoreId, size_blocks: u64) -> Result<(), String> {
+        if self.entries.iter().any(|e| {
+            e.core == core.0 && e.lba + e.blocks as u64 > size_blocks && e.kind != LogKind::Pad
+        }) {
+            return Err(format!(
+                "core {} has logged data beyond {size_blocks} blocks; write it back first",
+                core.0
+            ));
+        }
+        self.inner
+            .resize_core(core, size_blocks)
+            .map_err(|e| e.to_string())?;
+        if let Some(s) = self.cores.get_mut(core.0 as usize).and_then(|c| c.as_mut()) {
+            *s = size_blocks;
+        }
+        Ok(())
+    }
+
+    /// Begins a clean stop: new requests are refused, no new writeback starts; once nothing
+    /// is in flight the cache device is flushed (every logged entry durable) and the read
+    /// cache stops (its final checkpoint). Logged data stays in the log for the next open.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Whether a clean stop has completed.
+    pub fn is_stopped(&self) -> bool {
+        self.stopping && self.stop_flush == StopFlush::Done && self.inner.is_stopped()
+    }
+
+    /// Drops the logged data of `core` that is not written back (SPEC's `invalidate`): once
+    /// writeback is idle, every entry of that core is rewritten as void and the cache device
+    /// flushed; its blocks then read from the core. Returns the blocks of data it drops; see
+    /// [`WriteLog::invalidate_done`].
+    pub fn invalidate(&mut self, core: CoreId) -> Result<u64, String> {
+        if self.cores.get(core.0 as usize).copied().flatten().is_none() {
+            return Err(format!("no core {}", core.0));
+        }
+        let blocks = self
+            .entries
+            .iter()
+            .filter(|e| e.core == core.0 && e.kind == LogKind::Write)
+            .map(|e| e.blocks as u64)
+            .sum();
+        self.invalidating.insert(core.0);
+        Ok(blocks)
+    }
+
+    /// Whether every `invalidate` asked for has completed (void headers durable), and the
+    /// blocks of logged data dropped so far.
+    pub fn invalidate_done(&self) -> (bool, u64) {
+        (
+            self.invalidating.is_empty()
+                && self.inv_seqs.is_empty()
+                && self.inv_flush == StopFlush::Done,
+            self.invalidated_blocks,
+        )
+    }
+
+    /// Cores attached, with their sizes.
+    pub fn cores(&self) -> Vec<(CoreId, u64)> {
+        self.cores
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (CoreId(i as u16), s)))
+            .collect()
+    }
+
+    /// Holds writeback (`true`) or lets it run again: data stays in the log, writes wait for
+    /// ring space once it is full. For tests and for benchmarks that fill the log (as cleaning
+    /// `nop` does for the other modes).
+    pub fn set_writeback_paused(&mut self, paused: bool) {
+        self.wb_paused = paused;
+    }
+
+    /// The read cache, for its statistics and policies (never for writes or mode changes).
+    pub fn read_cache_mut(&mut self) -> &mut Cache {
+        &mut self.inner
     }
 
     /// Staging slots the driver must allocate (read cache's and writeback's), each
@@ -496,6 +679,9 @@ impl WriteLog {
 
     /// The bytes of a metadata buffer named by a [`BufRef::Meta`] action.
     pub fn meta_buf(&self, id: u32) -> &[u8] {
+        if id & INNER_META != 0 {
+            return self.inner.meta_buf(id & !INNER_META);
+        }
         match id {
             ZERO_BUF => &self.zero,
             SB_BUF => &self.sb_buf,
@@ -636,6 +822,9 @@ impl WriteLog {
         };
         if req.0 >= INTERNAL_REQ {
             return reply(actions, Err(ReqError::OutOfRange));
+        }
+        if self.stopping {
+            return reply(actions, Err(ReqError::NotRunning));
         }
         let Some(size) = self.cores.get(core.0 as usize).copied().flatten() else {
             return reply(actions, Err(ReqError::NoSuchCore));
@@ -1092,6 +1281,9 @@ impl WriteLog {
         let e = self.entry_mut(seq);
         let hb = e.hdr_buf.take().expect("header buffer");
         self.free_hdr.push(hb - HDR_BUF0);
+        if ok && self.inv_seqs.remove(&seq) && self.inv_seqs.is_empty() {
+            self.inv_flush = StopFlush::No;
+        }
         let e = self.entry_mut(seq);
         if ok {
             // Entry spans as before, now void: writeback skips it.
@@ -1212,7 +1404,13 @@ impl WriteLog {
     // ----- writeback -----
 
     fn run_writeback(&mut self, acts: &mut Vec<Action>) {
-        if self.sb_in_flight || self.sb_due.is_some() || !self.ready {
+        if self.sb_in_flight
+            || self.sb_due.is_some()
+            || !self.ready
+            || (self.stopping && self.pending.is_empty())
+            || self.wb_paused
+            || !self.invalidating.is_empty()
+        {
             return;
         }
         if let Some(t) = self.wb_retry_at {
@@ -1574,6 +1772,23 @@ impl WriteLog {
                 self.finish_read_if_done(req, acts);
             }
             OwnIo::WbRead { op } => self.wb_read_done(op, ok),
+            OwnIo::MgmtFlush => {
+                let next = if ok { StopFlush::Done } else { StopFlush::No };
+                if self.stop_flush == StopFlush::InFlight {
+                    self.stop_flush = next;
+                    if ok {
+                        self.inner.stop();
+                        self.inner_events.push_back(Event::Tick);
+                    }
+                }
+                if self.inv_flush == StopFlush::InFlight {
+                    self.inv_flush = next;
+                }
+                if !ok {
+                    self.counters.log_errors += 1;
+                    self.void_retry_at = Some(Nanos(self.now.0 + RETRY_NS));
+                }
+            }
         }
     }
 
@@ -1598,6 +1813,10 @@ impl WriteLog {
                     offset,
                 }
             }
+            BufRef::Meta { id, offset } => BufRef::Meta {
+                id: id | INNER_META,
+                offset,
+            },
             other => other,
         }
     }
@@ -1683,6 +1902,67 @@ impl WriteLog {
         }
     }
 
+    /// Management steps: `invalidate`'s voiding once writeback is idle, and the flushes of
+    /// `invalidate` and of a clean stop.
+    fn run_mgmt(&mut self, acts: &mut Vec<Action>) {
+        let wb_idle = self.wb_ops.is_empty() && !self.wb_flushing && self.wb_partial.is_none();
+        if !self.invalidating.is_empty() && wb_idle {
+            let cores = std::mem::take(&mut self.invalidating);
+            let victims: Vec<u64> = self
+                .entries
+                .iter()
+                .filter(|e| {
+                    cores.contains(&e.core)
+                        && e.state == EState::Logged
+                        && matches!(e.kind, LogKind::Write | LogKind::Trim | LogKind::Zero)
+                })
+                .map(|e| e.seq)
+                .collect();
+            for seq in victims {
+                let e = self.entry_mut(seq).clone();
+                self.index
+                    .retire(e.core, e.lba, e.lba + e.blocks as u64, e.seq);
+                if e.kind == LogKind::Write {
+                    self.invalidated_blocks += e.blocks as u64;
+                }
+                self.inv_seqs.insert(seq);
+                self.issue_void(seq, acts);
+            }
+            self.inv_flush = if self.inv_seqs.is_empty() {
+                StopFlush::Done
+            } else {
+                StopFlush::No
+            };
+        }
+        let can_flush = !self.flush_in_flight && self.void_retry_at.is_none_or(|t| self.now >= t);
+        if self.inv_flush == StopFlush::No && self.inv_seqs.is_empty() && can_flush {
+            self.inv_flush = StopFlush::InFlight;
+            let io = self.new_io(OwnIo::MgmtFlush);
+            acts.push(Action::Flush {
+                io,
+                dev: Dev::Cache,
+            });
+        }
+        if self.stopping && self.stop_flush == StopFlush::No && can_flush {
+            let quiet = self.ios.iter().all(Option::is_none)
+                && self.reads.is_empty()
+                && self.pending.is_empty()
+                && self.wb_ops.is_empty()
+                && self.flush_waiters.is_empty()
+                && self.sb_due.is_none()
+                && self.inv_seqs.is_empty()
+                && self.inv_flush == StopFlush::Done;
+            if quiet {
+                self.stop_flush = StopFlush::InFlight;
+                let io = self.new_io(OwnIo::MgmtFlush);
+                acts.push(Action::Flush {
+                    io,
+                    dev: Dev::Cache,
+                });
+            }
+        }
+    }
+
     fn maintain(&mut self, acts: &mut Vec<Action>, crc: &mut dyn FnMut(ReqId) -> u32) {
         for _ in 0..64 {
             let before = acts.len() + self.inner_events.len();
@@ -1711,6 +1991,7 @@ impl WriteLog {
             self.continue_partial(acts);
             self.run_writeback(acts);
             self.run_super(acts);
+            self.run_mgmt(acts);
             self.pump_inner(acts);
             if acts.len() + self.inner_events.len() == before && self.inner_events.is_empty() {
                 break;

@@ -1,0 +1,130 @@
+//! Helpers shared by the engine's tests: a seeded RNG, self-describing block contents, the
+//! per-block window of legal values after a power cut, and persistent configurations.
+#![allow(dead_code)]
+
+use tiercache_core::Config;
+use tiercache_core::cache::CoreRecord;
+use tiercache_core::config::Persist;
+use tiercache_core::mode::CacheMode;
+use tiercache_core::units::{Lba, LineSize};
+use tiercache_format::superblock::Layout;
+use tiercache_format::tables::CoreIdentity;
+
+pub const BS: usize = 512;
+
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A persistent configuration for a cache device of `device_bytes` (1 MiB journal).
+pub fn persistent(device_bytes: u64, ls: LineSize, mode: CacheMode, id: u8) -> Config {
+    let (layout, lines) = Layout::plan(device_bytes, ls.bytes() as u32, 1 << 20).expect("plan");
+    let mut cfg = Config::new(lines, ls);
+    cfg.mode = mode;
+    cfg.data_offset = Lba(layout.data.offset / 512);
+    cfg.pool_slots = 8;
+    cfg.pool_slot_blocks = 256;
+    cfg.persist = Some(Persist::new_cache(
+        [id; 16],
+        device_bytes,
+        ls,
+        lines,
+        layout,
+    ));
+    cfg
+}
+
+pub fn record(i: u16) -> CoreRecord {
+    CoreRecord {
+        identity: CoreIdentity::File {
+            fs_uuid: [1; 16],
+            inode: i as u64,
+        },
+        export_name: format!("core{i}"),
+        device: String::new(),
+    }
+}
+
+/// Block content: (block, version) header, then a pattern; version 0 is all zeros.
+pub fn fill(buf: &mut [u8], block: u64, version: u64) {
+    buf.fill(0);
+    if version == 0 {
+        return;
+    }
+    buf[..8].copy_from_slice(&block.to_le_bytes());
+    buf[8..16].copy_from_slice(&version.to_le_bytes());
+    for (i, b) in buf[16..].iter_mut().enumerate() {
+        *b = (version as usize * 31 + i) as u8;
+    }
+}
+
+/// The version a block holds, `None` if it is not a valid block of this address.
+pub fn decode(buf: &[u8], block: u64) -> Option<u64> {
+    if buf.iter().all(|&b| b == 0) {
+        return Some(0);
+    }
+    let mut expect = vec![0u8; BS];
+    let v = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    fill(&mut expect, block, v);
+    (expect == buf).then_some(v)
+}
+
+/// Per block of one thread's region: every version written since (and including) the newest
+/// one a completed flush covered.
+pub struct Window {
+    pub since_flush: Vec<Vec<u64>>,
+}
+
+impl Window {
+    pub fn new(n: usize) -> Window {
+        Window {
+            since_flush: vec![vec![0]; n],
+        }
+    }
+    pub fn wrote(&mut self, b: usize, v: u64) {
+        self.since_flush[b].push(v);
+    }
+    pub fn flushed(&mut self) {
+        for h in &mut self.since_flush {
+            let last = *h.last().expect("never empty");
+            h.clear();
+            h.push(last);
+        }
+    }
+}
+
+/// A `wl` configuration for a cache device of `device_bytes`: a persistent read cache (1 MiB
+/// journal) and a write log of `log_bytes`.
+pub fn wl_config(
+    device_bytes: u64,
+    log_bytes: u64,
+    ls: LineSize,
+    id: u8,
+) -> tiercache_core::wl::WlConfig {
+    let (layout, lines) =
+        Layout::plan_wl(device_bytes, ls.bytes() as u32, 1 << 20, log_bytes).expect("plan");
+    let mut cfg = Config::new(lines, ls);
+    cfg.mode = CacheMode::Wa;
+    cfg.data_offset = Lba(layout.data.offset / 512);
+    cfg.pool_slots = 8;
+    cfg.pool_slot_blocks = 256;
+    cfg.persist = Some(Persist::new_cache(
+        [id; 16],
+        device_bytes,
+        ls,
+        lines,
+        layout,
+    ));
+    let mut wl = tiercache_core::wl::WlConfig::on_device(cfg).expect("wl config");
+    wl.staging_slots = 8;
+    wl
+}
