@@ -114,6 +114,53 @@ fn load(dev: &Dev) -> Result<LoadReport, String> {
     open(&base_config(), &mut read).map(|(_, r)| r)
 }
 
+/// What a write log (mode `wl`) holds: scanned read-only as recovery would.
+struct LogSummary {
+    entries: usize,
+    data_blocks: u64,
+    generations: Option<(u64, u64)>,
+    ring_bytes: u64,
+    used_bytes: u64,
+}
+
+fn scan_log(dev: &Dev) -> Result<LogSummary, String> {
+    let mut read = |off: u64, buf: &mut [u8]| dev.read(off, buf);
+    let (cache, _) = open(&base_config(), &mut read)?;
+    let cfg = tiercache_core::wl::WlConfig::on_device(cache.config().clone())?;
+    let mut read_lba = |lba: tiercache_core::units::Lba, buf: &mut [u8]| dev.read(lba.0 * 512, buf);
+    let rec = tiercache_core::wl::scan(&cfg, &mut read_lba)?;
+    Ok(LogSummary {
+        entries: rec.entries.len(),
+        data_blocks: rec
+            .entries
+            .iter()
+            .filter(|h| h.kind.has_data())
+            .map(|h| h.blocks as u64)
+            .sum(),
+        generations: rec
+            .entries
+            .first()
+            .zip(rec.entries.last())
+            .map(|(a, b)| (a.gen_, b.gen_)),
+        ring_bytes: rec.sb.ring_blocks * 512,
+        used_bytes: (rec.head_pos - rec.sb.tail_pos) * 512,
+    })
+}
+
+fn log_words(l: &LogSummary) -> String {
+    format!(
+        "{} entries ({} bytes of data not written back{}), {} of {} log bytes in use",
+        l.entries,
+        l.data_blocks * 512,
+        match l.generations {
+            Some((a, b)) => format!(", generations {a}..={b}"),
+            None => String::new(),
+        },
+        l.used_bytes,
+        l.ring_bytes
+    )
+}
+
 /// `tiercache inspect`.
 pub fn inspect(a: InspectArgs) -> Result<(), String> {
     let dev = Dev::open(&a.cache_device)?;
@@ -121,10 +168,16 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
     let (sb, copy, other) = read_superblock(&mut read)?;
     let (config, cores) = read_tables(&mut read, copy)?;
     let report = load(&dev);
-    let mode = ["wt", "wb", "wa", "wi", "pt", "wo"]
-        .get((config.mode as usize).wrapping_sub(1))
-        .copied()
-        .unwrap_or("?");
+    let wl = sb.layout.log.bytes > 0;
+    let mode = if wl {
+        "wl"
+    } else {
+        ["wt", "wb", "wa", "wi", "pt", "wo"]
+            .get((config.mode as usize).wrapping_sub(1))
+            .copied()
+            .unwrap_or("?")
+    };
+    let log = wl.then(|| scan_log(&dev));
     if a.json {
         let j = json!({
             "device": a.cache_device.display().to_string(),
@@ -145,6 +198,15 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
                 "checkpoint0": [sb.layout.checkpoint[0].offset, sb.layout.checkpoint[0].bytes],
                 "checkpoint1": [sb.layout.checkpoint[1].offset, sb.layout.checkpoint[1].bytes],
                 "data": [sb.layout.data.offset, sb.layout.data.bytes],
+                "log": [sb.layout.log.offset, sb.layout.log.bytes],
+            },
+            "write_log": match &log {
+                None => serde_json::Value::Null,
+                Some(Ok(l)) => json!({"ok": true, "entries": l.entries,
+                    "dirty_bytes": l.data_blocks * 512,
+                    "generations": l.generations.map(|(a, b)| [a, b]),
+                    "log_bytes_used": l.used_bytes, "log_bytes": l.ring_bytes}),
+                Some(Err(e)) => json!({"ok": false, "error": e}),
             },
             "cores": cores.iter().map(|c| json!({
                 "id": c.id,
@@ -231,6 +293,11 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
             r.journal_records
         ),
         Err(e) => println!("  a load would FAIL: {e}"),
+    }
+    match log {
+        None => {}
+        Some(Ok(l)) => println!("  write log: {}", log_words(&l)),
+        Some(Err(e)) => println!("  write log: a scan FAILS: {e}"),
     }
     Ok(())
 }
@@ -377,6 +444,15 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
         Err(e) => {
             println!("  load: FAILS — {e}");
             problems += 1;
+        }
+    }
+    if sb.layout.log.bytes > 0 {
+        match scan_log(&dev) {
+            Ok(l) => println!("  write log: ok — {}", log_words(&l)),
+            Err(e) => {
+                println!("  write log: FAILS — {e}");
+                problems += 1;
+            }
         }
     }
     if problems > 0 {

@@ -370,9 +370,19 @@ fn env_u64(k: &str, d: u64) -> u64 {
 
 #[test]
 fn sigkill_under_verifying_load_with_power_cuts() {
-    let kills = env_u64("TIERCACHE_KILLS", 50) as usize;
+    run("wb", env_u64("TIERCACHE_KILLS", 50) as usize);
+}
+
+/// The same for mode `wl`: the log is written back all the time (to a core no faster than the
+/// log here), so most kills land during writeback of some generation.
+#[test]
+fn sigkill_wl_under_verifying_load_with_power_cuts() {
+    run("wl", env_u64("TIERCACHE_WL_KILLS", 30) as usize);
+}
+
+fn run(mode: &str, kills: usize) {
     let seed = env_u64("TIERCACHE_SEED", 0x5eed);
-    let dir = std::env::temp_dir().join(format!("tc-sigkill-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tc-sigkill-{mode}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let d = Dir(dir);
@@ -386,17 +396,22 @@ fn sigkill_under_verifying_load_with_power_cuts() {
         .set_len(CORE_BYTES)
         .unwrap();
     let cfg = d.path("tc.toml");
+    let params = if mode == "wl" {
+        ""
+    } else {
+        "[cache.params]\ncleaning = { policy = \"acp\" }\n"
+    };
     std::fs::write(
         &cfg,
         format!(
-            "[[cache]]\nid = 1\ndevice = \"powercut:{cache}\"\nmode = \"wb\"\nline_size = \"4k\"\n\
-             [cache.params]\ncleaning = {{ policy = \"acp\" }}\n\
+            "[[cache]]\nid = 1\ndevice = \"powercut:{cache}\"\nmode = \"{mode}\"\nline_size = \"4k\"\n\
+             {params}\
              [[cache.core]]\nid = 0\ndevice = \"powercut:{core}\"\nexport = \"vol\"\n"
         ),
     )
     .unwrap();
     println!(
-        "SIGKILL test: {kills} kills, seed {seed:#x}; cache {CACHE_BYTES} B, core {CORE_BYTES} B, {WORKERS} connections"
+        "SIGKILL test ({mode}): {kills} kills, seed {seed:#x}; cache {CACHE_BYTES} B, core {CORE_BYTES} B, {WORKERS} connections"
     );
 
     let mut rng = Rng(seed);
@@ -408,6 +423,7 @@ fn sigkill_under_verifying_load_with_power_cuts() {
     for round in 1..=kills {
         // Mode changes on some rounds: each leaves wb with a full writeback.
         match round % 7 {
+            _ if mode == "wl" => {}
             3 => {
                 dm.tc(&["set-mode", "--cache-id", "1", "--mode", "wt"])
                     .expect("set-mode wt");
@@ -502,7 +518,7 @@ fn sigkill_under_verifying_load_with_power_cuts() {
     let written = oracle.iter().filter(|s| s.floor != 0).count();
     dm.shutdown();
     println!(
-        "SIGKILL test passed: {kills} kills, {} writes, {} flushes verified over {} sectors holding data; 0 lost flushed writes, 0 stale or torn blocks, 0 flip-flops, every recovery succeeded",
+        "SIGKILL test ({mode}) passed: {kills} kills, {} writes, {} flushes verified over {} sectors holding data; 0 lost flushed writes, 0 stale or torn blocks, 0 flip-flops, every recovery succeeded",
         total.writes, total.flushes, written
     );
     assert!(total.flushes > 0 && total.writes > 0);

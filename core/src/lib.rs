@@ -33,6 +33,6 @@ pub mod wl;
 
 pub use cache::Cache;
 pub use config::Config;
-pub use machine::Machine;
 pub use event::{Action, BufRef, Dev, Event, IoError, ReqError};
+pub use machine::Machine;
 pub use mode::CacheMode;

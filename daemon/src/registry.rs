@@ -30,6 +30,7 @@ use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{CleaningPolicy, CutoffParams, CutoffPolicy, PromotionPolicy};
 use tiercache_core::units::{CoreId, Lba, LineSize};
+use tiercache_core::wl::WlConfig;
 use tiercache_core::{Config, config::Persist};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
 use tiercache_format::superblock::Layout;
@@ -225,6 +226,69 @@ pub fn plan_cache(
     Ok((cfg, space))
 }
 
+/// A new `wl` cache on a device of `bytes`: half of it (in MiB) is the write log, the rest
+/// the read cache's metadata and lines.
+pub fn plan_wl_cache(bytes: u64, ls: LineSize) -> Result<(WlConfig, Value), String> {
+    let log_bytes = (bytes / 2) & !((1 << 20) - 1);
+    let (layout, lines) =
+        Layout::plan_wl(bytes, ls.bytes() as u32, journal_bytes(bytes / 2), log_bytes)
+            .ok_or_else(|| {
+                format!(
+                    "the cache device ({bytes} bytes) is too small for a write log, its read cache's metadata and one {ls} line"
+                )
+            })?;
+    let mut rc = Config::new(lines, ls);
+    rc.mode = CacheMode::Wa;
+    rc.data_offset = Lba(layout.data.offset / 512);
+    rc.persist = Some(Persist::new_cache(new_uuid(), bytes, ls, lines, layout));
+    rc.validate()?;
+    let cfg = WlConfig::on_device(rc)?;
+    cfg.validate()?;
+    let rc = &cfg.read_cache;
+    let ram = rc.lines as u64 * RAM_PER_LINE
+        + (rc.pool_slots + cfg.staging_slots) as u64 * rc.pool_slot_blocks as u64 * 512;
+    let space = json!({
+        "lines": rc.lines,
+        "line_size": ls.bytes(),
+        "data_bytes": rc.lines as u64 * ls.bytes(),
+        "log_bytes": layout.log.bytes,
+        "metadata_bytes_on_device": layout.data.offset - layout.log.bytes,
+        "ram_bytes": ram,
+    });
+    Ok((cfg, space))
+}
+
+/// The mode a running cache serves in (`wl` for a write log).
+fn mode_name(e: &Engine) -> String {
+    if e.is_wl() {
+        "wl".into()
+    } else {
+        e.with_cache(|c| c.mode().to_string())
+    }
+}
+
+/// Whether the cache may hold dirty data of any core now (a lazy mode, or switching to one).
+fn lazy_now(e: &Engine) -> bool {
+    e.is_wl()
+        || e.with_cache(|c| c.mode().is_lazy() || c.target_mode().is_some_and(CacheMode::is_lazy))
+}
+
+/// Whether the cache holds data of core `i` not yet on it (dirty lines; for `wl`, log entries).
+fn core_has_dirty(e: &Engine, i: u16) -> bool {
+    e.with_machine(|m| match m.wl() {
+        Some(w) => w.pending(Some(CoreId(i))).0 > 0,
+        None => m.cache().core_lines(CoreId(i)).1 > 0,
+    })
+}
+
+/// Dirty bytes of a cache (for `wl`: log data not yet written back).
+fn dirty_bytes(e: &Engine) -> u64 {
+    e.with_machine(|m| match m.wl() {
+        Some(w) => w.pending(None).1 * 512,
+        None => m.cache().dirty_blocks() * 512,
+    })
+}
+
 /// What a device holds at its start: a tiercache cache (its superblock's identity), other
 /// data, or nothing (zeros).
 enum Holds {
@@ -285,14 +349,21 @@ impl Registry {
         if p.load && p.force {
             return Err("--load and --force contradict each other: pick one".into());
         }
+        let wl = p.mode == Some("wl");
         let mode = match p.mode {
-            Some(m) => Some(
-                CacheMode::parse(m)
-                    .ok_or_else(|| format!("unknown mode '{m}' (want wt, wb, wa, wi, pt or wo)"))?,
-            ),
+            Some("wl") => None,
+            Some(m) => Some(CacheMode::parse(m).ok_or_else(|| {
+                format!("unknown mode '{m}' (want wt, wb, wa, wi, pt, wo or wl)")
+            })?),
             None => None,
         };
-        if p.load && (mode.is_some() || p.line_size.is_some()) {
+        if wl && spec.volatile() {
+            return Err(format!(
+                "{}: mode wl keeps acknowledged writes in its log, which a ram: device loses at a crash; use a file or block device",
+                p.device
+            ));
+        }
+        if p.load && (mode.is_some() || wl || p.line_size.is_some()) {
             return Err(
                 "--load takes mode and line size from the device; drop --mode/--line-size".into(),
             );
@@ -364,10 +435,19 @@ impl Registry {
             if let Some(path) = spec.path() {
                 preallocate(path)?;
             }
-            let mode = mode.unwrap_or(CacheMode::Wt);
-            let (cfg, space) = plan_cache(dev.blocks() * 512, ls, mode, spec.volatile())?;
-            let e = Engine::create(cfg, dev.clone(), vec![], engine_config())?;
-            (CacheRun::Running(Arc::new(e)), spec.volatile(), ls, space)
+            let e = if wl {
+                let (cfg, space) = plan_wl_cache(dev.blocks() * 512, ls)?;
+                let e = Engine::create_wl(cfg, dev.clone(), vec![], engine_config())?;
+                (e, space)
+            } else {
+                let mode = mode.unwrap_or(CacheMode::Wt);
+                let (cfg, space) = plan_cache(dev.blocks() * 512, ls, mode, spec.volatile())?;
+                (
+                    Engine::create(cfg, dev.clone(), vec![], engine_config())?,
+                    space,
+                )
+            };
+            (CacheRun::Running(Arc::new(e.0)), spec.volatile(), ls, e.1)
         };
         let mut caches = self.lock();
         let id = match p.id {
@@ -715,9 +795,7 @@ impl Registry {
                     // waits for the marker lock, held here until the core is listed.
                     let uuid = engine_uuid(engine);
                     check_marker(device, r, &uuid)?;
-                    let lazy = engine.with_cache(|c| {
-                        c.mode().is_lazy() || c.target_mode().is_some_and(CacheMode::is_lazy)
-                    });
+                    let lazy = lazy_now(engine);
                     r.set_dirty_marker(lazy.then_some(uuid.as_str()))
                         .map_err(|e| format!("{device}: dirty marker: {e}"))?;
                 }
@@ -785,6 +863,9 @@ impl Registry {
             Some(k) => self.check_core(cache_id, k)?,
             None => self.engine(cache_id)?,
         };
+        if e.is_wl() {
+            return self.writeback_wl(cache_id, &e, only, progress);
+        }
         let dirty = |c: &Cache| match only {
             Some(k) => c.core_lines(CoreId(k)).1 as u64,
             None => c.dirty_lines() as u64,
@@ -817,6 +898,48 @@ impl Registry {
         }
         Ok(json!({"cache_id": cache_id, "lines_written_back": total,
             "seconds": t0.elapsed().as_secs_f64()}))
+    }
+
+    /// `writeback` of a write log (PWL's `persistent-cache flush`): the log is written back
+    /// generation by generation all the time; this waits until nothing of the core(s) is left
+    /// in it, with progress in blocks.
+    fn writeback_wl(
+        &self,
+        cache_id: u16,
+        e: &Engine,
+        only: Option<u16>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Value, String> {
+        let left = || {
+            e.with_machine(|m| {
+                let w = m.wl_mut().expect("a write log");
+                w.set_writeback_paused(false);
+                w.pending(only.map(CoreId))
+            })
+        };
+        let total = left().1;
+        let t0 = Instant::now();
+        loop {
+            let (entries, blocks) = left();
+            progress(total.saturating_sub(blocks), total.max(blocks));
+            if entries == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _m = lock_markers(&self.markers);
+        let rbds: Vec<(u16, Arc<RbdBackend>)> = self
+            .rbd_cores(cache_id)
+            .into_iter()
+            .filter(|(i, _)| only.is_none_or(|k| k == *i))
+            .collect();
+        if !rbds.is_empty() {
+            sync_markers(e, &rbds, false)?;
+        }
+        Ok(
+            json!({"cache_id": cache_id, "bytes_written_back": total * 512,
+            "seconds": t0.elapsed().as_secs_f64()}),
+        )
     }
 
     /// The RBD cores of a cache, with their handles.
@@ -890,11 +1013,14 @@ impl Registry {
             matches!(c.run, CacheRun::Running(_))
         };
         let mut dirty = 0;
+        let mut dirty_b = 0;
         if running {
             if !no_writeback {
                 self.writeback(cache_id, None, progress)?;
             }
-            dirty = self.engine(cache_id)?.with_cache(|c| c.dirty_lines());
+            let e = self.engine(cache_id)?;
+            dirty = e.with_cache(|c| c.dirty_lines());
+            dirty_b = dirty_bytes(&e);
         }
         let entry = self.lock().remove(&cache_id);
         let Some(entry) = entry else {
@@ -936,8 +1062,17 @@ impl Registry {
                 }
             }
         }
-        crate::log!(info, "cache stopped", cache = cache_id, dirty_lines = dirty);
-        Ok(json!({"cache_id": cache_id, "stopped": true, "dirty_lines_kept": dirty}))
+        crate::log!(
+            info,
+            "cache stopped",
+            cache = cache_id,
+            dirty_lines = dirty,
+            dirty_bytes = dirty_b
+        );
+        Ok(
+            json!({"cache_id": cache_id, "stopped": true, "dirty_lines_kept": dirty,
+            "dirty_bytes_kept": dirty_b}),
+        )
     }
 
     /// Cache ids.
@@ -950,16 +1085,21 @@ impl Registry {
         let caches = self.lock();
         let mut out = Vec::new();
         for c in caches.values() {
+            let mut dirty_b = 0;
             let (mode, lines, occ, dirty, why) = match &c.run {
-                CacheRun::Running(e) => e.with_cache(|k| {
-                    (
-                        k.mode().to_string(),
-                        k.config().lines,
-                        k.occupancy(),
-                        k.dirty_lines(),
-                        Value::Null,
-                    )
-                }),
+                CacheRun::Running(e) => {
+                    dirty_b = dirty_bytes(e);
+                    let mode = mode_name(e);
+                    e.with_cache(|k| {
+                        (
+                            mode,
+                            k.config().lines,
+                            k.occupancy(),
+                            k.dirty_lines(),
+                            Value::Null,
+                        )
+                    })
+                }
                 CacheRun::Incomplete(_, r, _) => (
                     "-".into(),
                     r.superblock.lines,
@@ -984,7 +1124,8 @@ impl Registry {
             out.push(
                 json!({"cache_id": c.id, "device": c.device, "state": c.state(),
                 "mode": mode, "line_size": c.line_size.bytes(), "lines": lines,
-                "occupancy_lines": occ, "dirty_lines": dirty, "reason": why,
+                "occupancy_lines": occ, "dirty_lines": dirty, "dirty_bytes": dirty_b,
+                "reason": why,
                 "cores": cores}),
             );
         }
@@ -1085,9 +1226,16 @@ impl Registry {
 
     /// `set-mode`.
     pub fn set_mode(&self, cache_id: u16, mode: &str) -> Result<Value, String> {
+        let wl_refusal = "a cache cannot switch to or from mode wl (the log and the read cache have their own layout): stop the cache (it writes back first) and start-cache --force --mode ... on the device";
+        if mode == "wl" {
+            return Err(wl_refusal.into());
+        }
         let m = CacheMode::parse(mode)
             .ok_or_else(|| format!("unknown mode '{mode}' (want wt, wb, wa, wi, pt or wo)"))?;
         let e = self.engine(cache_id)?;
+        if e.is_wl() {
+            return Err(wl_refusal.into());
+        }
         {
             // A lazy mode may dirty any core at once: mark RBD cores first. A non-lazy one
             // lets their markers go when nothing is dirty any more.
@@ -1143,6 +1291,26 @@ impl Registry {
     /// `invalidate`.
     pub fn invalidate(&self, cache_id: u16, core_id: u16) -> Result<Value, String> {
         let e = self.check_core(cache_id, core_id)?;
+        if e.is_wl() {
+            let dropped =
+                e.with_machine(|m| m.wl_mut().expect("a write log").invalidate(CoreId(core_id)))?;
+            e.wait(|m| m.wl().is_some_and(|w| w.invalidate_done().0));
+            let lines = e
+                .with_cache(|c| c.invalidate_core(CoreId(core_id)))
+                .map(|x| x.0)
+                .unwrap_or(0);
+            crate::log!(
+                warn,
+                "core invalidated",
+                cache = cache_id,
+                core = core_id,
+                log_blocks_dropped = dropped
+            );
+            return Ok(
+                json!({"cache_id": cache_id, "core_id": core_id, "lines_dropped": lines,
+                "dirty_bytes_dropped": dropped * 512}),
+            );
+        }
         let mut tries = 0;
         let (lines, dirty) = loop {
             match e.with_cache(|c| c.invalidate_core(CoreId(core_id))) {
@@ -1270,10 +1438,7 @@ fn check_marker(device: &str, r: &RbdBackend, uuid: &str) -> Result<(), String> 
 fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> Result<(), String> {
     let uuid = engine_uuid(e);
     for (i, r) in cores {
-        let want = e.with_cache(|c| {
-            let lazy = c.mode().is_lazy() || c.target_mode().is_some_and(CacheMode::is_lazy);
-            (lazy && !stopped) || c.core_lines(CoreId(*i)).1 > 0
-        });
+        let want = (lazy_now(e) && !stopped) || core_has_dirty(e, *i);
         r.set_dirty_marker(want.then_some(uuid.as_str()))
             .map_err(|err| format!("core {i}: dirty marker: {err}"))?;
     }

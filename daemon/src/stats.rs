@@ -147,6 +147,14 @@ pub fn cache_stats(
         out["io_classes"] = json!(classes);
         Ok(out)
     })?;
+    if let Some(w) = e.with_machine(|m| m.wl().map(wl_block)) {
+        // Mode `wl`: the log is what is dirty and what writeback drains; the counters above
+        // ("requests", "usage", per core) are the read cache's.
+        v["mode"] = json!("wl");
+        v["usage"]["dirty_bytes"] = w["dirty_bytes"].clone();
+        v["writeback"]["bytes"] = w["written_back_bytes"].clone();
+        v["write_log"] = w;
+    }
     // Dirty-data risk (SPEC C20): bytes at risk if the cache device dies, and how long the
     // cleaner needs at the rate it has been writing back.
     let wb_blocks = v["writeback"]["bytes"].as_u64().unwrap_or(0) / 512;
@@ -160,6 +168,34 @@ pub fn cache_stats(
     });
     let _ = lsz;
     Ok(v)
+}
+
+/// The write log's state, like the persistent-cache block of `rbd status`.
+fn wl_block(w: &tiercache_core::wl::WriteLog) -> Value {
+    let k = w.counters();
+    let (used, ring) = w.log_fill();
+    let (entries, dirty) = w.pending(None);
+    json!({
+        "present": true,
+        "clean": w.is_clean(),
+        "dirty_bytes": dirty * 512,
+        "entries": entries,
+        "generation_lag": w.generation_lag(),
+        "log_bytes_used": used * 512,
+        "log_bytes": ring * 512,
+        "log_fill_pct": pct(used, ring),
+        "read_hits_full": k.read_hits_full,
+        "read_hits_partial": k.read_hits_partial,
+        "read_misses": k.read_misses,
+        "entries_logged": k.entries_logged,
+        "logged_bytes": k.blocks_logged * 512,
+        "entries_written_back": k.entries_written_back,
+        "written_back_bytes": k.blocks_written_back * 512,
+        "generations_retired": k.gens_retired,
+        "writes_waited_for_space": k.waited_for_space,
+        "log_errors": k.log_errors,
+        "writeback_errors": k.wb_errors,
+    })
 }
 
 fn add(a: &mut ReqCounters, b: &ReqCounters) {
@@ -249,6 +285,16 @@ pub fn metrics(reg: &Registry) -> String {
             "in_flight_ios",
             "Device IOs in flight.",
             &["engine", "in_flight"],
+        ),
+        (
+            "wl_log_fill_ratio",
+            "Mode wl: share of the log ring in use (0-100).",
+            &["write_log", "log_fill_pct"],
+        ),
+        (
+            "wl_generation_lag",
+            "Mode wl: sync generations between the one being written back and the open one.",
+            &["write_log", "generation_lag"],
         ),
     ];
     let counters: &[(&str, &str, &[&str])] = &[

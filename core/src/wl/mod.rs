@@ -253,6 +253,8 @@ pub struct WlCounters {
     pub read_misses: u64,
     /// Entries written back.
     pub entries_written_back: u64,
+    /// Blocks of data written back.
+    pub blocks_written_back: u64,
     /// Generations retired.
     pub gens_retired: u64,
     /// Writeback IOs that failed (retried).
@@ -721,6 +723,23 @@ impl WriteLog {
             .map_or(0, |e| self.open_gen.saturating_sub(e.gen_))
     }
 
+    /// Entries in the log (not yet retired) of `core` (every core: `None`), and the blocks of
+    /// data they hold that are not yet written back.
+    pub fn pending(&self, core: Option<CoreId>) -> (u64, u64) {
+        let mut n = 0;
+        let mut blocks = 0;
+        for e in &self.entries {
+            if e.kind == LogKind::Pad || core.is_some_and(|c| c.0 != e.core) {
+                continue;
+            }
+            n += 1;
+            if e.kind == LogKind::Write && e.state != EState::Done {
+                blocks += e.blocks as u64;
+            }
+        }
+        (n, blocks)
+    }
+
     /// Whether everything logged has been written back.
     pub fn is_clean(&self) -> bool {
         self.entries.is_empty() && self.pending.is_empty()
@@ -780,7 +799,7 @@ impl WriteLog {
                 }
             }
             Event::Tick => self.inner_events.push_back(Event::Tick),
-            ev if !self.ready => self.not_ready.push_back(ev),
+            ev if !self.is_ready() => self.not_ready.push_back(ev),
             ev => self.on_request(ev, actions),
         }
         self.maintain(actions, data_crc);
@@ -1406,7 +1425,7 @@ impl WriteLog {
     fn run_writeback(&mut self, acts: &mut Vec<Action>) {
         if self.sb_in_flight
             || self.sb_due.is_some()
-            || !self.ready
+            || !self.is_ready()
             || (self.stopping && self.pending.is_empty())
             || self.wb_paused
             || !self.invalidating.is_empty()
@@ -1656,8 +1675,15 @@ impl WriteLog {
             if self.failed_entries.remove(&seq) {
                 self.entry_mut(seq).state = EState::Logged;
             } else {
-                self.entry_mut(seq).state = EState::Done;
+                let e = self.entry_mut(seq);
+                e.state = EState::Done;
+                let b = if e.kind == LogKind::Write {
+                    e.blocks as u64
+                } else {
+                    0
+                };
                 self.counters.entries_written_back += 1;
+                self.counters.blocks_written_back += b;
             }
         }
     }
@@ -1967,7 +1993,7 @@ impl WriteLog {
         for _ in 0..64 {
             let before = acts.len() + self.inner_events.len();
             self.pump_inner(acts);
-            if self.ready {
+            if self.is_ready() {
                 while let Some(ev) = self.not_ready.pop_front() {
                     self.on_request(ev, acts);
                 }
