@@ -12,14 +12,11 @@
 //! `TIERCACHE_POWERCUT_ROUNDS=N` runs more rounds.
 
 use std::sync::Arc;
+use tiercache_core::ReqError;
 use tiercache_core::cache::CoreRecord;
-use tiercache_core::config::Persist;
 use tiercache_core::mode::CacheMode;
-use tiercache_core::units::{CoreId, Lba, LineSize};
-use tiercache_core::{Config, ReqError};
+use tiercache_core::units::{CoreId, LineSize};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
-use tiercache_format::superblock::Layout;
-use tiercache_format::tables::CoreIdentity;
 use tiercache_io::{AlignedBuf, FaultBackend, FaultConfig, PowerCutPattern, RamBackend};
 
 mod common;

@@ -133,7 +133,7 @@ fn wl_power_cut_loses_no_flushed_write() {
     const REGION: u64 = 2048;
     let mut totals = (0u64, 0u64, 0u64);
     for round in 0..rounds() {
-        let mut rng = Rng(0x7a11_0c ^ ((round + 1) * 0x9e37_79b9));
+        let mut rng = Rng(0x007a_110c ^ ((round + 1) * 0x9e37_79b9));
         let track = FaultConfig::default();
         let cache = Arc::new(FaultBackend::new(RamBackend::new(16 << 11), track.clone()));
         // A core slower than the log (most rounds), so that the kill finds data not yet

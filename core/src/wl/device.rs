@@ -43,13 +43,16 @@ impl WlConfig {
     }
 }
 
+/// How [`open_device`] reads the cache device: bytes at a byte offset.
+pub type ByteReadFn<'a> = dyn FnMut(u64, &mut [u8]) -> Result<(), String> + 'a;
+
 /// Opens the cache on a device (a clean load or a crash recovery): an Open CAS-style cache,
 /// or — when the superblock names a write-log region — a write log, its read cache loaded and
 /// its log scanned (every entry not yet written back is kept). `read(offset, buf)` reads bytes
 /// at a byte offset.
 pub fn open_device(
     base: &Config,
-    read: &mut dyn FnMut(u64, &mut [u8]) -> Result<(), String>,
+    read: &mut ByteReadFn<'_>,
 ) -> Result<(Machine, LoadReport), String> {
     let (cache, report) = crate::cache::open(base, read)?;
     if report.superblock.layout.log.bytes == 0 {
