@@ -56,7 +56,7 @@ pub struct StartCache {
     /// Cache id (default: the smallest free).
     #[arg(long)]
     pub cache_id: Option<u16>,
-    /// Mode: wt, wb, wa, wi, pt, wo, wl.
+    /// Mode: wt, wb, wa, wi, pt, wo.
     #[arg(long)]
     pub mode: Option<String>,
     /// Line size: 4k, 8k, 16k, 32k, 64k.
@@ -189,7 +189,7 @@ pub struct SetMode {
     /// Cache id.
     #[arg(long)]
     pub cache_id: u16,
-    /// Mode: wt, wb, wa, wi, pt, wo, wl.
+    /// Mode: wt, wb, wa, wi, pt, wo.
     #[arg(long)]
     pub mode: String,
     #[command(flatten)]
