@@ -621,3 +621,97 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
     assert_eq!(dm.nbd("r").unwrap().blocks() * 512, 80 << 20);
     dm.shutdown();
 }
+
+/// Mode `wl` through the CLI: refused on `ram:`, created with its log, data served and
+/// written back, the `write_log` block in `stats` (and metrics' names), `set-mode` refused both
+/// ways, `invalidate` without `--force` refused and with it dropping the log's data, a clean
+/// stop that keeps the log, `inspect`/`check` reading it, and a `--load` that serves it.
+#[test]
+fn wl_cache_through_the_cli() {
+    let d = Dir::new("wl");
+    let cache = d.path("cache.img");
+    let core = d.path("core.img");
+    sparse(&cache, 64 << 20);
+    sparse(&core, 128 << 20);
+    let dm = Daemon::start(&d, None);
+    dm.fails(
+        &["start-cache", "--cache-device", "ram:64m", "--mode", "wl"],
+        "ram: device loses",
+    );
+    let v = dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wl"]);
+    assert_eq!(v["cache_id"], 1);
+    assert_eq!(v["created"]["log_bytes"], 32 << 20, "{v}");
+    dm.ok(&["add-core", "--cache-id", "1", "--core-device", &core]);
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["mode"], "wl", "{l}");
+    dm.fails(
+        &["set-mode", "--cache-id", "1", "--mode", "wb"],
+        "cannot switch to or from mode wl",
+    );
+    let e = dm.nbd("cache1-core0").unwrap();
+    write_set(&e, 0..512, 1);
+    check_set(&e, 0..512, 1);
+    dm.ok(&["writeback", "--cache-id", "1"]);
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let w = &s["write_log"];
+    assert_eq!(s["mode"], "wl");
+    assert_eq!(w["present"], true, "{s}");
+    assert_eq!(w["clean"], true, "{s}");
+    assert_eq!(w["dirty_bytes"], 0);
+    assert!(w["entries_logged"].as_u64().unwrap() >= 512, "{s}");
+    assert_eq!(w["written_back_bytes"], 512 * 4096, "{s}");
+    for k in [
+        "generation_lag",
+        "log_fill_pct",
+        "read_hits_full",
+        "read_misses",
+    ] {
+        assert!(w[k].is_number(), "{k}: {s}");
+    }
+    // The core holds the data.
+    let raw = std::fs::read(&core).unwrap();
+    for b in 0..512u64 {
+        assert_eq!(
+            &raw[b as usize * 4096..][..4096],
+            &pattern(b, 1)[..],
+            "core block {b}"
+        );
+    }
+    // invalidate: refused without --force; with it, drops what is not written back.
+    dm.fails(
+        &["invalidate", "--cache-id", "1", "--core-id", "0"],
+        "--force",
+    );
+    // A clean stop without writeback keeps the log; inspect and check read it.
+    write_set(&e, 0..64, 2);
+    drop(e);
+    let v = dm.json(&["stop-cache", "--cache-id", "1", "--no-writeback"]);
+    assert_eq!(v["stopped"], true);
+    let dirty_kept = v["dirty_bytes_kept"].as_u64().unwrap();
+    let ins = dm.json(&["inspect", "--cache-device", &cache]);
+    assert_eq!(ins["mode"], "wl", "{ins}");
+    assert_eq!(ins["write_log"]["ok"], true, "{ins}");
+    assert_eq!(ins["write_log"]["dirty_bytes"], dirty_kept, "{ins}");
+    let chk = dm.ok(&["check", "--cache-device", &cache]);
+    assert!(chk.contains("write log: ok"), "{chk}");
+    // --load serves the log (the core was attached from the core table).
+    dm.ok(&["start-cache", "--cache-device", &cache, "--load"]);
+    let e = dm.nbd("cache1-core0").unwrap();
+    check_set(&e, 0..64, 2);
+    check_set(&e, 64..512, 1);
+    // Newer data, then invalidate --force: it reads from the core again.
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let _ = s;
+    drop(e);
+    dm.ok(&["writeback", "--cache-id", "1"]);
+    let v = dm.json(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
+    assert_eq!(
+        v["dirty_bytes_dropped"], 0,
+        "nothing left after writeback: {v}"
+    );
+    let e = dm.nbd("cache1-core0").unwrap();
+    check_set(&e, 0..64, 2);
+    drop(e);
+    dm.ok(&["stop-cache", "--cache-id", "1"]);
+    dm.shutdown();
+}
