@@ -356,6 +356,10 @@ pub struct WriteLog {
     inv_flush: StopFlush,
     /// Writeback held (see [`WriteLog::set_writeback_paused`]).
     wb_paused: bool,
+    /// Sequence number of the first entry of the front generation not yet started.
+    wb_cursor: u64,
+    /// Entries in writeback now.
+    wb_active: BTreeSet<u64>,
     /// Blocks of logged data dropped by `invalidate`.
     invalidated_blocks: u64,
 }
@@ -446,6 +450,8 @@ impl WriteLog {
             inv_seqs: BTreeSet::new(),
             inv_flush: StopFlush::Done,
             wb_paused: false,
+            wb_cursor: 0,
+            wb_active: BTreeSet::new(),
             invalidated_blocks: 0,
             cfg,
         })
@@ -1454,37 +1460,43 @@ impl WriteLog {
         }
         // Issue chunks in log order while staging lasts; an entry overlapping one of its
         // generation still in flight waits for it.
-        let mut all_done = true;
+        // Entries before the cursor are started (in writeback or done); those in writeback are
+        // `wb_active` (at most a few: staging bounds them), so each call costs what it starts.
+        let front_seq = self.entries[0].seq;
         let n = self.entries.len();
-        let mut i = 0;
+        self.wb_cursor = self.wb_cursor.max(front_seq);
+        let mut i = (self.wb_cursor - front_seq) as usize;
+        let mut reached_end = true;
         while i < n {
             let e = &self.entries[i];
+            debug_assert_eq!(e.seq, front_seq + i as u64, "entries are consecutive");
             if e.gen_ != g {
                 break;
             }
             match e.state {
                 EState::Writing { .. } | EState::Voiding | EState::VoidDue => {
-                    all_done = false;
+                    reached_end = false;
                     break;
                 }
-                EState::Done => {}
-                EState::Wb { .. } => all_done = false,
+                EState::Done | EState::Wb { .. } => {}
                 EState::Logged => {
-                    all_done = false;
-                    let (core, lba, blocks, kind) = (e.core, e.lba, e.blocks, e.kind);
-                    let blocked = self.entries.iter().take(i).any(|o| {
-                        matches!(o.state, EState::Wb { .. }) && o.overlaps(core, lba, blocks)
+                    let (seq, core, lba, blocks, kind) = (e.seq, e.core, e.lba, e.blocks, e.kind);
+                    let blocked = self.wb_active.range(..seq).any(|&s| {
+                        let o = &self.entries[(s - front_seq) as usize];
+                        o.overlaps(core, lba, blocks)
                     });
-                    if blocked {
-                        break;
-                    }
-                    if !self.start_entry_wb(i, kind, acts) {
+                    if blocked || !self.start_entry_wb(i, kind, acts) {
+                        reached_end = false;
                         break;
                     }
                 }
             }
+            if self.wb_cursor == front_seq + i as u64 {
+                self.wb_cursor += 1;
+            }
             i += 1;
         }
+        let all_done = reached_end && self.wb_active.is_empty() && self.wb_partial.is_none();
         if all_done {
             // Every entry of generation g is on its core: flush the cores it touched.
             let cores: BTreeSet<u16> = self
@@ -1564,6 +1576,7 @@ impl WriteLog {
                     }
                 });
                 self.entries[i].state = EState::Wb { issued: 1, done: 0 };
+                self.wb_active.insert(e.seq);
                 true
             }
             LogKind::Write => {
@@ -1578,6 +1591,7 @@ impl WriteLog {
                 // rounds (its chunks do not overlap each other): `continue_partial` issues
                 // chunks from the recorded offset while slots last.
                 self.entries[i].state = EState::Wb { issued: 0, done: 0 };
+                self.wb_active.insert(e.seq);
                 self.wb_partial = Some((e.seq, 0));
                 self.continue_partial(acts);
                 true
@@ -1672,8 +1686,10 @@ impl WriteLog {
             && issued == done
             && !partial
         {
+            self.wb_active.remove(&seq);
             if self.failed_entries.remove(&seq) {
                 self.entry_mut(seq).state = EState::Logged;
+                self.wb_cursor = self.wb_cursor.min(seq);
             } else {
                 let e = self.entry_mut(seq);
                 e.state = EState::Done;
@@ -1709,6 +1725,7 @@ impl WriteLog {
                     for e in self.entries.iter_mut().take_while(|e| e.gen_ == g) {
                         e.state = EState::Logged;
                     }
+                    self.wb_cursor = self.entries[0].seq;
                 } else {
                     self.retire_front_gen();
                 }
