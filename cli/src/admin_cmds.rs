@@ -35,6 +35,20 @@ pub struct DaemonArgs {
     /// Prometheus metrics listener HOST:PORT, or "none".
     #[arg(long = "metrics-listen")]
     pub metrics_listen: Option<String>,
+    /// Group (name or gid) allowed to use the admin and NBD unix sockets: they are created
+    /// 0660 with this group (0600 without), and its members pass the admin socket's check.
+    #[arg(long = "socket-group", value_name = "NAME")]
+    pub socket_group: Option<String>,
+    /// TLS server certificate (PEM). With --tls-key and --tls-ca, every NBD listener requires
+    /// STARTTLS and a client certificate; needed for TCP on a non-loopback address.
+    #[arg(long = "tls-cert", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS server private key (PEM).
+    #[arg(long = "tls-key", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificate(s) (PEM) that NBD clients' certificates must be signed by.
+    #[arg(long = "tls-ca", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Runs the daemon in the foreground.
@@ -44,6 +58,10 @@ pub fn daemon(a: DaemonArgs) -> Result<(), String> {
         socket: a.socket,
         nbd_listen: a.nbd_listen,
         metrics_listen: a.metrics_listen,
+        socket_group: a.socket_group,
+        tls_cert: a.tls_cert,
+        tls_key: a.tls_key,
+        tls_ca: a.tls_ca,
     })
 }
 

@@ -33,8 +33,14 @@ impl NbdHandle {
     }
 }
 
-/// Starts the NBD server with a listener on each of `listen` (`unix:PATH`, `tcp:HOST:PORT`).
-pub fn start(reg: Arc<Registry>, listen: &[String]) -> Result<NbdHandle, String> {
+/// Starts the NBD server with a listener on each of `listen` (`unix:PATH`, `tcp:HOST:PORT`):
+/// unix sockets 0600 (0660 with the socket group), TLS required on every listener when
+/// configured.
+pub fn start(
+    reg: Arc<Registry>,
+    listen: &[String],
+    sec: &crate::server::Security,
+) -> Result<NbdHandle, String> {
     let addrs: Vec<ListenAddr> = listen
         .iter()
         .map(|s| ListenAddr::parse(s))
@@ -43,12 +49,23 @@ pub fn start(reg: Arc<Registry>, listen: &[String]) -> Result<NbdHandle, String>
         Arc::new(RegistryExports(reg)),
         ServerConfig {
             log_connections: true,
+            socket_mode: if sec.socket_group.is_some() {
+                0o660
+            } else {
+                0o600
+            },
+            socket_group: sec.socket_group,
             ..Default::default()
         },
     );
     for a in &addrs {
-        let bound = server.listen(a)?;
-        crate::log!(info, "NBD listening", address = format!("{bound:?}"));
+        let bound = server.listen_tls(a, sec.tls.clone())?;
+        crate::log!(
+            info,
+            "NBD listening",
+            address = format!("{bound:?}"),
+            tls = sec.tls.is_some()
+        );
     }
     Ok(NbdHandle(server))
 }

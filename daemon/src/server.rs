@@ -1,6 +1,8 @@
 //! The daemon's main loop: listeners, the admin socket, signals and clean shutdown.
 
-use crate::admin::{Progress, REQUEST_MAX, Request, default_socket, runtime_dir};
+use crate::admin::{
+    Access, Progress, REQUEST_MAX, Request, default_socket, peer_cred, resolve_group, runtime_dir,
+};
 use crate::config::{ConfigFile, reassemble};
 use crate::registry::{NewCache, Registry, get_param, set_param};
 use serde_json::{Value, json};
@@ -22,6 +24,74 @@ pub struct Options {
     pub nbd_listen: Vec<String>,
     /// Metrics listener (`HOST:PORT` or `none`).
     pub metrics_listen: Option<String>,
+    /// Group (name or gid) that may use the admin and NBD unix sockets: they are created
+    /// 0660 with this group instead of 0600, and its members pass the admin peer check.
+    pub socket_group: Option<String>,
+    /// TLS: the server's certificate chain (PEM). With `tls_key` and `tls_ca`, every NBD
+    /// listener requires `NBD_OPT_STARTTLS` and a client certificate signed by `tls_ca`.
+    pub tls_cert: Option<PathBuf>,
+    /// TLS: the server's private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// TLS: the CA (PEM) that client certificates must chain to.
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// What the daemon's sockets require, checked before anything else starts.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// The group of `--socket-group`.
+    pub socket_group: Option<u32>,
+    /// TLS for every NBD listener.
+    pub tls: Option<tiercache_nbd::TlsConfig>,
+}
+
+/// Checks the security options against the NBD listeners: the socket group exists; the TLS
+/// files are given together and load; a TCP listener on a non-loopback address has TLS
+/// (SPEC R7). Errors are one line; nothing is bound or opened.
+pub fn security(opts: &Options, nbd_listen: &[String]) -> Result<Security, String> {
+    let socket_group = opts
+        .socket_group
+        .as_deref()
+        .map(resolve_group)
+        .transpose()?;
+    let tls = match (&opts.tls_cert, &opts.tls_key, &opts.tls_ca) {
+        (None, None, None) => None,
+        (Some(c), Some(k), Some(ca)) => {
+            let t = tiercache_nbd::TlsConfig::from_files(c, k, ca)?;
+            if let Ok(m) = std::fs::metadata(k)
+                && m.permissions().mode() & 0o077 != 0
+            {
+                crate::log!(
+                    warn,
+                    "TLS key file is readable by others than its owner; chmod 600 it",
+                    file = k.display(),
+                    mode = format!("{:o}", m.permissions().mode() & 0o777)
+                );
+            }
+            Some(t)
+        }
+        (c, k, ca) => {
+            let missing: Vec<&str> = [(c, "--tls-cert"), (k, "--tls-key"), (ca, "--tls-ca")]
+                .iter()
+                .filter(|(v, _)| v.is_none())
+                .map(|(_, n)| *n)
+                .collect();
+            return Err(format!(
+                "--tls-cert, --tls-key and --tls-ca go together; missing {}",
+                missing.join(" and ")
+            ));
+        }
+    };
+    for l in nbd_listen {
+        let a = tiercache_nbd::ListenAddr::parse(l)?;
+        if tls.is_none()
+            && let Some(ip) = a.non_loopback()?
+        {
+            let spec = l.strip_prefix("tcp:").unwrap_or(l);
+            return Err(tiercache_nbd::non_loopback_refusal(&ip, spec));
+        }
+    }
+    Ok(Security { socket_group, tls })
 }
 
 /// Default metrics address.
@@ -47,15 +117,21 @@ fn wait_signal(set: libc::sigset_t) -> i32 {
     sig
 }
 
-/// Binds a unix socket readable and writable by its owner only (SPEC R7), refusing to take
-/// over one that a live process still listens on.
-pub fn bind_private(path: &Path) -> Result<UnixListener, String> {
+/// Binds a unix socket readable and writable by its owner only (SPEC R7), or by its owner
+/// and `group` (0660), refusing to take over one that a live process still listens on. The
+/// socket is created 0600 (umask) and only then given to the group. A directory it creates
+/// is 0700 (0750 with the group, so members can reach the socket).
+pub fn bind_private(path: &Path, group: Option<u32>) -> Result<UnixListener, String> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
         && !dir.exists()
     {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
+        let mode = if group.is_some() { 0o750 } else { 0o700 };
+        if group.is_some() {
+            let _ = std::os::unix::fs::chown(dir, None, group);
+        }
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode));
     }
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
@@ -72,31 +148,16 @@ pub fn bind_private(path: &Path) -> Result<UnixListener, String> {
     // SAFETY: as above.
     unsafe { libc::umask(old) };
     let l = l.map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let r = match group {
+        Some(g) => std::os::unix::fs::chown(path, None, Some(g))
+            .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))),
+        None => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)),
+    };
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(path);
+        return Err(format!("{}: {e}", path.display()));
+    }
     Ok(l)
-}
-
-/// The peer's uid on a unix socket.
-fn peer_uid(s: &UnixStream) -> Option<u32> {
-    use std::os::unix::io::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred.uid)
 }
 
 /// Runs the daemon in the foreground until SIGTERM, SIGINT or `shutdown`.
@@ -123,10 +184,12 @@ pub fn run(opts: Options) -> Result<(), String> {
         .clone()
         .or_else(|| cfg.daemon.metrics_listen.clone())
         .unwrap_or_else(|| METRICS_DEFAULT.to_string());
-    let admin = bind_private(&socket)?;
+    let sec = security(&opts, &nbd_listen)?;
+    let admin = bind_private(&socket, sec.socket_group)?;
+    let access = Access::new(sec.socket_group);
     let reg = Arc::new(Registry::new());
     let problems = reassemble(&reg, &cfg);
-    let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen) {
+    let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen, &sec) {
         Ok(n) => n,
         Err(e) => {
             reg.stop_all();
@@ -162,7 +225,7 @@ pub fn run(opts: Options) -> Result<(), String> {
             for s in admin.incoming().flatten() {
                 let reg = reg.clone();
                 let tx = tx.clone();
-                std::thread::spawn(move || serve_admin(s, &reg, &tx));
+                std::thread::spawn(move || serve_admin(s, &reg, &tx, access));
             }
         });
     }
@@ -172,6 +235,11 @@ pub fn run(opts: Options) -> Result<(), String> {
         socket = socket.display(),
         nbd = nbd_listen.join(","),
         metrics = metrics,
+        tls = sec.tls.is_some(),
+        socket_group = sec
+            .socket_group
+            .map(crate::admin::group_name)
+            .unwrap_or_else(|| "none".into()),
         problems = problems.len()
     );
     let why = rx.recv().unwrap_or("channel closed");
@@ -207,9 +275,7 @@ fn serve_metrics(l: std::net::TcpListener, reg: Arc<Registry>) {
     }
 }
 
-fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>) {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, access: Access) {
     let mut out = match s.try_clone() {
         Ok(o) => o,
         Err(_) => return,
@@ -219,13 +285,23 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>) {
         l.push('\n');
         out.write_all(l.as_bytes()).is_ok()
     };
-    match peer_uid(&s) {
-        Some(u) if u == me || u == 0 => {}
-        u => {
-            crate::log!(warn, "admin connection refused", uid = format!("{u:?}"));
-            send(
-                json!({"ok": false, "error": "permission denied: only the daemon's user or root may manage it"}),
+    let peer = peer_cred(&s);
+    match &peer {
+        Some(p) if access.allows(p) => {}
+        p => {
+            crate::log!(
+                warn,
+                "admin connection refused",
+                uid = p.as_ref().map(|p| p.uid.to_string()).unwrap_or("?".into()),
+                gid = p.as_ref().map(|p| p.gid.to_string()).unwrap_or("?".into()),
+                pid = p.as_ref().map(|p| p.pid.to_string()).unwrap_or("?".into())
             );
+            // The request is read (bounded, within 5 s) and dropped first, so the client has
+            // finished writing and reads the refusal instead of a broken pipe.
+            let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let mut r = BufReader::new((&s).take(REQUEST_MAX as u64 + 1));
+            let _ = r.read_line(&mut String::new());
+            send(json!({"ok": false, "error": access.refusal(p.as_ref())}));
             return;
         }
     }

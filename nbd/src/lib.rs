@@ -1,7 +1,8 @@
 //! # tiercache-nbd: the NBD server
 //!
 //! Serves [`Export`]s (normally cores of the engine, [`EngineExport`]) over the NBD protocol
-//! (the NBD project's `doc/proto.md`) on unix sockets and loopback TCP.
+//! (the NBD project's `doc/proto.md`) on unix sockets and TCP, with TLS ([`TlsConfig`]) where
+//! configured and always on non-loopback TCP.
 //!
 //! ## Protocol
 //!
@@ -9,9 +10,8 @@
 //!   client without `NBD_FLAG_C_FIXED_NEWSTYLE` or with unknown flags is disconnected).
 //!   Options: `NBD_OPT_GO` and `NBD_OPT_INFO` (answering `NBD_INFO_EXPORT`, `NBD_INFO_NAME`,
 //!   `NBD_INFO_DESCRIPTION`, and always `NBD_INFO_BLOCK_SIZE`), `NBD_OPT_LIST`,
-//!   `NBD_OPT_EXPORT_NAME`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`. `NBD_OPT_STARTTLS`
-//!   gets `NBD_REP_ERR_POLICY` (no TLS yet), unknown options `NBD_REP_ERR_UNSUP` and the
-//!   handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
+//!   `NBD_OPT_EXPORT_NAME`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_STARTTLS`
+//!   (see TLS below); unknown options get `NBD_REP_ERR_UNSUP` and the handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
 //!   with the registry's reason. Option data longer than 64 KiB ends the connection (after
 //!   `NBD_REP_ERR_TOO_BIG`) without being read; each handshake read must arrive within
 //!   [`ServerConfig::handshake_timeout`], and an export must be chosen within 1024 options.
@@ -69,26 +69,44 @@
 //! makes the write durable on the cache device, SPEC durability point 1). FUA writes are
 //! durable when replied.
 //!
+//! ## TLS (SPEC C11, R7)
+//!
+//! A listener started with [`Server::listen_tls`] runs the protocol's FORCEDTLS mode: before
+//! TLS, `NBD_OPT_STARTTLS` is acknowledged (with data: `NBD_REP_ERR_INVALID`), `NBD_OPT_ABORT`
+//! is acknowledged, `NBD_OPT_EXPORT_NAME` ends the connection (it cannot carry an error), and
+//! every other option gets `NBD_REP_ERR_TLS_REQD`. After the ACK the TLS handshake runs
+//! (rustls, `ring` provider, TLS 1.2 and 1.3) and the client must present a certificate that
+//! chains to the listener's CA, or the handshake fails with an alert and the connection ends
+//! ([`ServerStats::tls_refused`]). Option haggling then starts afresh inside TLS (nothing
+//! negotiated before survives), a second `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_INVALID`, and
+//! transmission runs over TLS: a read half for the reader thread and a write half for the
+//! workers share the session, the socket is never read while its state is locked, and a
+//! `close_notify` goes out when the connection ends. A listener without TLS (NOTLS) answers
+//! `NBD_OPT_STARTTLS` with `NBD_REP_ERR_POLICY`.
+//!
 //! ## Listeners
 //!
 //! Unix sockets are created with mode 0600 ([`ServerConfig::socket_mode`]; 0660 with
 //! [`ServerConfig::socket_group`]) before anyone can connect (bound in a private directory,
 //! chowned and chmodded, then renamed into place); an existing
-//! socket file is replaced only if nothing listens on it. TCP listeners are refused on
-//! non-loopback addresses until TLS is available (issue 8). Connections are handled through
-//! the [`NbdStream`] trait (read, write, split into halves, shut down), so a TLS stream can be
-//! served with [`Server::serve_stream`] or a listener of its own.
+//! socket file is replaced only if nothing listens on it. A TCP listener on an address that
+//! is not loopback is refused unless it has TLS ([`non_loopback_refusal`] says so in one
+//! line). Connections are handled through the [`NbdStream`] trait (read, write, split into
+//! halves, shut down, upgrade to TLS), so other streams can be served with
+//! [`Server::serve_stream`] (or [`Server::serve_stream_tls`]).
 
 #![warn(missing_docs)]
 
 mod export;
 pub mod proto;
 mod server;
+mod tls;
 
 pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,
 };
 pub use server::{
     BoundAddr, Closer, Handshake, ListenAddr, NbdStream, Server, ServerConfig, ServerStats,
-    serve_handshake,
+    non_loopback_refusal, serve_handshake,
 };
+pub use tls::TlsConfig;

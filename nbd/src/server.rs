@@ -2,6 +2,7 @@
 
 use crate::export::{BlockSizes, Export, ExportError, Exports};
 use crate::proto::{self, Request, cmd, errno, info, opt, parse_info_request, rep, reply, tflag};
+use crate::tls::{Sock, TlsConfig};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -33,6 +34,20 @@ pub trait NbdStream: Read + Write + Send + 'static {
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
     /// Sets the write timeout (`None`: block for ever).
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// Runs the server side of a TLS handshake on this stream (after `NBD_OPT_STARTTLS` was
+    /// acknowledged) and returns the TLS stream. Unix and TCP sockets can; other streams
+    /// answer `Unsupported`, and the connection ends.
+    fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
+        let _ = tls;
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "TLS is not available on this kind of stream",
+        ))
+    }
+    /// The TLS protocol and cipher suite, once TLS runs on the stream (for logs).
+    fn tls_info(&self) -> Option<String> {
+        None
+    }
 }
 
 impl NbdStream for UnixStream {
@@ -52,6 +67,9 @@ impl NbdStream for UnixStream {
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         UnixStream::set_write_timeout(self, t)
     }
+    fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
+        Ok(Box::new(crate::tls::accept(Sock::Unix(*self), tls)?))
+    }
 }
 
 impl NbdStream for TcpStream {
@@ -70,6 +88,9 @@ impl NbdStream for TcpStream {
     }
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         TcpStream::set_write_timeout(self, t)
+    }
+    fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
+        Ok(Box::new(crate::tls::accept(Sock::Tcp(*self), tls)?))
     }
 }
 
@@ -138,7 +159,7 @@ impl Default for ServerConfig {
 pub enum ListenAddr {
     /// A unix socket at this path.
     Unix(PathBuf),
-    /// A TCP address, `HOST:PORT` (loopback only until TLS is available).
+    /// A TCP address, `HOST:PORT` (loopback unless the listener has TLS).
     Tcp(String),
 }
 
@@ -161,6 +182,34 @@ impl ListenAddr {
             ))
         }
     }
+}
+
+impl ListenAddr {
+    /// For a TCP address, the first address it resolves to that is not loopback (such a
+    /// listener needs TLS, SPEC R7); `None` for unix sockets and loopback TCP.
+    pub fn non_loopback(&self) -> Result<Option<SocketAddr>, String> {
+        match self {
+            ListenAddr::Unix(_) => Ok(None),
+            ListenAddr::Tcp(spec) => Ok(spec
+                .to_socket_addrs()
+                .map_err(|e| format!("NBD listen address '{spec}': {e}"))?
+                .find(|a| !a.ip().is_loopback())),
+        }
+    }
+}
+
+/// The one-line refusal of a non-loopback TCP listener without TLS.
+pub fn non_loopback_refusal(a: &SocketAddr, spec: &str) -> String {
+    let spec = if a.to_string() == spec {
+        String::new()
+    } else {
+        format!(" ('{spec}')")
+    };
+    format!(
+        "refusing to serve NBD on non-loopback address {a}{spec} without TLS: pass \
+         --tls-cert, --tls-key and --tls-ca (clients must then present a certificate signed by \
+         that CA), or listen on 127.0.0.1 or a unix socket"
+    )
 }
 
 /// An address a listener is bound to.
@@ -189,6 +238,8 @@ pub struct ServerStats {
     pub request_errors: u64,
     /// The most requests that were in flight on one connection at once.
     pub in_flight_max: u64,
+    /// Connections whose TLS handshake failed (no or a wrong client certificate, not TLS).
+    pub tls_refused: u64,
 }
 
 #[derive(Default)]
@@ -200,6 +251,7 @@ struct Counters {
     requests: AtomicU64,
     request_errors: AtomicU64,
     in_flight_max: AtomicU64,
+    tls_refused: AtomicU64,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -303,12 +355,26 @@ impl Server {
         }
     }
 
-    /// Starts listening on `addr` and returns the address bound.
+    /// Starts listening on `addr` without TLS and returns the address bound.
     ///
     /// A unix socket is created with [`ServerConfig::socket_mode`] (0600) before anyone can
     /// connect; an existing socket file is removed only if nothing listens on it. A TCP
-    /// address must be loopback: NBD over the network needs TLS, which is not available yet.
+    /// address must be loopback: NBD over the network needs TLS ([`Server::listen_tls`]).
     pub fn listen(&self, addr: &ListenAddr) -> Result<BoundAddr, String> {
+        self.listen_tls(addr, None)
+    }
+
+    /// Starts listening on `addr` and returns the address bound. With `tls`, every
+    /// connection must upgrade with `NBD_OPT_STARTTLS` and present a client certificate the
+    /// configured CA vouches for before any other option is answered (FORCEDTLS: other
+    /// options get `NBD_REP_ERR_TLS_REQD`, `NBD_OPT_EXPORT_NAME` ends the connection).
+    /// Without `tls`, a TCP address must be loopback (SPEC R7); `NBD_OPT_STARTTLS` gets
+    /// `NBD_REP_ERR_POLICY`.
+    pub fn listen_tls(
+        &self,
+        addr: &ListenAddr,
+        tls: Option<TlsConfig>,
+    ) -> Result<BoundAddr, String> {
         if self.inner.quit.load(Ordering::Acquire) {
             return Err("the NBD server is shutting down".into());
         }
@@ -326,7 +392,7 @@ impl Server {
                 let thread = std::thread::Builder::new()
                     .name("nbd-accept-unix".into())
                     .spawn(move || {
-                        accept_loop(&inner, fd, || match l.accept() {
+                        accept_loop(&inner, fd, tls, || match l.accept() {
                             Ok((s, _)) => Some(Box::new(s) as Box<dyn NbdStream>),
                             Err(_) => None,
                         })
@@ -346,12 +412,10 @@ impl Server {
                 if addrs.is_empty() {
                     return Err(format!("NBD listen address '{spec}' resolves to nothing"));
                 }
-                if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
-                    return Err(format!(
-                        "refusing to serve NBD on non-loopback address {a} ('{spec}'): TLS with \
-                         client certificates is required there and not available yet; listen \
-                         on 127.0.0.1 or a unix socket"
-                    ));
+                if tls.is_none()
+                    && let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback())
+                {
+                    return Err(non_loopback_refusal(a, spec));
                 }
                 let mut last = String::new();
                 for a in addrs {
@@ -360,10 +424,11 @@ impl Server {
                             let bound = l.local_addr().map_err(|e| e.to_string())?;
                             let fd = l.as_raw_fd();
                             let inner = self.inner.clone();
+                            let tls = tls.clone();
                             let thread = std::thread::Builder::new()
                                 .name("nbd-accept-tcp".into())
                                 .spawn(move || {
-                                    accept_loop(&inner, fd, || match l.accept() {
+                                    accept_loop(&inner, fd, tls, || match l.accept() {
                                         Ok((s, _)) => {
                                             let _ = s.set_nodelay(true);
                                             Some(Box::new(s) as Box<dyn NbdStream>)
@@ -386,7 +451,12 @@ impl Server {
     /// Serves one already connected stream (a socket accepted elsewhere, a TLS stream, a
     /// socket pair in tests) on a new connection thread.
     pub fn serve_stream(&self, stream: Box<dyn NbdStream>) {
-        spawn_conn(&self.inner, stream);
+        spawn_conn(&self.inner, stream, None);
+    }
+
+    /// Serves one already connected stream with TLS required, as a listener with `tls` does.
+    pub fn serve_stream_tls(&self, stream: Box<dyn NbdStream>, tls: TlsConfig) {
+        spawn_conn(&self.inner, stream, Some(tls));
     }
 
     /// Counters.
@@ -400,6 +470,7 @@ impl Server {
             requests: s.requests.load(Ordering::Relaxed),
             request_errors: s.request_errors.load(Ordering::Relaxed),
             in_flight_max: s.in_flight_max.load(Ordering::Relaxed),
+            tls_refused: s.tls_refused.load(Ordering::Relaxed),
         }
     }
 
@@ -467,6 +538,7 @@ impl Drop for Server {
 fn accept_loop(
     inner: &Arc<Inner>,
     fd: RawFd,
+    tls: Option<TlsConfig>,
     mut accept: impl FnMut() -> Option<Box<dyn NbdStream>>,
 ) {
     while !inner.quit.load(Ordering::Acquire) {
@@ -481,7 +553,7 @@ fn accept_loop(
             continue;
         }
         if let Some(s) = accept() {
-            spawn_conn(inner, s);
+            spawn_conn(inner, s, tls.clone());
         } else {
             // EMFILE and friends: do not spin.
             std::thread::sleep(Duration::from_millis(10));
@@ -489,7 +561,7 @@ fn accept_loop(
     }
 }
 
-fn spawn_conn(inner: &Arc<Inner>, stream: Box<dyn NbdStream>) {
+fn spawn_conn(inner: &Arc<Inner>, stream: Box<dyn NbdStream>, tls: Option<TlsConfig>) {
     let Ok(closer) = stream.closer() else {
         return;
     };
@@ -508,7 +580,7 @@ fn spawn_conn(inner: &Arc<Inner>, stream: Box<dyn NbdStream>) {
         .spawn(move || {
             // A bug must not leave the connection counted and registered for ever.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run_conn(&i2, id, stream)
+                run_conn(&i2, id, stream, tls)
             }));
             i2.stats.open.fetch_sub(1, Ordering::Relaxed);
             lock(&i2.conns).0.remove(&id);
@@ -538,26 +610,82 @@ struct Negotiated {
     structured: bool,
 }
 
-fn run_conn(inner: &Arc<Inner>, id: u64, mut stream: Box<dyn NbdStream>) {
-    let _ = stream.set_read_timeout(Some(inner.cfg.handshake_timeout));
-    let _ = stream.set_write_timeout(Some(inner.cfg.handshake_timeout));
+/// The handshake of a connection, with a TLS upgrade in the middle when `tls` is set.
+/// Returns the stream to transmit on (a TLS stream after an upgrade) and what was agreed.
+fn conn_handshake(
+    inner: &Arc<Inner>,
+    id: u64,
+    mut stream: Box<dyn NbdStream>,
+    tls: Option<&TlsConfig>,
+) -> Option<(Box<dyn NbdStream>, Negotiated)> {
     let mut chosen = |name: &str| {
         if let Some(e) = lock(&inner.conns).0.get_mut(&id) {
             e.export = Some(name.to_string());
         }
     };
-    let neg = match handshake(&mut *stream, &*inner.exports, &inner.quit, &mut chosen) {
-        Ok(Some(n)) => n,
-        _ => {
-            inner.stats.handshake_ended.fetch_add(1, Ordering::Relaxed);
-            return;
+    let mode = if tls.is_some() {
+        Tls::Required
+    } else {
+        Tls::Off
+    };
+    let mut st = greet(&mut *stream, mode).ok()??;
+    loop {
+        match options(
+            &mut *stream,
+            &*inner.exports,
+            &inner.quit,
+            &mut chosen,
+            &mut st,
+        ) {
+            Ok(Step::Go(n)) => return Some((stream, n)),
+            Ok(Step::End) | Err(_) => return None,
+            Ok(Step::StartTls) => {
+                let cfg = tls?;
+                match stream.start_tls(cfg) {
+                    Ok(s) => {
+                        if inner.cfg.log_connections {
+                            log_line(
+                                "info",
+                                "NBD TLS established",
+                                &[
+                                    ("conn", id.to_string()),
+                                    ("tls", s.tls_info().unwrap_or_default()),
+                                ],
+                            );
+                        }
+                        stream = s;
+                        st.tls = Tls::Active;
+                    }
+                    Err(e) => {
+                        inner.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+                        if inner.cfg.log_connections {
+                            log_line(
+                                "warn",
+                                "NBD TLS handshake failed",
+                                &[("conn", id.to_string()), ("error", e.to_string())],
+                            );
+                        }
+                        return None;
+                    }
+                }
+            }
         }
+    }
+}
+
+fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option<TlsConfig>) {
+    let _ = stream.set_read_timeout(Some(inner.cfg.handshake_timeout));
+    let _ = stream.set_write_timeout(Some(inner.cfg.handshake_timeout));
+    let Some((stream, neg)) = conn_handshake(inner, id, stream, tls.as_ref()) else {
+        inner.stats.handshake_ended.fetch_add(1, Ordering::Relaxed);
+        return;
     };
     let _ = stream.set_read_timeout(None);
     let _ = stream.set_write_timeout(Some(inner.cfg.write_timeout));
     let Ok(closer) = stream.closer() else {
         return;
     };
+    let tls_on = stream.tls_info().is_some();
     let Ok((r, w)) = stream.split() else {
         return;
     };
@@ -577,6 +705,7 @@ fn run_conn(inner: &Arc<Inner>, id: u64, mut stream: Box<dyn NbdStream>) {
                 ("export", log_export.clone()),
                 ("size", neg.size.to_string()),
                 ("structured", neg.structured.to_string()),
+                ("tls", tls_on.to_string()),
             ],
         );
     }
@@ -662,8 +791,9 @@ fn transmission_flags(read_only: bool) -> u16 {
     f
 }
 
-/// The fixed newstyle handshake. `Ok(None)`: the connection ends (refused, aborted,
-/// malformed); `Ok(Some)`: transmission begins.
+/// The fixed newstyle handshake without TLS (NOTLS mode: `NBD_OPT_STARTTLS` gets
+/// `NBD_REP_ERR_POLICY`). `Ok(None)`: the connection ends (refused, aborted, malformed);
+/// `Ok(Some)`: transmission begins.
 /// `chosen` is called with the export's name just before the reply that enters transmission,
 /// so [`Server::disconnect_export`] reaches a client as soon as its `NBD_OPT_GO` succeeds.
 fn handshake<S: Read + Write + ?Sized>(
@@ -672,11 +802,54 @@ fn handshake<S: Read + Write + ?Sized>(
     quit: &AtomicBool,
     chosen: &mut dyn FnMut(&str),
 ) -> io::Result<Option<Negotiated>> {
+    let Some(mut st) = greet(s, Tls::Off)? else {
+        return Ok(None);
+    };
+    match options(s, exports, quit, chosen, &mut st)? {
+        Step::Go(n) => Ok(Some(n)),
+        Step::End | Step::StartTls => Ok(None),
+    }
+}
+
+/// TLS on a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tls {
+    /// Not offered (NOTLS): `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_POLICY`.
+    Off,
+    /// Required (FORCEDTLS) and not yet running: only `NBD_OPT_STARTTLS` and `NBD_OPT_ABORT`
+    /// are served.
+    Required,
+    /// Running.
+    Active,
+}
+
+/// The state of option haggling.
+struct Haggle {
+    no_zeroes: bool,
+    structured: bool,
+    tls: Tls,
+    /// Options received so far (across a TLS upgrade).
+    options: usize,
+}
+
+/// How option haggling ended.
+enum Step {
+    /// The connection ends.
+    End,
+    /// Transmission begins.
+    Go(Negotiated),
+    /// `NBD_OPT_STARTTLS` was acknowledged: the TLS handshake comes next, then more options.
+    StartTls,
+}
+
+/// Sends the greeting and reads the client's flags. `None`: the connection ends.
+fn greet<S: Read + Write + ?Sized>(s: &mut S, tls: Tls) -> io::Result<Option<Haggle>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&proto::NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
     s.write_all(&hello)?;
+    s.flush()?;
     let cflags = read_u32(s)?;
     if cflags & !(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES) != 0 {
         return Ok(None); // unknown client flags: the protocol says drop the connection
@@ -684,16 +857,33 @@ fn handshake<S: Read + Write + ?Sized>(
     if cflags & proto::FLAG_C_FIXED_NEWSTYLE == 0 {
         return Ok(None); // only fixed newstyle clients are served
     }
-    let no_zeroes = cflags & proto::FLAG_C_NO_ZEROES != 0;
-    let mut structured = false;
-    for _ in 0..MAX_OPTIONS {
+    Ok(Some(Haggle {
+        no_zeroes: cflags & proto::FLAG_C_NO_ZEROES != 0,
+        structured: false,
+        tls,
+        options: 0,
+    }))
+}
+
+/// Option haggling, until transmission, the end, or a TLS upgrade.
+fn options<S: Read + Write + ?Sized>(
+    s: &mut S,
+    exports: &dyn Exports,
+    quit: &AtomicBool,
+    chosen: &mut dyn FnMut(&str),
+    st: &mut Haggle,
+) -> io::Result<Step> {
+    let no_zeroes = st.no_zeroes;
+    while st.options < MAX_OPTIONS {
+        st.options += 1;
+        let structured = st.structured;
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;
         let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
         let option = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
         let len = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
         if magic != proto::IHAVEOPT {
-            return Ok(None);
+            return Ok(Step::End);
         }
         if len > proto::MAX_OPTION_LEN {
             // Nothing this server understands is that long; do not read (or buffer) it.
@@ -703,24 +893,59 @@ fn handshake<S: Read + Write + ?Sized>(
                 rep::ERR_TOO_BIG,
                 "option data too long; closing the connection",
             );
-            return Ok(None);
+            return Ok(Step::End);
         }
         let mut data = vec![0u8; len as usize];
         s.read_exact(&mut data)?;
+        if st.tls == Tls::Required {
+            match option {
+                opt::STARTTLS if len != 0 => {
+                    send_err(
+                        s,
+                        option,
+                        rep::ERR_INVALID,
+                        "NBD_OPT_STARTTLS takes no data",
+                    )?;
+                }
+                opt::STARTTLS => {
+                    send_opt(s, option, rep::ACK, &[])?;
+                    s.flush()?;
+                    // Nothing negotiated before TLS survives it (nothing was, here).
+                    st.structured = false;
+                    return Ok(Step::StartTls);
+                }
+                opt::ABORT => {
+                    let _ = send_opt(s, option, rep::ACK, &[]);
+                    let _ = s.flush();
+                    return Ok(Step::End);
+                }
+                // It cannot be answered with an error: the protocol says end the session.
+                opt::EXPORT_NAME => return Ok(Step::End),
+                _ => send_err(
+                    s,
+                    option,
+                    rep::ERR_TLS_REQD,
+                    "TLS is required: send NBD_OPT_STARTTLS first (with a client certificate \
+                     this server's CA signed)",
+                )?,
+            }
+            s.flush()?;
+            continue;
+        }
         match option {
             opt::EXPORT_NAME => {
                 let Ok(name) = String::from_utf8(data) else {
-                    return Ok(None);
+                    return Ok(Step::End);
                 };
                 if quit.load(Ordering::Acquire) {
-                    return Ok(None);
+                    return Ok(Step::End);
                 }
                 let Ok(export) = exports.get(&name) else {
-                    return Ok(None);
+                    return Ok(Step::End);
                 };
                 let sizes = export.block_sizes();
                 if sizes.check().is_err() {
-                    return Ok(None);
+                    return Ok(Step::End);
                 }
                 let size = export.size();
                 let read_only = export.read_only();
@@ -733,7 +958,7 @@ fn handshake<S: Read + Write + ?Sized>(
                 }
                 s.write_all(&m)?;
                 s.flush()?;
-                return Ok(Some(Negotiated {
+                return Ok(Step::Go(Negotiated {
                     export,
                     size,
                     sizes,
@@ -744,7 +969,7 @@ fn handshake<S: Read + Write + ?Sized>(
             opt::ABORT => {
                 let _ = send_opt(s, option, rep::ACK, &[]);
                 let _ = s.flush();
-                return Ok(None);
+                return Ok(Step::End);
             }
             opt::LIST => {
                 if len != 0 {
@@ -762,12 +987,15 @@ fn handshake<S: Read + Write + ?Sized>(
                 }
                 send_opt(s, option, rep::ACK, &[])?;
             }
+            opt::STARTTLS if st.tls == Tls::Active => {
+                send_err(s, option, rep::ERR_INVALID, "TLS is already running")?;
+            }
             opt::STARTTLS => {
                 send_err(
                     s,
                     option,
                     rep::ERR_POLICY,
-                    "TLS is not available on this server yet",
+                    "TLS is not configured on this listener",
                 )?;
             }
             opt::STRUCTURED_REPLY => {
@@ -780,7 +1008,7 @@ fn handshake<S: Read + Write + ?Sized>(
                     )?;
                     continue;
                 }
-                structured = true;
+                st.structured = true;
                 send_opt(s, option, rep::ACK, &[])?;
             }
             opt::INFO | opt::GO => {
@@ -846,7 +1074,7 @@ fn handshake<S: Read + Write + ?Sized>(
                 send_opt(s, option, rep::ACK, &[])?;
                 if option == opt::GO {
                     s.flush()?;
-                    return Ok(Some(Negotiated {
+                    return Ok(Step::Go(Negotiated {
                         export,
                         size,
                         sizes,
@@ -861,7 +1089,7 @@ fn handshake<S: Read + Write + ?Sized>(
         }
         s.flush()?;
     }
-    Ok(None) // a client that never chooses an export
+    Ok(Step::End) // a client that never chooses an export
 }
 
 /// Options accepted in one handshake.
@@ -1461,5 +1689,72 @@ mod tests {
         }
         println!("transmission reached {went}, ended in the handshake {ended}");
         assert!(went > 100 && ended > 100);
+    }
+
+    /// FORCEDTLS before the upgrade, on random option sequences: nothing but STARTTLS and
+    /// ABORT is ever acknowledged, no export information leaks, transmission is never entered,
+    /// and every other option gets `NBD_REP_ERR_TLS_REQD` (or `ERR_TOO_BIG`/`ERR_INVALID`).
+    #[test]
+    fn forced_tls_answers_nothing_before_starttls() {
+        let ex = exports();
+        let quit = AtomicBool::new(false);
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut upgraded, mut ended, mut refused) = (0, 0, 0u64);
+        for _ in 0..20_000 {
+            let mut i = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+            for _ in 0..rnd() % 6 {
+                let o = [1, 2, 3, 5, 6, 7, 8, 9, rnd() as u32][(rnd() % 9) as usize];
+                let mut d: Vec<u8> = (0..rnd() % 12).map(|_| rnd() as u8).collect();
+                if o == opt::STARTTLS && rnd() % 2 == 0 {
+                    d.clear();
+                }
+                if o == opt::GO || o == opt::INFO {
+                    d = vec![0, 0, 0, 1, b'a', 0, 0];
+                }
+                option(&mut i, o, &d);
+            }
+            if rnd() % 4 == 0 {
+                let cut = (rnd() as usize) % (i.len() + 1);
+                i.truncate(cut);
+            }
+            let mut m = Mem {
+                input: Cursor::new(i),
+                out: vec![],
+            };
+            let step = greet(&mut m, Tls::Required)
+                .ok()
+                .flatten()
+                .map(|mut st| options(&mut m, &ex, &quit, &mut |_| {}, &mut st));
+            match step {
+                Some(Ok(Step::StartTls)) => upgraded += 1,
+                Some(Ok(Step::Go(_))) => panic!("transmission entered without TLS"),
+                _ => ended += 1,
+            }
+            // Every option reply sent: 20-byte header (magic, option, type, length) + data.
+            let out = &m.out[18..];
+            let mut k = 0;
+            while k + 20 <= out.len() {
+                let o = u32::from_be_bytes(out[k + 8..k + 12].try_into().unwrap());
+                let t = u32::from_be_bytes(out[k + 12..k + 16].try_into().unwrap());
+                let l = u32::from_be_bytes(out[k + 16..k + 20].try_into().unwrap()) as usize;
+                match t {
+                    rep::ACK => assert!(o == opt::STARTTLS || o == opt::ABORT, "ACK to {o}"),
+                    rep::ERR_INVALID => assert_eq!(o, opt::STARTTLS),
+                    rep::ERR_TLS_REQD => refused += 1,
+                    rep::ERR_TOO_BIG => {}
+                    t => panic!("reply {t:#x} to option {o} before TLS"),
+                }
+                k += 20 + l;
+            }
+            assert_eq!(k, out.len(), "only whole option replies");
+        }
+        println!("upgraded {upgraded}, ended {ended}, ERR_TLS_REQD replies {refused}");
+        assert!(upgraded > 1000 && ended > 1000 && refused > 1000);
     }
 }

@@ -1,0 +1,782 @@
+//! Socket security and TLS of the real daemon (SPEC R7, issue 8 item 4), with real clients:
+//!
+//! - TLS: certificates made by `openssl` in the test; the daemon with `--tls-cert/--tls-key/
+//!   --tls-ca` on loopback TCP and a unix socket; data written and read back with nbdcopy,
+//!   nbdinfo and qemu-img (libnbd's `nbds://` URIs with `tls-certificates=DIR`, qemu's
+//!   `tls-creds-x509` object), checked against the core file; a client without a certificate,
+//!   one with a certificate from another CA and one without TLS are refused (the last with
+//!   `NBD_REP_ERR_TLS_REQD`, whose message both clients show);
+//! - a TCP listener on a non-loopback address (the machine's own) without TLS, and bad
+//!   security flags: the daemon refuses to start with one line, creating nothing;
+//! - sockets: admin and NBD unix sockets 0600, or 0660 with `--socket-group` (and the
+//!   directory the daemon creates 0750 with the group); the admin socket's peer check run
+//!   by clients started as uid `nobody` through `setpriv` (a group member is served, another
+//!   uid is refused by the file mode, and — with CAP_DAC_OVERRIDE to get past the file mode —
+//!   by the daemon's SO_PEERCRED check with a one-line refusal).
+//!
+//! Each test starts its own daemon and stops exactly that process.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("tc-tls-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+    fn path(&self, f: &str) -> String {
+        self.0.join(f).display().to_string()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether `bin` runs (`--version`); prints the skip line if not.
+fn have(bin: &str) -> bool {
+    let arg = if bin == "openssl" {
+        "version"
+    } else {
+        "--version"
+    };
+    let ok = Command::new(bin)
+        .arg(arg)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        println!("skipped: {bin} not installed");
+    }
+    ok
+}
+
+/// Runs `c` with a time limit (killing exactly that child if it is exceeded): (success,
+/// stdout, stderr).
+fn run(c: &mut Command, secs: u64) -> (bool, String, String) {
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+    let t = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{c:?} did not finish within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A daemon process started by a test; dropping it kills exactly that process.
+struct Daemon {
+    child: Option<Child>,
+    socket: String,
+    log: String,
+}
+
+impl Daemon {
+    /// Starts `tiercache daemon --socket SOCKET --metrics-listen none ARGS` and waits until it
+    /// says it is ready.
+    fn start(d: &Dir, socket: &str, args: &[&str]) -> Daemon {
+        let log = d.path("daemon.log");
+        let child = Command::new(BIN)
+            .args(["daemon", "--socket", socket, "--metrics-listen", "none"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn the daemon");
+        let mut dm = Daemon {
+            child: Some(child),
+            socket: socket.to_string(),
+            log,
+        };
+        let t = Instant::now();
+        while !dm.log().contains("daemon ready") {
+            if let Some(st) = dm.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("the daemon exited ({st}): {}", dm.log());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "the daemon did not come up: {}",
+                dm.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dm
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The port of the daemon's (first) TCP NBD listener, from its log.
+    fn tcp_port(&self) -> u16 {
+        let l = self.log();
+        let i = l.find("address=Tcp(").expect("a TCP listener in the log") + 12;
+        let a = &l[i..i + l[i..].find(')').unwrap()];
+        a.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = run(
+            Command::new(BIN)
+                .args(args)
+                .args(["--socket", &self.socket]),
+            60,
+        );
+        assert!(ok, "tiercache {args:?} failed: {err}");
+        out
+    }
+
+    /// Waits until the log holds `what` (a connection's end is logged after the client is
+    /// gone).
+    fn wait_log(&self, what: &str) -> String {
+        let t = Instant::now();
+        loop {
+            let l = self.log();
+            if l.contains(what) {
+                return l;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "no {what:?} in the log: {l}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the log holds `what` at least `n` times.
+    fn wait_count(&self, what: &str, n: usize) {
+        let t = Instant::now();
+        loop {
+            let l = self.log();
+            if l.matches(what).count() >= n {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "fewer than {n} {what:?} in the log: {l}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Clean stop (SIGTERM to exactly this process); waits for it to end.
+    fn stop(mut self) {
+        let mut c = self.child.take().unwrap();
+        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let t = Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let (ok, _, err) = run(Command::new("openssl").args(args).current_dir(dir), 60);
+    assert!(ok, "openssl {args:?}: {err}");
+}
+
+/// A CA `name`: `name-ca.pem`, `name-ca-key.pem`.
+fn make_ca(dir: &Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}-ca-key.pem"),
+            "-out",
+            &format!("{name}-ca.pem"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=tiercache test CA {name}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+/// `name.pem` and `name-key.pem`, signed by CA `ca`, with the extensions `ext`.
+fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, ext: &str) {
+    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}-key.pem"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}-ca.pem"),
+            "-CAkey",
+            &format!("{ca}-ca-key.pem"),
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+        ],
+    );
+}
+
+/// Server and client certificates in `dir/pki`, and the client directories libnbd and qemu
+/// read (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`): `client` (good), `nocert` (the
+/// CA only), `rogue` (a client certificate from another CA).
+fn pki(d: &Dir) -> PathBuf {
+    let p = d.0.join("pki");
+    std::fs::create_dir_all(&p).unwrap();
+    make_ca(&p, "good");
+    make_ca(&p, "rogue");
+    make_cert(
+        &p,
+        "good",
+        "server",
+        "localhost",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+         extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    );
+    let client_ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
+                      keyEncipherment\nextendedKeyUsage=clientAuth\n";
+    make_cert(&p, "good", "client", "tiercache client", client_ext);
+    make_cert(&p, "rogue", "intruder", "intruder", client_ext);
+    for (dir, cert) in [
+        ("client", Some("client")),
+        ("nocert", None),
+        ("rogue", Some("intruder")),
+    ] {
+        let c = d.0.join(dir);
+        std::fs::create_dir_all(&c).unwrap();
+        std::fs::copy(p.join("good-ca.pem"), c.join("ca-cert.pem")).unwrap();
+        if dir == "rogue" {
+            // Both CAs: the good one checks the server, the other lets qemu accept its own
+            // certificate (it checks it before connecting).
+            let mut b = std::fs::read(p.join("good-ca.pem")).unwrap();
+            b.extend(std::fs::read(p.join("rogue-ca.pem")).unwrap());
+            std::fs::write(c.join("ca-cert.pem"), b).unwrap();
+        }
+        if let Some(n) = cert {
+            std::fs::copy(p.join(format!("{n}.pem")), c.join("client-cert.pem")).unwrap();
+            std::fs::copy(p.join(format!("{n}-key.pem")), c.join("client-key.pem")).unwrap();
+        }
+    }
+    p
+}
+
+/// `n` bytes of a pseudo-random stream seeded by `seed`.
+fn data(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn mode(p: &str) -> (u32, u32) {
+    let m = std::fs::symlink_metadata(p).unwrap();
+    (m.permissions().mode() & 0o777, m.gid())
+}
+
+#[test]
+fn tls_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
+    if !(have("openssl") && have("nbdinfo") && have("nbdcopy") && have("qemu-img")) {
+        return;
+    }
+    let d = Dir::new("serve");
+    let p = pki(&d);
+    let pf = |f: &str| p.join(f).display().to_string();
+    let core = d.path("core.img");
+    std::fs::File::create(&core)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let nbd_sock = d.path("nbd.sock");
+    let dm = Daemon::start(
+        &d,
+        &d.path("admin.sock"),
+        &[
+            "--nbd-listen",
+            "tcp:127.0.0.1:0",
+            "--nbd-listen",
+            &format!("unix:{nbd_sock}"),
+            "--tls-cert",
+            &pf("server.pem"),
+            "--tls-key",
+            &pf("server-key.pem"),
+            "--tls-ca",
+            &pf("good-ca.pem"),
+        ],
+    );
+    // Both sockets are the owner's only.
+    assert_eq!(mode(&d.path("admin.sock")).0, 0o600);
+    assert_eq!(mode(&nbd_sock).0, 0o600);
+    dm.ok(&["start-cache", "--cache-device", "ram:32m", "--mode", "wt"]);
+    dm.ok(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &core,
+        "--export",
+        "vm",
+    ]);
+    let port = dm.tcp_port();
+    let good = d.path("client");
+    let tcp = |dir: &str| format!("nbds://127.0.0.1:{port}/vm?tls-certificates={dir}");
+    let unix = |dir: &str| format!("nbds+unix:///vm?socket={nbd_sock}&tls-certificates={dir}");
+
+    // nbdinfo over TLS, TCP and unix.
+    for uri in [tcp(&good), unix(&good)] {
+        let (ok, out, err) = run(Command::new("nbdinfo").arg(&uri), 60);
+        assert!(ok, "nbdinfo {uri}: {err}");
+        assert!(out.contains("with TLS"), "{out}");
+        assert!(out.contains("export-size: 67108864"), "{out}");
+        println!("nbdinfo {uri}: {}", out.lines().next().unwrap_or(""));
+    }
+
+    // 4 MiB written by nbdcopy over TCP+TLS, read back by qemu-img over TCP+TLS.
+    let a = data(1, 4 << 20);
+    std::fs::write(d.path("a.bin"), &a).unwrap();
+    let (ok, _, err) = run(
+        Command::new("nbdcopy").args([&d.path("a.bin"), &tcp(&good)]),
+        120,
+    );
+    assert!(ok, "nbdcopy write: {err}");
+    let obj = |dir: &str| format!("tls-creds-x509,id=tls0,dir={dir},endpoint=client");
+    let img = format!("driver=nbd,host=127.0.0.1,port={port},export=vm,tls-creds=tls0");
+    let (ok, _, err) = run(
+        Command::new("qemu-img").args([
+            "convert",
+            "--object",
+            &obj(&good),
+            "--image-opts",
+            &img,
+            "-O",
+            "raw",
+            &d.path("back.raw"),
+        ]),
+        120,
+    );
+    assert!(ok, "qemu-img convert (read): {err}");
+    let back = std::fs::read(d.path("back.raw")).unwrap();
+    assert_eq!(back.len(), 64 << 20);
+    assert!(back[..4 << 20] == a[..], "qemu-img read what nbdcopy wrote");
+    assert!(back[4 << 20..].iter().all(|&b| b == 0));
+
+    // 1 MiB written by qemu-img over TCP+TLS, read back by nbdcopy over unix+TLS.
+    let b = data(2, 1 << 20);
+    std::fs::write(d.path("b.bin"), &b).unwrap();
+    let (ok, _, err) = run(
+        Command::new("qemu-img").args([
+            "convert",
+            "-n",
+            "--object",
+            &obj(&good),
+            "-f",
+            "raw",
+            &d.path("b.bin"),
+            "--target-image-opts",
+            &img,
+        ]),
+        120,
+    );
+    assert!(ok, "qemu-img convert (write): {err}");
+    let (ok, _, err) = run(
+        Command::new("nbdcopy").args([&unix(&good), &d.path("back2.raw")]),
+        120,
+    );
+    assert!(ok, "nbdcopy read: {err}");
+    let back2 = std::fs::read(d.path("back2.raw")).unwrap();
+    let mut want = a.clone();
+    want[..1 << 20].copy_from_slice(&b);
+    assert!(
+        back2[..4 << 20] == want[..],
+        "nbdcopy read what qemu-img wrote"
+    );
+    // Write-through: the core file holds it too.
+    let on_core = std::fs::read(&core).unwrap();
+    assert!(
+        on_core[..4 << 20] == want[..],
+        "the core file holds the data"
+    );
+    println!(
+        "data: 4 MiB nbdcopy->qemu-img and 1 MiB qemu-img->nbdcopy over TLS verified, and on \
+         the core file"
+    );
+
+    // Refused: no client certificate, a certificate from another CA (GnuTLS then sends none:
+    // the server names its CA in the request), no TLS at all.
+    let mut failed = 0;
+    for dir in ["nocert", "rogue"] {
+        let (ok, out, err) = run(Command::new("nbdinfo").arg(tcp(&d.path(dir))), 60);
+        assert!(!ok, "nbdinfo with {dir} was served: {out}");
+        println!("nbdinfo with {dir}/: {}", err.trim());
+        failed += 1;
+        dm.wait_count("NBD TLS handshake failed", failed);
+        let (ok, _, err) = run(
+            Command::new("qemu-img").args([
+                "info",
+                "--object",
+                &obj(&d.path(dir)),
+                "--image-opts",
+                &img,
+            ]),
+            60,
+        );
+        assert!(!ok, "qemu-img with {dir} was served");
+        println!("qemu-img with {dir}/: {}", err.trim());
+        failed += 1;
+        dm.wait_count("NBD TLS handshake failed", failed);
+    }
+    let l = dm.log();
+    assert!(l.contains("error=\"peer sent no certificates\""), "{l}");
+    for x in l.lines().filter(|x| x.contains("handshake failed")) {
+        println!("daemon: {x}");
+    }
+    for uri in [
+        format!("nbd://127.0.0.1:{port}/vm"),
+        format!("nbd+unix:///vm?socket={nbd_sock}"),
+    ] {
+        let (ok, _, err) = run(
+            Command::new("nbdinfo").arg(&uri).env("LIBNBD_DEBUG", "1"),
+            60,
+        );
+        assert!(!ok, "nbdinfo without TLS was served ({uri})");
+        assert!(
+            err.contains("server error message: TLS is required"),
+            "{uri}: {err}"
+        );
+    }
+    let (ok, _, err) = run(
+        Command::new("qemu-img").args([
+            "info",
+            "--image-opts",
+            &format!("driver=nbd,host=127.0.0.1,port={port},export=vm"),
+        ]),
+        60,
+    );
+    assert!(!ok, "qemu-img without TLS was served");
+    assert!(
+        err.contains("TLS negotiation required")
+            && err.contains("server reported: TLS is required"),
+        "{err}"
+    );
+    println!("qemu-img without TLS: {}", err.trim().replace('\n', " | "));
+    dm.stop();
+    assert!(!Path::new(&nbd_sock).exists(), "NBD socket removed at stop");
+}
+
+/// The machine's own IPv4 address that is not loopback: from `ip`, or from the route a UDP
+/// socket would take (nothing is sent).
+fn own_address() -> Option<String> {
+    if let Ok(o) = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+    {
+        let s = String::from_utf8_lossy(&o.stdout);
+        for l in s.lines() {
+            let mut w = l.split_whitespace();
+            while let Some(x) = w.next() {
+                if x == "inet"
+                    && let Some(a) = w.next()
+                {
+                    return Some(a.split('/').next().unwrap().to_string());
+                }
+            }
+        }
+    }
+    let u = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    u.connect("192.0.2.1:9").ok()?;
+    let a = u.local_addr().ok()?.ip();
+    (!a.is_loopback() && !a.is_unspecified()).then(|| a.to_string())
+}
+
+/// `tiercache daemon ARGS` must exit 1 at once with one line containing each of `want`,
+/// leaving no socket behind.
+fn refuses(d: &Dir, args: &[&str], want: &[&str]) -> String {
+    let sock = d.path("refused.sock");
+    let (ok, out, err) = run(
+        Command::new(BIN)
+            .args(["daemon", "--socket", &sock, "--metrics-listen", "none"])
+            .args(args),
+        30,
+    );
+    assert!(!ok, "the daemon started with {args:?}: {out}{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    for w in want {
+        assert!(err.contains(w), "want {w:?} in: {err}");
+    }
+    assert!(!Path::new(&sock).exists(), "admin socket left behind");
+    println!("refused: {}", err.trim());
+    err
+}
+
+#[test]
+fn non_loopback_without_tls_and_bad_security_flags_refuse_to_start() {
+    let d = Dir::new("refuse");
+    let nbd = format!("unix:{}", d.path("n.sock"));
+    match own_address() {
+        Some(a) => {
+            refuses(
+                &d,
+                &["--nbd-listen", &format!("tcp:{a}:0")],
+                &["non-loopback address", &a, "without TLS", "--tls-cert"],
+            );
+        }
+        None => println!("skipped part: this machine has no non-loopback IPv4 address"),
+    }
+    refuses(
+        &d,
+        &["--nbd-listen", &nbd, "--nbd-listen", "tcp:0.0.0.0:0"],
+        &["non-loopback address 0.0.0.0", "without TLS"],
+    );
+    assert!(!Path::new(&d.path("n.sock")).exists(), "nothing was bound");
+    refuses(
+        &d,
+        &["--nbd-listen", &nbd, "--tls-cert", "/x.pem"],
+        &["go together", "--tls-key and --tls-ca"],
+    );
+    refuses(
+        &d,
+        &[
+            "--nbd-listen",
+            &nbd,
+            "--tls-cert",
+            &d.path("no.pem"),
+            "--tls-key",
+            "/k",
+            "--tls-ca",
+            "/c",
+        ],
+        &["TLS certificate", "no.pem"],
+    );
+    refuses(
+        &d,
+        &["--nbd-listen", &nbd, "--socket-group", "no-such-group-tc"],
+        &["--socket-group no-such-group-tc", "no such group"],
+    );
+    if have("openssl") {
+        let p = pki(&d);
+        let pf = |f: &str| p.join(f).display().to_string();
+        refuses(
+            &d,
+            &[
+                "--nbd-listen",
+                &nbd,
+                "--tls-cert",
+                &pf("server.pem"),
+                "--tls-key",
+                &pf("client-key.pem"),
+                "--tls-ca",
+                &pf("good-ca.pem"),
+            ],
+            &["KeyMismatch"],
+        );
+    }
+}
+
+/// Runs `tiercache ARGS` as uid `nobody` with primary group `gid` and no other group;
+/// `dac_override`: with CAP_DAC_OVERRIDE (past file modes, not past the daemon's check).
+fn as_nobody(bin: &str, gid: u32, dac_override: bool, args: &[&str]) -> (bool, String, String) {
+    let mut c = Command::new("setpriv");
+    c.args([
+        "--reuid",
+        "65534",
+        "--regid",
+        &gid.to_string(),
+        "--clear-groups",
+    ]);
+    if dac_override {
+        c.args([
+            "--inh-caps",
+            "+dac_override",
+            "--ambient-caps",
+            "+dac_override",
+        ]);
+    }
+    c.arg(bin).args(args);
+    run(&mut c, 60)
+}
+
+#[test]
+fn socket_modes_group_and_admin_peer_credentials() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: needs root (to run clients as another uid with setpriv)");
+        return;
+    }
+    if !Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("skipped: setpriv (util-linux) not installed");
+        return;
+    }
+    let d = Dir::new("group");
+    // Others must be able to reach into the test directory, and run a copy of the binary.
+    std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = d.path("tiercache");
+    std::fs::copy(BIN, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nogroup = 65534u32;
+    let other = 54321u32; // a gid nobody is in
+
+    // With a group: 0660 sockets of that group, the directory the daemon made 0750.
+    let run_dir = d.path("run");
+    let admin = format!("{run_dir}/admin.sock");
+    let nbd = format!("{run_dir}/nbd.sock");
+    let dm = Daemon::start(
+        &d,
+        &admin,
+        &[
+            "--nbd-listen",
+            &format!("unix:{nbd}"),
+            "--socket-group",
+            "nogroup",
+        ],
+    );
+    assert_eq!(mode(&admin), (0o660, nogroup));
+    assert_eq!(mode(&nbd), (0o660, nogroup));
+    assert_eq!(mode(&run_dir), (0o750, nogroup));
+    assert!(
+        dm.log().contains("socket_group=\"nogroup (65534)\""),
+        "{}",
+        dm.log()
+    );
+    // A member of the group is served.
+    let (ok, out, err) = as_nobody(&bin, nogroup, false, &["list", "--socket", &admin]);
+    assert!(ok, "group member refused: {err}");
+    println!("uid nobody, gid nogroup: list -> {:?}", out.trim());
+    // Someone else cannot even connect (the file mode).
+    let (ok, _, err) = as_nobody(&bin, other, false, &["list", "--socket", &admin]);
+    assert!(!ok);
+    assert!(err.contains("Permission denied"), "{err}");
+    println!("uid nobody, gid {other}: {}", err.trim());
+    // Past the file mode with CAP_DAC_OVERRIDE: the daemon's peer check refuses, one line.
+    let (ok, _, err) = as_nobody(&bin, other, true, &["list", "--socket", &admin]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(
+            "permission denied: only root, the daemon's user (uid 0), or members of \
+                      group nogroup (65534) may manage it; this connection is uid 65534 gid \
+                      54321"
+        ),
+        "{err}"
+    );
+    println!("uid nobody, gid {other}, CAP_DAC_OVERRIDE: {}", err.trim());
+    let l = dm.wait_log("admin connection refused");
+    assert!(l.contains("uid=65534 gid=54321"), "{l}");
+    // A member of the group reaches the NBD socket (the protocol answers: no such export);
+    // someone else does not.
+    if have("nbdinfo") {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .args(["nbdinfo", "--list", &format!("nbd+unix:///?socket={nbd}")]);
+        let (ok, _, err) = run(&mut c, 60);
+        assert!(ok, "group member cannot list NBD exports: {err}");
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid",
+            "65534",
+            "--regid",
+            &other.to_string(),
+            "--clear-groups",
+        ])
+        .args(["nbdinfo", "--list", &format!("nbd+unix:///?socket={nbd}")]);
+        let (ok, _, err) = run(&mut c, 60);
+        assert!(!ok);
+        assert!(err.contains("Permission denied"), "{err}");
+    }
+    dm.stop();
+
+    // Without a group: 0600, and a uid other than root and the daemon's is refused by the
+    // peer check even past the file mode, whatever its group.
+    let admin2 = d.path("admin2.sock");
+    let nbd2 = d.path("nbd2.sock");
+    let dm = Daemon::start(&d, &admin2, &["--nbd-listen", &format!("unix:{nbd2}")]);
+    assert_eq!(mode(&admin2).0, 0o600);
+    assert_eq!(mode(&nbd2).0, 0o600);
+    for gid in [nogroup, 0] {
+        let (ok, _, err) = as_nobody(&bin, gid, true, &["list", "--socket", &admin2]);
+        assert!(!ok, "gid {gid} served");
+        assert!(
+            err.contains("permission denied: only root, the daemon's user (uid 0) may manage it"),
+            "{err}"
+        );
+    }
+    let (ok, _, err) = as_nobody(&bin, nogroup, false, &["list", "--socket", &admin2]);
+    assert!(!ok);
+    assert!(err.contains("Permission denied"), "{err}");
+    // Root is served.
+    dm.ok(&["list"]);
+    dm.stop();
+}
