@@ -161,6 +161,17 @@ step "tiercache bench --quick (the README's main job)" "$TC" bench --quick --out
 step "tiercache bench peers --quick (SPEC P1/P2 vs nbdkit and fio; full run: bench peers)" \
     "$TC" bench peers --quick --out target/bench-peers-quick
 step "tiercache sim ceph-opencas-2020 (the simulated study)" "$TC" sim ceph-opencas-2020
+# SPEC P8 (issue 7): wl in front of a real RBD image vs plain librbd and librbd's writeback
+# cache. The bench starts its own single-node cluster (scripts/ceph-cluster.sh, stopped at its
+# end and if it dies) and its own daemon; about 2.5 minutes.
+bench_wl_quick() {
+    if ! command -v ceph-mon >/dev/null 2>&1; then
+        echo "skipped: ceph-mon is not installed"
+        return 0
+    fi
+    "$TC" bench wl --quick --out target/bench-wl-quick
+}
+step "tiercache bench wl --quick (SPEC P8 on a real Ceph image; full run: bench wl)" bench_wl_quick
 
 section "summary"
 echo "suite: $passed passed, $failed failed"

@@ -11,6 +11,7 @@ mod bench_load;
 mod bench_peers;
 mod bench_run;
 mod bench_studies;
+mod bench_wl;
 mod inspect;
 mod sim_cmd;
 mod svg;
@@ -90,6 +91,9 @@ enum BenchCmd {
     /// SPEC P1 and P2 against the peers (nbdkit memory, nbdkit's cache filter, fio on the
     /// cache device), servers and fio pinned apart, median of alternating rounds.
     Peers(Box<bench_peers::Args>),
+    /// SPEC P8: mode wl in front of a Ceph RBD image vs plain librbd and librbd's writeback
+    /// cache (fio 4K randwrite, QD 1-64, cache not full and full); starts its own cluster.
+    Wl(Box<bench_wl::Args>),
 }
 
 fn main() {
@@ -110,6 +114,10 @@ fn main() {
             what: Some(BenchCmd::Peers(args)),
             ..
         } => bench_peers::run(*args),
+        Cmd::Bench {
+            what: Some(BenchCmd::Wl(args)),
+            ..
+        } => bench_wl::run(*args),
         Cmd::Bench { what: None, args } => bench_run::run(args),
         Cmd::Sim(args) => sim_cmd::run(args),
         Cmd::Inspect(args) => inspect::inspect(args),

@@ -558,3 +558,211 @@ fn without_librbd_an_rbd_core_is_one_clear_error() {
     assert_eq!(v["core_id"], 0);
     dm.shutdown();
 }
+
+/// Mode `wl` (the write log, SPEC C9) in front of a real RBD image, through the daemon as a
+/// user runs it: `start-cache --mode wl` on a file, `add-core rbd:...`, 16 MiB of random data
+/// with nbdcopy, then 4K overwrites (some of the same block twice), a TRIM and a write inside
+/// the trimmed range with the loadgen client, a flush; the daemon SIGKILLed while the log still
+/// holds data (checked in `stats`: the core's config holds librbd's writeback to 20 writes/s
+/// with `rbd_qos_write_iops_limit`); a restart from a config file (the lock taken over once the
+/// dead daemon's watch times out; the config now without the limit), everything read back
+/// bit for bit through NBD, `writeback`, the `write_log` block clean, `stop-cache`, and
+/// `rbd export` equal to what was written. The dirty marker is there while the log is
+/// attached and gone after the stop.
+#[test]
+fn wl_cache_on_rbd_sigkill_restart_export() {
+    use tiercache_loadgen::{Connection, Target};
+    if !have("nbdcopy") {
+        println!("skipped: wl_cache_on_rbd_sigkill_restart_export: nbdcopy is not installed");
+        return;
+    }
+    let Some(c) = ceph::shared_with(
+        "wl_cache_on_rbd_sigkill_restart_export",
+        &["--set", "osd_client_watch_timeout=10"],
+    ) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let img = ceph::image_name("wl");
+    const IMG_MIB: usize = 128;
+    c.create_image(&img, IMG_MIB as u64);
+    let spec = format!("rbd/{img}");
+    let d = Dir::new("wl");
+    let base_conf = std::fs::read_to_string(&c.conf).unwrap();
+    let conf = d.path("core.conf");
+    std::fs::write(
+        &conf,
+        format!("{base_conf}\n[client]\nrbd_qos_write_iops_limit = 20\n"),
+    )
+    .unwrap();
+    let cache = d.path("cache.img");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+
+    // What the image must hold in the end; every write below is applied here too.
+    let mut want = vec![0u8; IMG_MIB * MIB];
+    let src = d.path("src.img");
+    let base = random_file(&src, 16 * MIB, 0x3A11);
+    want[..16 * MIB].copy_from_slice(&base);
+
+    let dm = Daemon::start(&d, None);
+    let v = dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wl"]);
+    assert_eq!(v["created"]["log_bytes"], 128 << 20, "{v}");
+    dm.json(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &format!("rbd:{spec}"),
+        "--ceph-conf",
+        &conf,
+        "--export",
+        "wl",
+    ]);
+    let marker = c
+        .image_meta(&img, "tiercache.dirty")
+        .expect("marker set at attach in wl");
+
+    // --- The data: a bulk copy, then small overwrites, a TRIM, a write into the trimmed range.
+    let t = Instant::now();
+    run_ok(
+        Command::new("nbdcopy")
+            .args(["--flush", "--connections=4"])
+            .arg(&src)
+            .arg(dm.uri("wl")),
+    );
+    let target = Target::parse(&dm.uri("wl")).unwrap();
+    let mut conn = Connection::connect(&target).unwrap();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut block = [0u8; 4096];
+    for i in 0..384 {
+        // The first 32 blocks are written twice: the later write must win.
+        let blk = if i >= 352 {
+            (i - 352) as u64 * 7
+        } else {
+            next() % (16 * MIB as u64 / 4096)
+        };
+        for ch in block.chunks_mut(8) {
+            ch.copy_from_slice(&next().to_le_bytes());
+        }
+        let off = blk * 4096;
+        conn.write_at(off, &block, i % 50 == 0).unwrap();
+        want[off as usize..off as usize + 4096].copy_from_slice(&block);
+    }
+    let (toff, tlen) = (8 * MIB, 64 * 1024);
+    conn.trim(toff as u64, tlen as u32).unwrap();
+    want[toff..toff + tlen].fill(0);
+    let woff = toff + 16 * 1024;
+    block.fill(0x5A);
+    conn.write_at(woff as u64, &block, false).unwrap();
+    want[woff..woff + 4096].copy_from_slice(&block);
+    conn.flush().unwrap();
+    conn.close();
+    println!(
+        "16 MiB + 385 small writes + a TRIM through wl in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // --- SIGKILL while the log holds data not yet on the image.
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let w = &s["write_log"];
+    assert_eq!(w["present"], true, "{s}");
+    let dirty = w["dirty_bytes"].as_u64().unwrap();
+    assert!(dirty > 0, "the log was drained before the kill: {w}");
+    println!(
+        "before the kill: dirty {dirty} bytes, {} entries, log fill {}%, generation lag {}",
+        w["entries"], w["log_fill_pct"], w["generation_lag"]
+    );
+    dm.kill();
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty").as_deref(),
+        Some(marker.as_str()),
+        "marker gone after a crash with data in the log"
+    );
+    // The image alone is not yet what was written (the log holds the rest).
+    let stale = d.path("stale.img");
+    c.rbd(&["export", "--no-progress", &spec, &stale]);
+    assert!(
+        read_file(&stale) != want,
+        "the image already held everything at the kill"
+    );
+    std::fs::remove_file(&stale).unwrap();
+
+    // --- Restart from a config file; writeback at full speed now.
+    std::fs::write(&conf, &base_conf).unwrap();
+    let cfg = d.path("tiercache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"wl\"\n"
+        ),
+    )
+    .unwrap();
+    let t = Instant::now();
+    let dm = Daemon::start(&d, Some(&cfg));
+    println!(
+        "wl daemon restarted after SIGKILL in {:.2} s (lock taken over from the dead daemon)",
+        t.elapsed().as_secs_f64()
+    );
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "running", "{l}\n{}", dm.log());
+    assert_eq!(l[0]["mode"], "wl", "{l}");
+    let back = d.path("back.img");
+    run_ok(
+        Command::new("nbdcopy")
+            .arg("--connections=2")
+            .arg(dm.uri("wl"))
+            .arg(&back),
+    );
+    let got = read_file(&back);
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got == want,
+        "read back through wl after the restart differs at byte {:?}",
+        first_diff(&got, &want)
+    );
+    std::fs::remove_file(&back).unwrap();
+
+    // --- Writeback: the log drains; the write_log block says so.
+    let t = Instant::now();
+    dm.json(&["writeback", "--cache-id", "1"]);
+    println!("writeback: {:.2} s", t.elapsed().as_secs_f64());
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let w = &s["write_log"];
+    assert_eq!(w["present"], true, "{s}");
+    assert_eq!(w["dirty_bytes"], 0, "{w}");
+    assert_eq!(w["clean"], true, "{w}");
+    assert_eq!(w["entries"], 0, "{w}");
+    println!("after writeback: {w}");
+
+    // --- Stop: nothing is left in the log, the marker goes, the image is what was written.
+    dm.json(&["stop-cache", "--cache-id", "1"]);
+    assert_eq!(
+        c.image_meta(&img, "tiercache.dirty"),
+        None,
+        "marker left after a complete writeback and stop"
+    );
+    let out = d.path("export.img");
+    c.rbd(&["export", "--no-progress", &spec, &out]);
+    let exported = read_file(&out);
+    assert_eq!(exported.len(), want.len());
+    assert!(
+        exported == want,
+        "rbd export differs from what was written through wl, first at byte {:?}",
+        first_diff(&exported, &want)
+    );
+    dm.shutdown();
+    println!(
+        "wl on RBD end to end: {:.1} s (cluster start {:.1} s)",
+        t0.elapsed().as_secs_f64(),
+        c.startup.as_secs_f64()
+    );
+}

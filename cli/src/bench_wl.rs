@@ -1,0 +1,1731 @@
+//! `tiercache bench wl`: SPEC P8 — mode `wl` in front of a real Ceph RBD image, against plain
+//! librbd and librbd's in-memory writeback cache, on the same cluster and image size.
+//!
+//! What runs (fio 4K randwrite, one job, one connection, `--output-format=json`):
+//!
+//! - **librbd**: fio's `rbd` engine with `rbd_cache = false` (the reference of every ratio);
+//! - **librbd-wb**: fio's `rbd` engine with `rbd_cache = true`, `rbd_cache_policy = writeback`
+//!   and `rbd_cache_writethrough_until_flush = false` (fio sends no flush, so with the default
+//!   `true` the cache would never leave writethrough); librbd's default sizes (32 MiB, 24 MiB
+//!   dirty);
+//! - **wl**: fio's `nbd` engine against a `tiercache daemon` this command starts, a `wl` cache
+//!   on a file (half of it the log) in front of `rbd:POOL/IMAGE` opened with the same
+//!   `rbd_cache = false` config as the reference.
+//!
+//! each at every queue depth, in two phases:
+//!
+//! - **not full**: librbd and librbd-wb with a 1 s ramp; wl starting from an empty log (the log
+//!   is written back before each run) on a cache whose log holds a whole run — checked after
+//!   each run: if a write had to wait for log space, the row is marked;
+//! - **full**: every configuration with a 2 s ramp (librbd's 24 MiB of dirty data fill in well
+//!   under a second at any queue depth); wl on a second, smaller cache whose log is first
+//!   filled by fio at QD 64 until a write waits for log space, then measured at once — writeback
+//!   to Ceph is what limits. Plain librbd has no cache: its full-phase runs are the same
+//!   workload, measured again beside the others.
+//!
+//! Each of the three uses its own image (same size), written once end to end with `rbd bench`
+//! before any run so no run pays for creating RADOS objects. The librbd runs never overlap wl
+//! writeback: the wl log is written back before them. Runs alternate by round (the order of the
+//! configurations is reversed every other round); the table holds medians over rounds, the
+//! 1-second buckets of all rounds pooled. fio is pinned to one CPU and the daemon to another
+//! (SPEC "How to measure"); the Ceph daemons are not pinned. CPU per IO: fio's process (with
+//! `--thread`, so librbd's threads are in it) and the daemon's, utime+stime from `/proc` over
+//! a window inside the measured part of the run, divided by IOPS × window.
+//!
+//! The cluster: by default a single-node one started with `scripts/ceph-cluster.sh` in the
+//! scratch directory (BlueStore on a sparse file, loopback) and stopped at the end, also if
+//! this process dies (the script's `--watch-pid`); or `--ceph-conf FILE` for an existing one,
+//! where this command creates its images in `--pool` and removes them at the end.
+
+use crate::bench_run::{STOP, fio_version, git_commit, host, install_sigint};
+use serde_json::{Value, json};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tiercache_daemon::admin::{Request, call};
+use tiercache_daemon::device::parse_size;
+
+/// Arguments of `tiercache bench wl`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// CI mode: QD 1, 16, 64, 3 s runs, one round, 1 GiB images, a 512 MiB log (not full) and
+    /// a 64 MiB log (full); about 2-3 minutes including the cluster. Not a measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// Queue depths, comma separated (default 1,4,8,16,32,64; 1,16,64 with --quick).
+    #[arg(long)]
+    pub qd: Option<String>,
+    /// Seconds per measured run, after the ramp (default 10; 3 with --quick).
+    #[arg(long)]
+    pub runtime: Option<u64>,
+    /// Rounds; the table holds medians (default 5, as SPEC asks; 1 with --quick).
+    #[arg(long)]
+    pub rounds: Option<u32>,
+    /// Size of each image (k/m/g; default 2g, 1g with --quick).
+    #[arg(long)]
+    pub image_size: Option<String>,
+    /// Cache device of the not-full wl runs; half of it is the log (default 2g; 1g with
+    /// --quick).
+    #[arg(long)]
+    pub cache_size: Option<String>,
+    /// Cache device of the full wl runs; half of it is the log, filled before each run
+    /// (default 512m; 128m with --quick).
+    #[arg(long)]
+    pub full_cache_size: Option<String>,
+    /// Phases, comma separated: not-full, full (default both).
+    #[arg(long)]
+    pub phases: Option<String>,
+    /// Configurations, comma separated: librbd, librbd-wb, wl (default all three).
+    #[arg(long)]
+    pub configs: Option<String>,
+    /// CPU the tiercache daemon runs on.
+    #[arg(long, default_value_t = 0)]
+    pub server_cpu: usize,
+    /// CPU fio runs on.
+    #[arg(long, default_value_t = 1)]
+    pub client_cpu: usize,
+    /// Use this Ceph cluster instead of starting one (images are created in --pool and
+    /// removed at the end).
+    #[arg(long)]
+    pub ceph_conf: Option<PathBuf>,
+    /// The cephx client (with --ceph-conf).
+    #[arg(long, default_value = "admin")]
+    pub ceph_id: String,
+    /// The pool the images are created in.
+    #[arg(long, default_value = "rbd")]
+    pub pool: String,
+    /// Write every raw number as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Also write results.json and report.md (the printed tables) into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Scratch directory for the cluster, cache files and sockets (default: the system's
+    /// temporary directory).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cfg {
+    Librbd,
+    LibrbdWb,
+    Wl,
+}
+
+impl Cfg {
+    fn name(self) -> &'static str {
+        match self {
+            Cfg::Librbd => "librbd",
+            Cfg::LibrbdWb => "librbd-wb",
+            Cfg::Wl => "wl",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    NotFull,
+    Full,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::NotFull => "not-full",
+            Phase::Full => "full",
+        }
+    }
+    /// The wl cache (and its export) of this phase.
+    fn cache_id(self) -> u16 {
+        match self {
+            Phase::NotFull => 1,
+            Phase::Full => 2,
+        }
+    }
+}
+
+struct Plan {
+    quick: bool,
+    qds: Vec<u32>,
+    runtime: u64,
+    rounds: u32,
+    image_bytes: u64,
+    cache_nf: u64,
+    cache_full: u64,
+    phases: Vec<Phase>,
+    cfgs: Vec<Cfg>,
+    server_cpu: usize,
+    client_cpu: usize,
+    fill_qd: u32,
+    fill_timeout: Duration,
+}
+
+impl Plan {
+    fn ramp(&self, p: Phase) -> u64 {
+        match p {
+            Phase::NotFull => 1,
+            Phase::Full => 2,
+        }
+    }
+    fn has(&self, c: Cfg) -> bool {
+        self.cfgs.contains(&c)
+    }
+}
+
+fn list<T: Copy>(s: &str, what: &str, all: &[(&str, T)]) -> Result<Vec<T>, String> {
+    let mut v = Vec::new();
+    for x in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+        let Some((_, t)) = all.iter().find(|(n, _)| *n == x) else {
+            let names: Vec<&str> = all.iter().map(|(n, _)| *n).collect();
+            return Err(format!("{what} {x}: want {}", names.join(", ")));
+        };
+        v.push(*t);
+    }
+    if v.is_empty() {
+        return Err(format!("{what}: nothing selected"));
+    }
+    Ok(v)
+}
+
+/// Runs `tiercache bench wl`.
+pub fn run(a: Args) -> Result<(), String> {
+    let quick = a.quick;
+    let qds: Vec<u32> = match &a.qd {
+        Some(s) => s
+            .split(',')
+            .map(|x| {
+                x.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|q| (1..=1024).contains(q))
+                    .ok_or_else(|| format!("--qd {x}: want numbers 1-1024, comma separated"))
+            })
+            .collect::<Result<_, _>>()?,
+        None if quick => vec![1, 16, 64],
+        None => vec![1, 4, 8, 16, 32, 64],
+    };
+    let size = |v: &Option<String>, q: &str, f: &str| {
+        parse_size(v.as_deref().unwrap_or(if quick { q } else { f }))
+    };
+    let plan = Plan {
+        quick,
+        qds,
+        runtime: a.runtime.unwrap_or(if quick { 3 } else { 10 }),
+        rounds: a.rounds.unwrap_or(if quick { 1 } else { 5 }),
+        image_bytes: size(&a.image_size, "1g", "2g")?,
+        cache_nf: size(&a.cache_size, "1g", "2g")?,
+        cache_full: size(&a.full_cache_size, "128m", "512m")?,
+        phases: match &a.phases {
+            Some(s) => list(
+                s,
+                "--phases",
+                &[("not-full", Phase::NotFull), ("full", Phase::Full)],
+            )?,
+            None => vec![Phase::NotFull, Phase::Full],
+        },
+        cfgs: match &a.configs {
+            Some(s) => list(
+                s,
+                "--configs",
+                &[
+                    ("librbd", Cfg::Librbd),
+                    ("librbd-wb", Cfg::LibrbdWb),
+                    ("wl", Cfg::Wl),
+                ],
+            )?,
+            None => vec![Cfg::Librbd, Cfg::LibrbdWb, Cfg::Wl],
+        },
+        server_cpu: a.server_cpu,
+        client_cpu: a.client_cpu,
+        fill_qd: 64,
+        fill_timeout: Duration::from_secs(if quick { 60 } else { 300 }),
+    };
+    if plan.runtime == 0 || plan.rounds == 0 {
+        return Err("--runtime and --rounds must be at least 1".into());
+    }
+    if plan.image_bytes < 64 << 20 || !plan.image_bytes.is_multiple_of(4 << 20) {
+        return Err("--image-size must be a multiple of 4 MiB, at least 64m".into());
+    }
+    if plan.cache_nf < 64 << 20 || plan.cache_full < 64 << 20 {
+        return Err("--cache-size and --full-cache-size must be at least 64m".into());
+    }
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if plan.server_cpu >= cpus || plan.client_cpu >= cpus {
+        return Err(format!(
+            "--server-cpu/--client-cpu: this machine has CPUs 0-{}",
+            cpus - 1
+        ));
+    }
+    let fio = fio_version().ok_or("fio is not installed (apt-get install fio)")?;
+    let engines = Command::new("fio")
+        .arg("--enghelp")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for (e, why) in [("rbd", Cfg::Librbd), ("nbd", Cfg::Wl)] {
+        let needed = plan.has(why) || (e == "rbd" && plan.has(Cfg::LibrbdWb));
+        if needed && !engines.split_whitespace().any(|w| w == e) {
+            return Err(format!(
+                "this fio has no {e} engine (fio --enghelp); Debian's fio package has both"
+            ));
+        }
+    }
+    Command::new("taskset")
+        .arg("-V")
+        .output()
+        .map_err(|_| "taskset is not installed (util-linux)")?;
+    if let Some(d) = &a.out {
+        std::fs::create_dir_all(d).map_err(|e| format!("--out {}: {e}", d.display()))?;
+    }
+    let scratch = a
+        .scratch
+        .clone()
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("tiercache-bench-wl-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    install_sigint();
+    let t0 = Instant::now();
+    let mut rep = Report::default();
+    let res = run_in(&a, &plan, &scratch, &mut rep);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let total_s = t0.elapsed().as_secs_f64();
+    let stopped = STOP.load(Ordering::Relaxed);
+    if rep.runs.is_empty() {
+        return res;
+    }
+    let (text, summary, targets) = summarize(&plan, &rep, &fio);
+    println!("\n{text}");
+    if cpus < 2 || plan.server_cpu == plan.client_cpu {
+        println!("note: the daemon and fio share a CPU here; SPEC wants them pinned apart");
+    }
+    println!("total time: {total_s:.1} s");
+    if stopped {
+        println!("(stopped by Ctrl-C: the tables hold what was measured)");
+    }
+    if let Err(e) = &res {
+        println!("(ended early: {e})");
+    }
+    let doc = json!({
+        "tool": "tiercache bench wl",
+        "spec": "P8",
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": git_commit(),
+        "host": host(),
+        "fio": fio,
+        "config": {
+            "quick": plan.quick, "queue_depths": plan.qds, "runtime_s": plan.runtime,
+            "ramp_s": {"not-full": plan.ramp(Phase::NotFull), "full": plan.ramp(Phase::Full)},
+            "rounds": plan.rounds, "image_bytes": plan.image_bytes,
+            "wl_cache_bytes": {"not-full": plan.cache_nf, "full": plan.cache_full},
+            "phases": plan.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "configs": plan.cfgs.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            "server_cpu": plan.server_cpu, "client_cpu": plan.client_cpu,
+            "fill_qd": plan.fill_qd, "fill_timeout_s": plan.fill_timeout.as_secs(),
+            "block_size": 4096, "rw": "randwrite",
+        },
+        "setup": rep.setup,
+        "runs": rep.runs.iter().map(Run::to_json).collect::<Vec<_>>(),
+        "fills": rep.fills,
+        "drains": rep.drains,
+        "summary": summary,
+        "targets": targets,
+        "total_s": total_s,
+        "stopped_early": stopped,
+        "error": res.as_ref().err(),
+    });
+    let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    if let Some(p) = &a.json {
+        std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
+    }
+    if let Some(d) = &a.out {
+        let w = |n: &str, b: &str| {
+            let p = d.join(n);
+            std::fs::write(&p, b).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        w("results.json", &body)?;
+        w(
+            "report.md",
+            &format!(
+                "# tiercache bench wl (SPEC P8)\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
+                git_commit(),
+                host()["cpu"].as_str().unwrap_or("")
+            ),
+        )?;
+    }
+    res
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cluster.
+
+/// The Ceph cluster the benchmark runs against: one it started (stopped on drop) or one it was
+/// given (its images removed on drop).
+struct Cluster {
+    /// The directory of a cluster this run started, and the script that started it.
+    own: Option<(PathBuf, PathBuf)>,
+    conf: PathBuf,
+    id: String,
+    pool: String,
+    images: Vec<String>,
+    stopped: bool,
+}
+
+fn cluster_script() -> Option<PathBuf> {
+    let here = PathBuf::from("scripts/ceph-cluster.sh");
+    if here.is_file() {
+        return Some(here.canonicalize().unwrap_or(here));
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ceph-cluster.sh");
+    built.is_file().then_some(built)
+}
+
+impl Cluster {
+    fn start(scratch: &Path, osd_bytes: u64, setup: &mut Value) -> Result<Cluster, String> {
+        let script = cluster_script().ok_or(
+            "scripts/ceph-cluster.sh not found (run from the repository, or pass --ceph-conf)",
+        )?;
+        let ok = Command::new("ceph-mon")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Err(
+                "ceph-mon is not installed (apt-get install ceph ceph-mon ceph-osd), or pass --ceph-conf"
+                    .into(),
+            );
+        }
+        let dir = scratch.join("ceph");
+        let t = Instant::now();
+        let out = Command::new(&script)
+            .arg("start")
+            .arg(&dir)
+            .args(["--watch-pid", &std::process::id().to_string()])
+            .args(["--osd-size", &format!("{}M", osd_bytes >> 20)])
+            .stdin(Stdio::null())
+            .process_group(0)
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        let c = Cluster {
+            own: Some((dir.clone(), script)),
+            conf: dir.join("ceph.conf"),
+            id: "admin".into(),
+            pool: "rbd".into(),
+            images: Vec::new(),
+            stopped: false,
+        };
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(format!(
+                "ceph-cluster.sh start failed: {}{}",
+                said,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let line = said.lines().next().unwrap_or("").to_string();
+        println!("{line}");
+        setup["cluster"] = json!({"started_by_bench": true, "script_says": line,
+            "start_s": t.elapsed().as_secs_f64(), "osd_bytes": osd_bytes, "conf": c.conf});
+        Ok(c)
+    }
+
+    fn given(conf: &Path, id: &str, pool: &str, setup: &mut Value) -> Result<Cluster, String> {
+        let conf = conf
+            .canonicalize()
+            .map_err(|e| format!("--ceph-conf {}: {e}", conf.display()))?;
+        setup["cluster"] = json!({"started_by_bench": false, "conf": conf, "id": id,
+            "pool": pool});
+        Ok(Cluster {
+            own: None,
+            conf,
+            id: id.into(),
+            pool: pool.into(),
+            images: Vec::new(),
+            stopped: false,
+        })
+    }
+
+    /// `rbd ARGS` against the cluster (bounded in time); its stdout.
+    fn rbd(&self, args: &[&str]) -> Result<String, String> {
+        let o = Command::new("timeout")
+            .args(["-k", "5", "600", "rbd", "-c"])
+            .arg(&self.conf)
+            .args(["--id", &self.id])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("rbd: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "rbd {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// Creates POOL/NAME and writes it end to end (4 MiB sequential writes).
+    fn image(&mut self, name: &str, bytes: u64) -> Result<f64, String> {
+        let spec = format!("{}/{name}", self.pool);
+        self.rbd(&["create", "--size", &format!("{}M", bytes >> 20), &spec])?;
+        self.images.push(name.to_string());
+        let t = Instant::now();
+        self.rbd(&[
+            "bench",
+            "--io-type",
+            "write",
+            "--io-pattern",
+            "seq",
+            "--io-size",
+            "4M",
+            "--io-threads",
+            "16",
+            "--io-total",
+            &format!("{}M", bytes >> 20),
+            &spec,
+        ])?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// A copy of the cluster's config with `lines` added for clients.
+    fn variant(&self, path: &Path, lines: &[(&str, &str)]) -> Result<PathBuf, String> {
+        let mut s = std::fs::read_to_string(&self.conf)
+            .map_err(|e| format!("{}: {e}", self.conf.display()))?;
+        s.push_str("\n# Added by tiercache bench wl.\n[client]\n");
+        for (k, v) in lines {
+            let _ = writeln!(s, "{k} = {v}");
+        }
+        std::fs::write(path, s).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path.to_path_buf())
+    }
+
+    fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        match &self.own {
+            Some((dir, script)) => {
+                let t = Instant::now();
+                match Command::new(script)
+                    .arg("stop")
+                    .arg(dir)
+                    .stdin(Stdio::null())
+                    .output()
+                {
+                    Ok(o) if o.status.success() => {
+                        println!("cluster stopped in {:.2} s", t.elapsed().as_secs_f64())
+                    }
+                    Ok(o) => eprintln!(
+                        "ceph-cluster.sh stop: {}",
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    ),
+                    Err(e) => eprintln!("ceph-cluster.sh stop: {e}"),
+                }
+            }
+            None => {
+                for i in std::mem::take(&mut self.images) {
+                    if let Err(e) =
+                        self.rbd(&["rm", "--no-progress", &format!("{}/{i}", self.pool)])
+                    {
+                        eprintln!("could not remove image {}/{i}: {e}", self.pool);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What `ceph-conf` says `key` is for this client in `conf` (None without ceph-conf).
+fn conf_lookup(conf: &Path, id: &str, key: &str) -> Option<String> {
+    let o = Command::new("ceph-conf")
+        .arg("-c")
+        .arg(conf)
+        .args(["-n", &format!("client.{id}"), "--lookup", key])
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon.
+
+/// A `tiercache daemon` child pinned to the server CPU, in its own process group, dying with
+/// this process; stopped (SIGTERM, then SIGKILL) on drop.
+struct Daemon {
+    child: Option<Child>,
+    pid: u32,
+    admin: PathBuf,
+    nbd: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(plan: &Plan, scratch: &Path) -> Result<Daemon, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
+        let admin = scratch.join("admin.sock");
+        let nbd = scratch.join("nbd.sock");
+        let log = scratch.join("daemon.log");
+        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut cmd = Command::new("taskset");
+        cmd.arg("-c")
+            .arg(plan.server_cpu.to_string())
+            .arg(exe)
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&admin)
+            .args(["--metrics-listen", "none", "--nbd-listen"])
+            .arg(format!("unix:{}", nbd.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(f)
+            .process_group(0);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
+        // parent; the child is killed when the thread that started it (this program's main
+        // thread) ends.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the daemon: {e}"))?;
+        let mut d = Daemon {
+            pid: child.id(),
+            child: Some(child),
+            admin,
+            nbd,
+            log,
+        };
+        let t = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&d.admin).is_err() || !d.nbd.exists() {
+            if let Some(c) = d.child.as_mut()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                return Err(format!("the daemon exited ({st}): {}", d.log_tail()));
+            }
+            if t.elapsed() > Duration::from_secs(60) {
+                return Err("the daemon did not come up in 60 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let l: Vec<&str> = s.lines().rev().take(3).collect();
+        l.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    fn call(&self, req: Request) -> Result<Value, String> {
+        call(&self.admin, &req, |_| {})
+            .map_err(|e| format!("{e} (daemon log: {})", self.log_tail()))
+    }
+
+    fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.nbd.display())
+    }
+
+    /// The `write_log` block of a cache's stats.
+    fn wl(&self, cache_id: u16) -> Result<Value, String> {
+        let s = self.call(Request::Stats {
+            cache_id: Some(cache_id),
+            core_id: None,
+            io_class: None,
+        })?;
+        let w = s["write_log"].clone();
+        if w.is_null() {
+            return Err(format!("cache {cache_id} shows no write_log block: {s}"));
+        }
+        Ok(w)
+    }
+
+    /// Writes the log back (waits until it is drained); (seconds, bytes that were dirty).
+    fn drain(&self, cache_id: u16) -> Result<(f64, u64), String> {
+        let dirty = self.wl(cache_id)?["dirty_bytes"].as_u64().unwrap_or(0);
+        let t = Instant::now();
+        self.call(Request::Writeback {
+            cache_id,
+            core_id: None,
+        })?;
+        Ok((t.elapsed().as_secs_f64(), dirty))
+    }
+
+    fn stop(&mut self, caches: &[u16]) {
+        for id in caches {
+            let _ = call(
+                &self.admin,
+                &Request::StopCache {
+                    cache_id: *id,
+                    no_writeback: true,
+                },
+                |_| {},
+            );
+        }
+        let _ = call(&self.admin, &Request::Shutdown, |_| {});
+        self.end(Duration::from_secs(10));
+    }
+
+    fn end(&mut self, grace: Duration) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if let Ok(Some(_)) = c.try_wait() {
+            return;
+        }
+        let t = Instant::now();
+        while t.elapsed() < grace {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: signalling our own child, not yet reaped (try_wait said it runs).
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.end(Duration::ZERO);
+    }
+}
+
+/// CPU seconds (user + system, all threads) process `pid` has used so far.
+fn proc_cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ut: f64 = f.get(11)?.parse().ok()?;
+    let st: f64 = f.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((ut + st) / hz)
+}
+
+/// Writes `bytes` of zeros to a new file (really written: a cache device has no holes).
+fn zero_file(path: &Path, bytes: u64) -> Result<(), String> {
+    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let buf = vec![0u8; 1 << 20];
+    let mut done = 0;
+    while done < bytes {
+        let n = (bytes - done).min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        done += n as u64;
+    }
+    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// fio.
+
+enum Target {
+    /// fio's rbd engine: the config file (rbd_cache settings), client, pool and image.
+    Rbd {
+        conf: PathBuf,
+        id: String,
+        pool: String,
+        image: String,
+    },
+    /// fio's nbd engine.
+    Nbd { uri: String },
+}
+
+/// One measured run.
+#[derive(Default)]
+struct Meas {
+    iops: f64,
+    ios: u64,
+    p50_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    mean_us: f64,
+    max_us: f64,
+    /// 1-second IOPS buckets (fio's iops log, averaged over 1000 ms).
+    buckets: Vec<f64>,
+    fio_cpu_us_per_io: Option<f64>,
+    daemon_cpu_us_per_io: Option<f64>,
+    runtime_ms: u64,
+}
+
+struct Run {
+    round: u32,
+    phase: Phase,
+    cfg: Cfg,
+    qd: u32,
+    at_s: f64,
+    m: Meas,
+    /// wl: the log before and after, samples during the run (s, fill %, writes that waited).
+    wl_before: Option<Value>,
+    wl_after: Option<Value>,
+    wl_samples: Vec<(f64, f64, u64)>,
+    /// wl not-full: a write waited for log space during the run (it was not "not full").
+    filled: bool,
+    /// wl: the lowest and highest log fill (%) sampled in the measured part.
+    fill_range: Option<(f64, f64)>,
+}
+
+impl Run {
+    fn to_json(&self) -> Value {
+        json!({
+            "round": self.round, "phase": self.phase.name(), "config": self.cfg.name(),
+            "qd": self.qd, "started_at_s": self.at_s,
+            "iops": self.m.iops, "ios": self.m.ios, "runtime_ms": self.m.runtime_ms,
+            "lat_us": {"p50": self.m.p50_us, "p90": self.m.p90_us, "p99": self.m.p99_us,
+                "p99_9": self.m.p999_us, "mean": self.m.mean_us, "max": self.m.max_us},
+            "iops_buckets_1s": self.m.buckets,
+            "fio_cpu_us_per_io": self.m.fio_cpu_us_per_io,
+            "daemon_cpu_us_per_io": self.m.daemon_cpu_us_per_io,
+            "write_log_before": self.wl_before, "write_log_after": self.wl_after,
+            "write_log_samples": self.wl_samples.iter()
+                .map(|(t, f, w)| json!({"t_s": t, "log_fill_pct": f, "writes_waited_for_space": w}))
+                .collect::<Vec<_>>(),
+            "log_filled_during_not_full_run": self.filled,
+            "log_fill_pct_measured_part": self.fill_range.map(|(a, b)| json!({"min": a, "max": b})),
+        })
+    }
+}
+
+#[derive(Default)]
+struct Report {
+    setup: Value,
+    runs: Vec<Run>,
+    fills: Vec<Value>,
+    drains: Vec<Value>,
+}
+
+fn fio_cmd(plan: &Plan, target: &Target, qd: u32) -> Command {
+    let mut cmd = Command::new("taskset");
+    cmd.arg("-c")
+        .arg(plan.client_cpu.to_string())
+        .arg("fio")
+        .arg("--name=p8")
+        .arg("--thread")
+        .arg("--rw=randwrite")
+        .arg("--bs=4k")
+        .arg(format!("--iodepth={qd}"))
+        .arg("--norandommap")
+        .arg("--randrepeat=0")
+        .arg("--time_based")
+        .stdin(Stdio::null());
+    match target {
+        Target::Rbd {
+            conf,
+            id,
+            pool,
+            image,
+        } => {
+            cmd.arg("--ioengine=rbd")
+                .arg(format!("--clientname={id}"))
+                .arg(format!("--pool={pool}"))
+                .arg(format!("--rbdname={image}"))
+                .env("CEPH_CONF", conf);
+        }
+        Target::Nbd { uri } => {
+            cmd.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+        }
+    }
+    cmd
+}
+
+/// Reads what fio reported for its one job.
+fn parse_meas(v: &Value) -> Result<Meas, String> {
+    let job = v["jobs"].get(0).ok_or("fio reported no job")?;
+    if job["error"].as_i64().unwrap_or(0) != 0 {
+        return Err(format!("fio job error {}", job["error"]));
+    }
+    let w = &job["write"];
+    let lat = &w["lat_ns"];
+    let pct = |k: &str| lat["percentile"][k].as_f64().unwrap_or(0.0) / 1000.0;
+    let m = Meas {
+        iops: w["iops"].as_f64().unwrap_or(0.0),
+        ios: w["total_ios"].as_u64().unwrap_or(0),
+        p50_us: pct("50.000000"),
+        p90_us: pct("90.000000"),
+        p99_us: pct("99.000000"),
+        p999_us: pct("99.900000"),
+        mean_us: lat["mean"].as_f64().unwrap_or(0.0) / 1000.0,
+        max_us: lat["max"].as_f64().unwrap_or(0.0) / 1000.0,
+        runtime_ms: job["job_runtime"].as_u64().unwrap_or(0),
+        ..Meas::default()
+    };
+    if m.ios == 0 {
+        return Err("fio completed no write".into());
+    }
+    Ok(m)
+}
+
+/// The values of an fio iops log (`--log_avg_msec=1000`: one line per second).
+fn read_buckets(path: &Path) -> Vec<f64> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(',').nth(1)?.trim().parse::<f64>().ok())
+        .collect()
+}
+
+/// Samples taken while fio runs: (seconds since start, fio CPU s, daemon CPU s, wl block).
+type Sample = (f64, Option<f64>, Option<f64>, Option<Value>);
+
+/// Runs one measured fio job; samples CPU (and the wl log through `wl`) while it runs.
+fn measure(
+    plan: &Plan,
+    target: &Target,
+    qd: u32,
+    ramp: u64,
+    scratch: &Path,
+    wl: Option<(&Daemon, u16)>,
+) -> Result<(Meas, Vec<Sample>), String> {
+    let prefix = scratch.join("iops");
+    let log = scratch.join("iops_iops.1.log");
+    let _ = std::fs::remove_file(&log);
+    let mut cmd = fio_cmd(plan, target, qd);
+    cmd.arg(format!("--runtime={}", plan.runtime))
+        .arg(format!("--ramp_time={ramp}"))
+        .arg("--lat_percentiles=1")
+        .arg("--percentile_list=50:90:99:99.9")
+        .arg(format!("--write_iops_log={}", prefix.display()))
+        .arg("--log_avg_msec=1000")
+        .arg("--iopsavgtime=1000")
+        .arg("--output-format=json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t0 = Instant::now();
+    let child = cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))?;
+    let pid = child.id();
+    let done = AtomicBool::new(false);
+    let daemon_pid = wl.map(|(d, _)| d.pid);
+    let (out, samples) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut v: Vec<Sample> = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                if STOP.load(Ordering::Relaxed) {
+                    // SAFETY: signalling our own child process (fio, exec'd by taskset) by its
+                    // pid; it has not been reaped while `done` is false.
+                    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+                }
+                let w = wl.and_then(|(d, id)| d.wl(id).ok());
+                v.push((
+                    t0.elapsed().as_secs_f64(),
+                    proc_cpu_secs(pid),
+                    daemon_pid.and_then(proc_cpu_secs),
+                    w,
+                ));
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            v
+        });
+        let out = child.wait_with_output();
+        done.store(true, Ordering::Relaxed);
+        (out, sampler.join().unwrap_or_default())
+    });
+    let out = out.map_err(|e| format!("fio: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let Some(start) = text.find('{') else {
+        return Err(format!(
+            "fio gave no results: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    };
+    let v: Value = serde_json::from_str(&text[start..]).map_err(|e| format!("fio's JSON: {e}"))?;
+    let mut m = parse_meas(&v)
+        .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&out.stderr).trim()))?;
+    m.buckets = read_buckets(&log);
+    if m.buckets.is_empty()
+        && let Some(x) = v["jobs"][0]["write"]["iops_min"].as_f64()
+    {
+        m.buckets.push(x);
+    }
+    let _ = std::fs::remove_file(&log);
+    // CPU over a window inside the measured part: from 0.5 s after the ramp (fio's start-up
+    // and connection are before it) to the last sample before the end.
+    let total = t0.elapsed().as_secs_f64();
+    let lo = ramp as f64 + 0.5;
+    let hi = (ramp + plan.runtime) as f64;
+    let inside: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.0 >= lo && s.0 <= hi.min(total))
+        .collect();
+    if let (Some(a), Some(b)) = (inside.first(), inside.last())
+        && b.0 - a.0 >= 0.5
+        && m.iops > 0.0
+    {
+        let ios = m.iops * (b.0 - a.0);
+        if let (Some(x), Some(y)) = (a.1, b.1) {
+            m.fio_cpu_us_per_io = Some((y - x) * 1e6 / ios);
+        }
+        if let (Some(x), Some(y)) = (a.2, b.2) {
+            m.daemon_cpu_us_per_io = Some((y - x) * 1e6 / ios);
+        }
+    }
+    Ok((m, samples))
+}
+
+/// Fills cache `id`'s log: fio at QD `plan.fill_qd` until a write waits for log space (or the
+/// log is 99% used). Returns what it saw.
+fn fill(plan: &Plan, d: &Daemon, id: u16, export: &str) -> Result<Value, String> {
+    let w0 = d.wl(id)?;
+    let waited0 = w0["writes_waited_for_space"].as_u64().unwrap_or(0);
+    let mut cmd = fio_cmd(plan, &Target::Nbd { uri: d.uri(export) }, plan.fill_qd);
+    cmd.arg(format!("--runtime={}", plan.fill_timeout.as_secs() + 5))
+        .arg("--output-format=json")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let t = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))?;
+    let mut reached = false;
+    let mut last = w0.clone();
+    let mut err = None;
+    while t.elapsed() < plan.fill_timeout && !STOP.load(Ordering::Relaxed) {
+        if let Ok(Some(st)) = child.try_wait() {
+            err = Some(format!("the fill run (fio) ended early: {st}"));
+            break;
+        }
+        match d.wl(id) {
+            Ok(w) => {
+                let waited = w["writes_waited_for_space"].as_u64().unwrap_or(0);
+                let pct = w["log_fill_pct"].as_f64().unwrap_or(0.0);
+                last = w;
+                if waited > waited0 || pct >= 99.0 {
+                    reached = true;
+                    break;
+                }
+            }
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: signalling our own child (fio), not yet reaped; SIGINT makes fio end its job.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let tw = Instant::now();
+    while child.try_wait().ok().flatten().is_none() {
+        if tw.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(json!({
+        "cache_id": id, "reached": reached, "seconds": t.elapsed().as_secs_f64(),
+        "log_fill_pct": last["log_fill_pct"], "dirty_bytes": last["dirty_bytes"],
+        "writes_waited_for_space": last["writes_waited_for_space"],
+        "log_bytes": last["log_bytes"],
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runs.
+
+fn run_in(a: &Args, plan: &Plan, scratch: &Path, rep: &mut Report) -> Result<(), String> {
+    let t0 = Instant::now();
+    let nimg = 3u64;
+    let mut cluster = match &a.ceph_conf {
+        Some(c) => Cluster::given(c, &a.ceph_id, &a.pool, &mut rep.setup)?,
+        None => Cluster::start(
+            scratch,
+            (nimg * plan.image_bytes + (4 << 30)).max(10 << 30),
+            &mut rep.setup,
+        )?,
+    };
+    let res = run_with(plan, scratch, &mut cluster, rep, t0);
+    cluster.stop();
+    res
+}
+
+fn run_with(
+    plan: &Plan,
+    scratch: &Path,
+    cluster: &mut Cluster,
+    rep: &mut Report,
+    t0: Instant,
+) -> Result<(), String> {
+    let id = cluster.id.clone();
+    let plain = cluster.variant(&scratch.join("librbd.conf"), &[("rbd_cache", "false")])?;
+    let wb = cluster.variant(
+        &scratch.join("librbd-wb.conf"),
+        &[
+            ("rbd_cache", "true"),
+            ("rbd_cache_policy", "writeback"),
+            ("rbd_cache_writethrough_until_flush", "false"),
+        ],
+    )?;
+    let look = |c: &Path| {
+        json!({
+            "rbd_cache": conf_lookup(c, &id, "rbd_cache"),
+            "rbd_cache_policy": conf_lookup(c, &id, "rbd_cache_policy"),
+            "rbd_cache_writethrough_until_flush":
+                conf_lookup(c, &id, "rbd_cache_writethrough_until_flush"),
+            "rbd_cache_size": conf_lookup(c, &id, "rbd_cache_size"),
+            "rbd_cache_max_dirty": conf_lookup(c, &id, "rbd_cache_max_dirty"),
+        })
+    };
+    rep.setup["librbd_conf"] = look(&plain);
+    rep.setup["librbd_wb_conf"] = look(&wb);
+    rep.setup["ceph_version"] = json!(
+        Command::new("ceph")
+            .arg("--version")
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    );
+    // The images: one per configuration, same size, written end to end.
+    let pid = std::process::id();
+    let img = |c: &str| format!("tc-p8-{pid}-{c}");
+    let (img_rbd, img_nf, img_full) = (img("librbd"), img("wl-notfull"), img("wl-full"));
+    let mut made = Vec::new();
+    let want_rbd = plan.has(Cfg::Librbd) || plan.has(Cfg::LibrbdWb);
+    let want_wl = plan.has(Cfg::Wl);
+    for (name, want) in [
+        (&img_rbd, want_rbd),
+        (&img_nf, want_wl && plan.phases.contains(&Phase::NotFull)),
+        (&img_full, want_wl && plan.phases.contains(&Phase::Full)),
+    ] {
+        if want {
+            let s = cluster.image(name, plan.image_bytes)?;
+            println!(
+                "image {}/{name}: {} MiB, written end to end in {s:.1} s",
+                cluster.pool,
+                plan.image_bytes >> 20
+            );
+            made.push(json!({"image": name, "bytes": plan.image_bytes, "prewrite_s": s}));
+        }
+    }
+    rep.setup["images"] = json!(made);
+    // The daemon and its two wl caches.
+    let mut daemon = None;
+    if want_wl {
+        let d = Daemon::start(plan, scratch)?;
+        let mut caches = Vec::new();
+        for (phase, bytes, image) in [
+            (Phase::NotFull, plan.cache_nf, &img_nf),
+            (Phase::Full, plan.cache_full, &img_full),
+        ] {
+            if !plan.phases.contains(&phase) {
+                continue;
+            }
+            let f = scratch.join(format!("cache-{}.img", phase.name()));
+            let t = Instant::now();
+            zero_file(&f, bytes)?;
+            let zs = t.elapsed().as_secs_f64();
+            let c = d.call(Request::StartCache {
+                cache_device: f.display().to_string(),
+                cache_id: Some(phase.cache_id()),
+                mode: Some("wl".into()),
+                line_size: None,
+                load: false,
+                force: true,
+            })?;
+            let dev = format!(
+                "rbd:{}/{image}:conf={}:id={}",
+                cluster.pool,
+                plain.display(),
+                cluster.id
+            );
+            d.call(Request::AddCore {
+                cache_id: phase.cache_id(),
+                core_device: dev.clone(),
+                core_id: Some(0),
+                export: Some(format!("p8-{}", phase.name())),
+            })?;
+            let w = d.wl(phase.cache_id())?;
+            println!(
+                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}",
+                phase.cache_id(),
+                phase.name(),
+                bytes >> 20,
+                w["log_bytes"].as_u64().unwrap_or(0) >> 20
+            );
+            caches.push(json!({"phase": phase.name(), "cache_id": phase.cache_id(),
+                "device_bytes": bytes, "zero_fill_s": zs, "created": c["created"],
+                "core_device": dev, "write_log": w}));
+        }
+        rep.setup["wl_caches"] = json!(caches);
+        rep.setup["daemon_cpu"] = json!(plan.server_cpu);
+        daemon = Some(d);
+    }
+    println!(
+        "setup done in {:.1} s; fio on CPU {}, daemon on CPU {}",
+        t0.elapsed().as_secs_f64(),
+        plan.client_cpu,
+        plan.server_cpu
+    );
+    let res = rounds(
+        plan,
+        scratch,
+        daemon.as_ref(),
+        &plain,
+        &wb,
+        (&cluster.id, &cluster.pool, &img_rbd),
+        rep,
+        t0,
+    );
+    if let Some(mut d) = daemon {
+        let ids: Vec<u16> = plan.phases.iter().map(|p| p.cache_id()).collect();
+        d.stop(&ids);
+    }
+    res
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rounds(
+    plan: &Plan,
+    scratch: &Path,
+    d: Option<&Daemon>,
+    plain: &Path,
+    wb: &Path,
+    (id, pool, img_rbd): (&str, &str, &str),
+    rep: &mut Report,
+    t0: Instant,
+) -> Result<(), String> {
+    let total_runs = plan.rounds as usize * plan.phases.len() * plan.qds.len() * plan.cfgs.len();
+    let mut n = 0;
+    let target = |c: Cfg, p: Phase| -> Target {
+        match c {
+            Cfg::Librbd => Target::Rbd {
+                conf: plain.to_path_buf(),
+                id: id.into(),
+                pool: pool.into(),
+                image: img_rbd.into(),
+            },
+            Cfg::LibrbdWb => Target::Rbd {
+                conf: wb.to_path_buf(),
+                id: id.into(),
+                pool: pool.into(),
+                image: img_rbd.into(),
+            },
+            Cfg::Wl => Target::Nbd {
+                uri: d
+                    .map(|d| d.uri(&format!("p8-{}", p.name())))
+                    .unwrap_or_default(),
+            },
+        }
+    };
+    let mut one = |round: u32,
+                   phase: Phase,
+                   c: Cfg,
+                   qd: u32,
+                   rep: &mut Report|
+     -> Result<(), String> {
+        n += 1;
+        let wl = (c == Cfg::Wl).then(|| (d.expect("daemon"), phase.cache_id()));
+        let before = wl.map(|(d, id)| d.wl(id)).transpose()?;
+        let at = t0.elapsed().as_secs_f64();
+        let (m, samples) = measure(plan, &target(c, phase), qd, plan.ramp(phase), scratch, wl)?;
+        let after = wl.map(|(d, id)| d.wl(id)).transpose()?;
+        let waited = |w: &Option<Value>| {
+            w.as_ref()
+                .and_then(|w| w["writes_waited_for_space"].as_u64())
+                .unwrap_or(0)
+        };
+        let filled = phase == Phase::NotFull && c == Cfg::Wl && waited(&after) > waited(&before);
+        let fillpct = |w: &Option<Value>| w.as_ref().and_then(|w| w["log_fill_pct"].as_f64());
+        // The log's fill while the measured part ran (samples after the ramp).
+        let during: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.0 >= plan.ramp(phase) as f64 + 0.5)
+            .filter_map(|s| s.3.as_ref()?["log_fill_pct"].as_f64())
+            .collect();
+        let fill_range = (!during.is_empty()).then(|| {
+            (
+                during.iter().copied().fold(f64::INFINITY, f64::min),
+                during.iter().copied().fold(0.0, f64::max),
+            )
+        });
+        let range = fill_range
+            .map(|(a, b)| format!(" (measured part {a:.0}-{b:.0}%)"))
+            .unwrap_or_default();
+        let extra = match (fillpct(&before), fillpct(&after)) {
+            (Some(a), Some(b)) => format!(
+                "  log {a:.0}%->{b:.0}%{range}, {} writes waited for space{}",
+                waited(&after) - waited(&before),
+                if filled { " (LOG FILLED)" } else { "" }
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "[{n}/{total_runs}] round {} {:<8} {:<9} QD {:>2}: {:>7.0} IOPS  p50 {:>8.1} us  p99 {:>9.1} us{extra}",
+            round + 1,
+            phase.name(),
+            c.name(),
+            qd,
+            m.iops,
+            m.p50_us,
+            m.p99_us
+        );
+        rep.runs.push(Run {
+            round,
+            phase,
+            cfg: c,
+            qd,
+            at_s: at,
+            m,
+            wl_before: before,
+            wl_after: after,
+            wl_samples: samples
+                .iter()
+                .filter_map(|s| {
+                    let w = s.3.as_ref()?;
+                    Some((
+                        s.0,
+                        w["log_fill_pct"].as_f64()?,
+                        w["writes_waited_for_space"].as_u64()?,
+                    ))
+                })
+                .collect(),
+            filled,
+            fill_range,
+        });
+        Ok(())
+    };
+    let drain = |phase: Phase, why: &str, rep: &mut Report| -> Result<(), String> {
+        if let Some(d) = d {
+            let (s, bytes) = d.drain(phase.cache_id())?;
+            rep.drains
+                .push(json!({"cache_id": phase.cache_id(), "phase": phase.name(),
+                "when": why, "seconds": s, "dirty_bytes": bytes,
+                "bytes_per_s": if s > 0.0 { bytes as f64 / s } else { 0.0 }}));
+        }
+        Ok(())
+    };
+    for round in 0..plan.rounds {
+        // Every other round runs the configurations in the opposite order.
+        let mut cfgs = plan.cfgs.clone();
+        if round % 2 == 1 {
+            cfgs.reverse();
+        }
+        for &phase in &plan.phases {
+            match phase {
+                Phase::NotFull => {
+                    for &qd in &plan.qds {
+                        for &c in &cfgs {
+                            if STOP.load(Ordering::Relaxed) {
+                                return Ok(());
+                            }
+                            one(round, phase, c, qd, rep)?;
+                            if c == Cfg::Wl {
+                                // Empty again for the next run (and idle while librbd runs).
+                                drain(phase, "after a not-full run", rep)?;
+                            }
+                        }
+                    }
+                }
+                Phase::Full => {
+                    // librbd's runs while wl is idle (drained), then wl's: its log filled
+                    // before each run, drained after the last.
+                    let wl_first = round % 2 == 1;
+                    let rbd: Vec<Cfg> = cfgs.iter().copied().filter(|c| *c != Cfg::Wl).collect();
+                    let mut blocks: Vec<bool> = vec![false, true];
+                    if wl_first {
+                        blocks.reverse();
+                    }
+                    for is_wl in blocks {
+                        if is_wl && !plan.has(Cfg::Wl) {
+                            continue;
+                        }
+                        for &qd in &plan.qds {
+                            if STOP.load(Ordering::Relaxed) {
+                                return Ok(());
+                            }
+                            if is_wl {
+                                let dm = d.expect("daemon");
+                                let f = fill(
+                                    plan,
+                                    dm,
+                                    phase.cache_id(),
+                                    &format!("p8-{}", phase.name()),
+                                )?;
+                                println!(
+                                    "  fill: log {}% in {:.1} s{}",
+                                    f["log_fill_pct"],
+                                    f["seconds"].as_f64().unwrap_or(0.0),
+                                    if f["reached"] == true {
+                                        ""
+                                    } else {
+                                        " (NOT FULL: no write waited for space)"
+                                    }
+                                );
+                                rep.fills.push(json!({"round": round, "qd": qd, "fill": f}));
+                                one(round, phase, Cfg::Wl, qd, rep)?;
+                            } else {
+                                for &c in &rbd {
+                                    one(round, phase, c, qd, rep)?;
+                                }
+                            }
+                        }
+                        if is_wl {
+                            drain(phase, "after the full runs", rep)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary.
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Medians over rounds of one (phase, config, QD).
+#[derive(Clone, Copy)]
+struct Row {
+    runs: usize,
+    iops: f64,
+    iops_lo: f64,
+    iops_hi: f64,
+    p50: f64,
+    p99: f64,
+    min_bucket: f64,
+    med_bucket: f64,
+    fio_cpu: f64,
+    daemon_cpu: f64,
+    filled: bool,
+    fill_lo: f64,
+    fill_hi: f64,
+}
+
+fn row(rep: &Report, p: Phase, c: Cfg, qd: u32) -> Option<Row> {
+    let rs: Vec<&Run> = rep
+        .runs
+        .iter()
+        .filter(|r| r.phase == p && r.cfg == c && r.qd == qd)
+        .collect();
+    if rs.is_empty() {
+        return None;
+    }
+    let f = |g: &dyn Fn(&Run) -> Option<f64>| -> f64 {
+        let mut v: Vec<f64> = rs.iter().filter_map(|r| g(r)).collect();
+        median(&mut v)
+    };
+    let iops = f(&|r| Some(r.m.iops));
+    let p50 = f(&|r| Some(r.m.p50_us));
+    let p99 = f(&|r| Some(r.m.p99_us));
+    let fio_cpu = f(&|r| r.m.fio_cpu_us_per_io);
+    let daemon_cpu = f(&|r| r.m.daemon_cpu_us_per_io);
+    let mut b: Vec<f64> = rs
+        .iter()
+        .flat_map(|r| r.m.buckets.iter().copied())
+        .collect();
+    let min_bucket = b.iter().copied().fold(f64::INFINITY, f64::min);
+    Some(Row {
+        runs: rs.len(),
+        iops,
+        iops_lo: rs.iter().map(|r| r.m.iops).fold(f64::INFINITY, f64::min),
+        iops_hi: rs.iter().map(|r| r.m.iops).fold(0.0, f64::max),
+        p50,
+        p99,
+        min_bucket: if b.is_empty() { f64::NAN } else { min_bucket },
+        med_bucket: median(&mut b),
+        fio_cpu,
+        daemon_cpu,
+        filled: rs.iter().any(|r| r.filled),
+        fill_lo: rs
+            .iter()
+            .filter_map(|r| r.fill_range.map(|x| x.0))
+            .fold(f64::NAN, f64::min),
+        fill_hi: rs
+            .iter()
+            .filter_map(|r| r.fill_range.map(|x| x.1))
+            .fold(f64::NAN, f64::max),
+    })
+}
+
+fn num(x: f64, prec: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.prec$}")
+    } else {
+        "-".into()
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 && a.is_finite() && b.is_finite() {
+        a / b
+    } else {
+        f64::NAN
+    }
+}
+
+fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value, Value) {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "tiercache bench wl (SPEC P8): fio 4K randwrite, {fio}, {} s runs (+{}/{} s ramp not-full/full), {} round(s){}, images {} MiB",
+        plan.runtime,
+        plan.ramp(Phase::NotFull),
+        plan.ramp(Phase::Full),
+        plan.rounds,
+        if plan.rounds < 5 {
+            " (SPEC asks for at least 5)"
+        } else {
+            ""
+        },
+        plan.image_bytes >> 20
+    );
+    let _ = writeln!(
+        t,
+        "librbd: rbd_cache=false; librbd-wb: rbd_cache=true, policy writeback (32 MiB, 24 MiB dirty); wl: tiercache over NBD, log {} MiB (not full) / {} MiB (full), core opened with rbd_cache=false",
+        plan.cache_nf >> 21,
+        plan.cache_full >> 21
+    );
+    let _ = writeln!(
+        t,
+        "IOPS: median over rounds [min-max]; min bkt: lowest 1-s IOPS bucket; min/med: that / the median bucket; x: wl / librbd, xwb: wl / librbd-wb; cpu/dmn: CPU us per IO (fio incl. librbd / the daemon); log %: wl log fill, lowest-highest sampled in the measured part"
+    );
+    let mut summary = Vec::new();
+    let mut targets = Vec::new();
+    for &p in &plan.phases {
+        let _ = writeln!(
+            t,
+            "\n{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}",
+            p.name(),
+            "QD",
+            "config",
+            "IOPS",
+            "[min-max]",
+            "p50 us",
+            "p99 us",
+            "min bkt",
+            "min/med",
+            "cpu",
+            "dmn",
+            "IOPSx",
+            "p50x",
+            "p99x",
+            "bkt/x",
+            "IOPSxwb",
+            "log %"
+        );
+        for &qd in &plan.qds {
+            let base = row(rep, p, Cfg::Librbd, qd);
+            let wbr = row(rep, p, Cfg::LibrbdWb, qd);
+            for &c in &plan.cfgs {
+                let Some(r) = row(rep, p, c, qd) else {
+                    continue;
+                };
+                let (x, p50x, p99x, bx) = match (c, base) {
+                    (Cfg::Librbd, _) | (_, None) => (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
+                    (_, Some(b)) => (
+                        ratio(r.iops, b.iops),
+                        ratio(r.p50, b.p50),
+                        ratio(r.p99, b.p99),
+                        ratio(r.min_bucket, b.iops),
+                    ),
+                };
+                let xwb = match (c, wbr) {
+                    (Cfg::Wl, Some(w)) => ratio(r.iops, w.iops),
+                    _ => f64::NAN,
+                };
+                let rx = |v: f64| {
+                    if v.is_finite() {
+                        format!("{v:.2}x")
+                    } else {
+                        "-".into()
+                    }
+                };
+                let _ = writeln!(
+                    t,
+                    "{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}{}",
+                    "",
+                    qd,
+                    c.name(),
+                    num(r.iops, 0),
+                    if r.runs > 1 {
+                        format!("[{}-{}]", num(r.iops_lo, 0), num(r.iops_hi, 0))
+                    } else {
+                        String::new()
+                    },
+                    num(r.p50, 1),
+                    num(r.p99, 1),
+                    num(r.min_bucket, 0),
+                    num(ratio(r.min_bucket, r.med_bucket), 2),
+                    num(r.fio_cpu, 1),
+                    if c == Cfg::Wl {
+                        num(r.daemon_cpu, 1)
+                    } else {
+                        "-".into()
+                    },
+                    rx(x),
+                    rx(p50x),
+                    rx(p99x),
+                    rx(bx),
+                    rx(xwb),
+                    if r.fill_hi.is_finite() {
+                        format!("{:.0}-{:.0}", r.fill_lo, r.fill_hi)
+                    } else {
+                        "-".into()
+                    },
+                    if r.filled {
+                        "  ! log filled during the run"
+                    } else {
+                        ""
+                    }
+                );
+                summary.push(json!({
+                    "phase": p.name(), "config": c.name(), "qd": qd, "runs": r.runs,
+                    "iops_median": r.iops, "iops_min": r.iops_lo, "iops_max": r.iops_hi,
+                    "p50_us_median": r.p50, "p99_us_median": r.p99,
+                    "min_bucket_iops": r.min_bucket, "median_bucket_iops": r.med_bucket,
+                    "min_over_median_bucket": ratio(r.min_bucket, r.med_bucket),
+                    "fio_cpu_us_per_io": r.fio_cpu,
+                    "daemon_cpu_us_per_io": if c == Cfg::Wl { json!(r.daemon_cpu) } else { Value::Null },
+                    "vs_librbd": {"iops": x, "p50": p50x, "p99": p99x,
+                        "min_bucket_over_librbd_iops": bx},
+                    "wl_vs_librbd_wb_iops": xwb,
+                    "log_filled_during_not_full_run": r.filled,
+                    "log_fill_pct_measured_part": if r.fill_hi.is_finite() {
+                        json!({"min": r.fill_lo, "max": r.fill_hi}) } else { Value::Null },
+                }));
+            }
+        }
+        // SPEC P8's targets, wl against plain librbd.
+        for &qd in &plan.qds {
+            let (Some(w), Some(b)) = (row(rep, p, Cfg::Wl, qd), row(rep, p, Cfg::Librbd, qd))
+            else {
+                continue;
+            };
+            let mut check = |what: &str, v: f64, want: &str, ok: bool| {
+                targets.push(json!({"phase": p.name(), "qd": qd, "target": what,
+                    "value": v, "want": want, "pass": ok}));
+            };
+            match p {
+                Phase::NotFull => {
+                    if qd <= 16 {
+                        let x = ratio(w.iops, b.iops);
+                        check("IOPS vs librbd", x, ">= 3x", x >= 3.0);
+                    }
+                    if qd == 1 {
+                        let x = ratio(w.p50, b.p50);
+                        check("p50 latency vs librbd", x, "<= 0.25x", x <= 0.25);
+                    }
+                }
+                Phase::Full => {
+                    let x = ratio(w.iops, b.iops);
+                    check("IOPS vs librbd", x, ">= 0.7x", x >= 0.7);
+                    let x = ratio(w.p99, b.p99);
+                    check("p99 latency vs librbd", x, "<= 2x", x <= 2.0);
+                    let x = ratio(w.min_bucket, b.iops);
+                    check("lowest 1-s bucket vs librbd IOPS", x, ">= 0.3x", x >= 0.3);
+                }
+            }
+        }
+    }
+    if !targets.is_empty() {
+        let _ = writeln!(t, "\nSPEC P8 targets (wl / plain librbd, medians):");
+        let (mut pass, mut miss) = (0, 0);
+        for x in &targets {
+            let ok = x["pass"] == true;
+            if ok {
+                pass += 1;
+            } else {
+                miss += 1;
+            }
+            let _ = writeln!(
+                t,
+                "  {:<8} QD {:>2}  {:<34} {:>7}  want {:<8} {}",
+                x["phase"].as_str().unwrap_or(""),
+                x["qd"].as_u64().unwrap_or(0),
+                x["target"].as_str().unwrap_or(""),
+                num(x["value"].as_f64().unwrap_or(f64::NAN), 2) + "x",
+                x["want"].as_str().unwrap_or(""),
+                if ok { "PASS" } else { "MISS" }
+            );
+        }
+        let _ = writeln!(t, "  {pass} PASS, {miss} MISS");
+    }
+    let nfills = rep.fills.len();
+    if nfills > 0 {
+        let not: usize = rep
+            .fills
+            .iter()
+            .filter(|f| f["fill"]["reached"] != true)
+            .count();
+        let secs: Vec<f64> = rep
+            .fills
+            .iter()
+            .filter_map(|f| f["fill"]["seconds"].as_f64())
+            .collect();
+        let _ = writeln!(
+            t,
+            "\nwl full runs: log filled {} time(s) at QD {} ({}-{} s each){}",
+            nfills,
+            plan.fill_qd,
+            num(secs.iter().copied().fold(f64::INFINITY, f64::min), 1),
+            num(secs.iter().copied().fold(0.0, f64::max), 1),
+            if not > 0 {
+                format!("; {not} time(s) NOT full within the time limit")
+            } else {
+                String::new()
+            }
+        );
+    }
+    for p in [Phase::NotFull, Phase::Full] {
+        let mut r: Vec<f64> = rep
+            .drains
+            .iter()
+            .filter(|d| d["phase"] == p.name() && d["dirty_bytes"].as_u64().unwrap_or(0) >= 4 << 20)
+            .filter_map(|d| d["bytes_per_s"].as_f64())
+            .collect();
+        if !r.is_empty() {
+            let m = median(&mut r);
+            let _ = writeln!(
+                t,
+                "wl writeback to Ceph with no client IO (`writeback` of the {} cache, {} time(s) >= 4 MiB): median {} MiB/s = {} 4K writes/s",
+                p.name(),
+                r.len(),
+                num(m / 1048576.0, 1),
+                num(m / 4096.0, 0)
+            );
+        }
+    }
+    (t, json!(summary), json!(targets))
+}
