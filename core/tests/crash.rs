@@ -16,6 +16,10 @@
 //!
 //! The other seeds run a cache without persistence in the non-lazy modes, restarting cold.
 //!
+//! Faults: half the seeds inject every error kind, and about a third have outages (the cache
+//! device or a core failing every IO for a while, see `harness`), before and after the crash;
+//! after the restart, once the faults stop, no alarm may be left (`Env::heal_and_check`).
+//!
 //! `TIERCACHE_CRASH_SEEDS=N` runs more seeds; `TIERCACHE_CRASH_SEED=S` replays one.
 
 mod harness;
@@ -44,10 +48,12 @@ struct Outcome {
     errors: u64,
     commits: u64,
     checkpoints: u64,
+    outages: u64,
 }
 
 fn run_seed(seed: u64) -> Outcome {
     let mut rng = Rng::new(seed ^ 0x0c4a_54ed);
+    let mut frng = Rng::new(seed ^ 0xfa17);
     let persist = seed % 4 != 3;
     let modes: &[CacheMode] = if persist { &ALL } else { &NON_LAZY };
     let (mut cfg, core_sizes) = random_config(&mut rng, modes);
@@ -69,6 +75,11 @@ fn run_seed(seed: u64) -> Outcome {
         p_slow: if rng.chance(0.5) { 0.2 } else { 0.0 },
         crash_at_write: None,
         crash_at_meta_write: None,
+        // Drawn from their own sequence so the rest of each seed stays as it was.
+        error_kinds: frng.chance(0.5),
+        p_outage: if frng.chance(0.3) { 0.003 } else { 0.0 },
+        outage_ns_max: 200_000_000,
+        fault_params: Some(harness::fast_fault_params()),
     };
     let mut knobs = knobs;
     let mut pattern = pattern;
@@ -102,6 +113,7 @@ fn run_seed(seed: u64) -> Outcome {
         persistent: persist,
         pattern: Some(pattern),
         errors: env.cov.io_errors_injected,
+        outages: env.cov.outages,
         ..Outcome::default()
     };
     let mc = env.cache.meta_counters();
@@ -131,6 +143,8 @@ fn run_seed(seed: u64) -> Outcome {
         random_step(&mut env, modes, ncores, bpl);
     }
     env.drain();
+    env.heal_and_check();
+    out.outages += env.cov.outages;
     if persist {
         env = env.stop_and_reload(seed ^ 0x10ad);
     }
@@ -159,6 +173,7 @@ fn crash_at_a_device_write_leaves_only_legal_data() {
     let mut errors = 0;
     let mut commits = 0;
     let mut checkpoints = 0;
+    let mut outages = 0;
     for seed in first..first + n {
         let o = match std::panic::catch_unwind(|| run_seed(seed)) {
             Ok(o) => o,
@@ -175,11 +190,12 @@ fn crash_at_a_device_write_leaves_only_legal_data() {
         }
         recovered_dirty += o.recovered_dirty as u32;
         errors += o.errors;
+        outages += o.outages;
         commits += o.commits;
         checkpoints += o.checkpoints;
     }
     println!(
-        "crash test over {n} seeds: crashes kept/dropped/torn/reordered = {crashes:?} ({persistent_crashes} of persistent caches, {recovered_dirty} recovered with dirty data), journal commits {commits}, checkpoints {checkpoints}, IO errors injected {errors}"
+        "crash test over {n} seeds: crashes kept/dropped/torn/reordered = {crashes:?} ({persistent_crashes} of persistent caches, {recovered_dirty} recovered with dirty data), journal commits {commits}, checkpoints {checkpoints}, IO errors injected {errors}, outages {outages}"
     );
     if n >= 50 {
         assert!(
@@ -187,6 +203,7 @@ fn crash_at_a_device_write_leaves_only_legal_data() {
             "coverage too thin: some crash pattern never ran"
         );
         assert!(errors > 0, "coverage too thin: no IO errors injected");
+        assert!(outages > 0, "coverage too thin: no outages");
         assert!(
             recovered_dirty > 0 && checkpoints > 0,
             "coverage too thin: no recovery with dirty data, or no checkpoint"

@@ -6,6 +6,13 @@
 //! fails if its coverage is thin: partial hits, evictions of formerly dirty lines, writebacks
 //! racing a client write, injected IO errors and mode switches must all have happened.
 //!
+//! Faults (docs/SAFETY.md, "Faults"): in most seeds injected errors carry every kind (`Io`,
+//! `NoSpace`, `TimedOut`), and in half of them *outages* make the cache device or a core fail
+//! every IO for up to 200 ms; the harness checks the reported health after every event, and at
+//! the end, once the faults stop, that writeback finishes and no alarm is left. Coverage must
+//! include bypass (cache device failing), lazy writes sent to the core after a cache error,
+//! reads retried from the core, failed and retried writeback, and recoveries.
+//!
 //! `TIERCACHE_MODEL_SEEDS=N` runs more seeds; `TIERCACHE_MODEL_SEED=S` replays one.
 
 mod harness;
@@ -26,6 +33,10 @@ pub fn run_seed(seed: u64, steps: u64) -> Coverage {
         p_slow: 0.0,
         crash_at_write: None,
         crash_at_meta_write: None,
+        error_kinds: rng.chance(0.8),
+        p_outage: if rng.chance(0.5) { 0.002 } else { 0.0 },
+        outage_ns_max: 200_000_000,
+        fault_params: Some(harness::fast_fault_params()),
     };
     // One seed in four persists its metadata (journal commits, checkpoints, deferred replies).
     let cfg = if seed % 4 == 1 {
@@ -43,6 +54,7 @@ pub fn run_seed(seed: u64, steps: u64) -> Coverage {
     }
     env.drain();
     env.verify_all();
+    env.heal_and_check();
     env.writeback_all();
     env.verify_all();
     env.cache.check_invariants();
@@ -77,17 +89,7 @@ fn model_random_sequences() {
                 std::panic::resume_unwind(e);
             }
         };
-        total.reads_checked += cov.reads_checked;
-        total.blocks_checked += cov.blocks_checked;
-        total.io_errors_injected += cov.io_errors_injected;
-        total.partial_hits += cov.partial_hits;
-        total.evictions_formerly_dirty += cov.evictions_formerly_dirty;
-        total.writeback_races += cov.writeback_races;
-        total.writebacks += cov.writebacks;
-        total.mode_switches += cov.mode_switches;
-        total.class_reloads += cov.class_reloads;
-        total.flushes += cov.flushes;
-        total.durability_checks += cov.durability_checks;
+        total.add(&cov);
     }
     println!("model coverage over {n} seeds: {total:?}");
     if n >= 50 {
@@ -113,5 +115,17 @@ fn model_random_sequences() {
             "coverage too thin: no mode switches"
         );
         assert!(total.flushes > 0, "coverage too thin: no flushes");
+        assert!(
+            total.outages > 0 && total.bypass_events > 0 && total.recoveries > 0,
+            "coverage too thin: no outage, bypass or recovery of the cache device"
+        );
+        assert!(
+            total.lazy_write_fallbacks > 0 && total.read_retries > 0,
+            "coverage too thin: no lazy write sent to the core, or no read retried from it"
+        );
+        assert!(
+            total.writeback_failures > 0 && total.writeback_retries > 0,
+            "coverage too thin: no failed or retried writeback"
+        );
     }
 }

@@ -143,7 +143,7 @@ impl Cache {
                             state: &self.state,
                         },
                     );
-                    self.dirty_lines -= 1;
+                    self.count_dirty(l, false);
                 } else {
                     self.eviction.remove(&mut self.lists, l, class);
                 }

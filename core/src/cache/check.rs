@@ -10,6 +10,7 @@ impl Cache {
     pub fn check_invariants(&self) {
         let mut mapped = 0u32;
         let mut dirty = 0u32;
+        let mut dirty_per_core = vec![0u32; self.cores.len()];
         let mut per_class = [0u32; IO_CLASSES_MAX];
         for i in 0..self.cfg.lines {
             let l = LineId(i);
@@ -33,8 +34,15 @@ impl Cache {
                 "line {i}: mapping not consistent"
             );
             assert!(self.core(c).is_some(), "line {i}: mapped to a missing core");
+            // A line holding no valid block is only mapped while a request that mapped it is
+            // in flight (it frees it again if the request ends without filling it).
+            assert!(
+                v != 0 || self.locks.busy(super::lock::lock_key(c, cl)),
+                "line {i}: mapped with no valid block and no request holding it"
+            );
             if d != 0 {
                 dirty += 1;
+                dirty_per_core[c.0 as usize] += 1;
                 let in_wb = self
                     .locks
                     .get(super::lock::lock_key(c, cl))
@@ -53,6 +61,27 @@ impl Cache {
         assert_eq!(mapped, self.map.mapped(), "mapped count");
         assert!(mapped <= self.cfg.lines, "occupancy above capacity");
         assert_eq!(dirty, self.dirty_lines, "dirty line count");
+        for (i, c) in self.cores.iter().enumerate() {
+            if let Some(c) = c {
+                assert_eq!(c.dirty_lines, dirty_per_core[i], "dirty lines of core {i}");
+            }
+        }
+        // Bypass only while the cache device is failing; a probe only then.
+        let probes = self
+            .ios
+            .values()
+            .filter(|o| matches!(o, super::IoOwner::Probe))
+            .count();
+        assert!(probes <= 1, "more than one probe in flight");
+        assert_eq!(
+            probes == 1,
+            self.faults.cache.probe_in_flight,
+            "probe bookkeeping"
+        );
+        assert!(
+            !self.faults.cache.probe_in_flight || self.faults.cache.since.is_some(),
+            "a probe of a device that is not failing"
+        );
         assert_eq!(per_class, self.class_lines, "per-class line counts");
         for r in self.reqs.values() {
             if r.locked {
@@ -86,7 +115,7 @@ impl Cache {
                 super::IoOwner::Wb { job, .. } => {
                     assert!(self.jobs.contains_key(job), "IO of a finished job")
                 }
-                super::IoOwner::Meta { .. } => {}
+                super::IoOwner::Meta { .. } | super::IoOwner::Probe => {}
             }
         }
     }

@@ -28,6 +28,7 @@
 //! - **The superblock** (two copies, alternating) is written after its tables (configuration
 //!   and core table, beside each copy) and a flush, with FUA.
 
+use super::health::IoClass;
 use super::{Cache, IoOwner};
 use crate::config::Persist;
 use crate::event::{Action, BufRef, Dev, IoError, ReqError};
@@ -656,6 +657,15 @@ impl Cache {
         result: Result<(), IoError>,
         actions: &mut Vec<Action>,
     ) {
+        if let Err(e) = result {
+            // A metadata IO is a cache device IO: its failure is a cache device fault.
+            let class = match kind {
+                MetaIo::CommitPreflush { .. } | MetaIo::JournalFlush { .. } => IoClass::Flush,
+                MetaIo::CommitWrite | MetaIo::Admin { .. } => IoClass::Write,
+            };
+            self.counters.cache_errors += 1;
+            self.note_cache_error(class, e);
+        }
         match kind {
             MetaIo::CommitPreflush { seq, covers } => match result {
                 Ok(()) => {

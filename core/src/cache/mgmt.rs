@@ -88,6 +88,8 @@ impl Cache {
             counters: ReqCounters::default(),
             flush: FlushState::default(),
             record: None,
+            dirty_lines: 0,
+            faults: super::CoreFaults::default(),
         });
         self.tables_changed();
         Ok(())
@@ -227,7 +229,7 @@ impl Cache {
                         state: &self.state,
                     },
                 );
-                self.dirty_lines -= 1;
+                self.count_dirty(l, false);
                 let v = self.state.valid(l);
                 self.state.set(l, v, 0);
                 self.meta_note(l);
@@ -413,7 +415,7 @@ impl Cache {
         if dirty != 0 {
             // Persistent metadata names this dirty line (without persistence the flag is unused).
             self.state.set_durable_dirty(line, self.meta.is_some());
-            self.dirty_lines += 1;
+            self.count_dirty(line, true);
             let view = View {
                 map: &self.map,
                 locks: &self.locks,

@@ -15,6 +15,7 @@
 
 mod alloc;
 mod check;
+pub mod health;
 mod load;
 pub mod lock;
 mod meta;
@@ -42,6 +43,10 @@ use crate::units::{CoreId, IoId, LineId, Nanos, ReqId};
 use lock::{LockTable, lock_key};
 use std::collections::VecDeque;
 
+pub use health::{
+    CoreFaults, DeviceErrors, FaultCounters, FaultParams, Health, HealthState, Problem,
+    WritebackFailure, WritebackFaults, WritebackStatus,
+};
 pub use load::{LoadReport, open, read_superblock, read_tables, scan_journal};
 pub use meta::journal_half;
 pub use meta::{MetaCounters, RECORD_ALIGN};
@@ -61,6 +66,10 @@ pub struct CoreState {
     /// What the core table records about it beyond its size (identity, export name); set by
     /// the driver with [`Cache::set_core_record`].
     pub record: Option<CoreRecord>,
+    /// Mapped lines of this core with dirty data.
+    pub(crate) dirty_lines: u32,
+    /// Device errors and writeback failures ([`Cache::core_faults`]).
+    pub(crate) faults: CoreFaults,
 }
 
 /// A core's identity and export name, as the persistent core table keeps them.
@@ -99,6 +108,8 @@ pub(crate) enum IoOwner {
     Wb { job: u32, kind: WbIo },
     /// The metadata machinery (journal, checkpoint, superblock).
     Meta { kind: meta::MetaIo },
+    /// A flush probing a failing cache device (`health.rs`).
+    Probe,
 }
 
 /// The IOs in flight, by id. An id is a slot index, reused once its IO has completed (a driver
@@ -216,8 +227,8 @@ pub struct Cache {
     pub(crate) force_clean: bool,
     /// Lines to clean regardless of policy because an allocation failed.
     pub(crate) ondemand_clean: u32,
-    /// No writeback before this time (after a writeback error).
-    pub(crate) wb_backoff_until: Nanos,
+    /// Device faults: counters, backoffs, the cache device's bypass (`health.rs`).
+    pub(crate) faults: health::Faults,
     /// Mapped lines with at least one dirty block.
     pub(crate) dirty_lines: u32,
     /// Flush bookkeeping for the cache device.
@@ -316,7 +327,7 @@ impl Cache {
             cleaner_next: Nanos(0),
             force_clean: false,
             ondemand_clean: 0,
-            wb_backoff_until: Nanos(0),
+            faults: health::Faults::default(),
             dirty_lines: 0,
             cache_flush: FlushState::default(),
             wake_waiters: false,
@@ -382,10 +393,13 @@ impl Cache {
         // When the cleaner cannot start a job until a running one frees slots, that is an
         // event of its own: no deadline.
         if self.dirty_lines > 0 && self.cleaner_can_start() {
-            let c = self.cleaner_next.max(self.wb_backoff_until);
+            let c = self.cleaner_next.max(self.cleaner_blocked_until());
             if c.0 != u64::MAX {
                 t = Some(t.map_or(c, |x| x.min(c)));
             }
+        }
+        if let Some(p) = self.faults_deadline() {
+            t = Some(t.map_or(p, |x| x.min(p)));
         }
         t
     }
@@ -399,6 +413,7 @@ impl Cache {
             IoOwner::Req { req, kind } => self.req_io_done(req, kind, result, actions),
             IoOwner::Wb { job, kind } => self.wb_io_done(job, kind, result, actions),
             IoOwner::Meta { kind } => self.meta_io_done(kind, result, actions),
+            IoOwner::Probe => self.probe_done(result),
         }
     }
 
@@ -431,7 +446,24 @@ impl Cache {
         if self.force_clean && self.dirty_lines == 0 && self.jobs.is_empty() {
             self.force_clean = false;
         }
+        self.faults_maintain(actions);
         self.meta_maintain(actions);
+    }
+
+    /// Counts `line` (mapped) becoming dirty (`up`) or clean, cache-wide and for its core.
+    #[inline]
+    pub(crate) fn count_dirty(&mut self, line: LineId, up: bool) {
+        let (c, _) = self.map.position(line);
+        let cs = self.cores[c.0 as usize]
+            .as_mut()
+            .expect("a mapped line's core");
+        if up {
+            self.dirty_lines += 1;
+            cs.dirty_lines += 1;
+        } else {
+            self.dirty_lines -= 1;
+            cs.dirty_lines -= 1;
+        }
     }
 
     /// The cache device block of block `offset` of `line`.
@@ -479,6 +511,10 @@ impl Cache {
         self.class_counters = [ReqCounters::default(); IO_CLASSES_MAX];
         for c in self.cores.iter_mut().flatten() {
             c.counters = ReqCounters::default();
+        }
+        self.faults.reset_counters();
+        for c in self.cores.iter_mut().flatten() {
+            c.faults.reset_counters();
         }
     }
     /// Counters of a core.

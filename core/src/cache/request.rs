@@ -13,7 +13,19 @@
 //! - A failed write leaves each block with its old or its new data and keeps whichever the cache
 //!   will keep serving: clean copies of blocks a failed write touched are invalidated, dirty
 //!   blocks are kept.
+//!
+//! Device faults (`health.rs`, docs/SAFETY.md "Faults"):
+//! - a core error is the request's result (reads, write-through and pass-through writes,
+//!   trims, write-zeroes, flushes);
+//! - a cache error is hidden where the data allows: clean blocks whose cache read failed are
+//!   read again from the core (dirty ones fail the read: they exist nowhere else); a
+//!   write-through write's core copy stands and the cache's copy is dropped; a lazy write whose
+//!   cache write failed is written to the core instead (*fallback*: it waits like any core write
+//!   for writebacks of its lines, then drops the cache's copy after a core flush); a failed
+//!   backfill only leaves the lines unfilled. Then the cache is in *bypass* and plans every
+//!   request with `pt`'s rules until a probe of the device succeeds.
 
+use super::health::IoClass;
 use super::lock::{LockKind, lock_key};
 use super::{Cache, IoKind, IoOwner};
 use crate::config::REQUEST_BLOCKS_MAX;
@@ -111,6 +123,8 @@ pub struct Request {
     pub(crate) core_err: Option<IoError>,
     pub(crate) parts: Vec<Part>,
     pub(crate) outcome: Outcome,
+    /// A lazy write whose cache write failed, re-planned as a write to the core.
+    pub(crate) fallback: bool,
 }
 
 /// A contiguous device IO being assembled from parts.
@@ -280,6 +294,7 @@ impl Cache {
             core_err: None,
             parts: self.parts_pool.pop().unwrap_or_default(),
             outcome: Outcome::Miss,
+            fallback: false,
         };
         if op == Op::Flush {
             self.start_flush(r, actions);
@@ -323,9 +338,24 @@ impl Cache {
             .count() as u32
     }
 
-    /// The rules writes follow now (the target's while leaving a lazy mode).
+    /// The rules writes follow now (the target's while leaving a lazy mode; `pt`'s while the
+    /// cache device fails).
+    #[inline]
     pub(crate) fn write_rules(&self) -> &'static crate::mode::ModeRules {
+        if self.bypass() {
+            return crate::mode::CacheMode::Pt.rules();
+        }
         self.target_mode.unwrap_or(self.mode).rules()
+    }
+
+    /// The rules reads follow now (`pt`'s while the cache device fails: dirty blocks are still
+    /// read from the cache, clean ones from the core, nothing is promoted).
+    #[inline]
+    pub(crate) fn read_rules(&self) -> &'static crate::mode::ModeRules {
+        if self.bypass() {
+            return crate::mode::CacheMode::Pt.rules();
+        }
+        self.mode.rules()
     }
 
     /// Lock kind chosen at arrival; re-checked when the plan is made.
@@ -606,7 +636,10 @@ impl Cache {
     // ----- reads -----
 
     fn plan_read(&mut self, mut r: Request, actions: &mut Vec<Action>) {
-        let rules = self.mode.rules();
+        let rules = self.read_rules();
+        if self.bypass() {
+            self.faults.counters.bypassed_requests += 1;
+        }
         self.build_parts(&mut r);
         let (valid, total) = self.count_valid(&r);
         r.outcome = if r.cut || !rules.read_clean_from_cache || self.class_allocation(r.class) == 0
@@ -668,15 +701,22 @@ impl Cache {
                     self.unmap_new(&mut r);
                     return self.finish(r, Err(ReqError::Io(e)), actions);
                 }
-                if r.cache_err.is_some() {
-                    // Clean blocks can be read again from the core; dirty ones are lost.
+                if let Some(e) = r.cache_err {
+                    // Clean blocks can be read again from the core; dirty ones exist nowhere
+                    // else: the read fails with the cache's error.
                     let dirty_read = r
                         .parts
                         .iter()
                         .any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
                     self.unmap_new(&mut r);
                     if dirty_read {
-                        return self.finish(r, Err(ReqError::Io(IoError::Io)), actions);
+                        self.faults.counters.dirty_read_errors += 1;
+                        return self.finish(r, Err(ReqError::Io(e)), actions);
+                    }
+                    self.faults.counters.read_retries_from_core += 1;
+                    // The clean copies it read may be bad: stop serving them.
+                    if r.lock != LockKind::Shared {
+                        self.drop_clean_lines(&r);
                     }
                     r.phase = Phase::ReadRetry;
                     r.cache_err = None;
@@ -690,7 +730,10 @@ impl Cache {
                     self.reqs.insert(r.id, r);
                     return;
                 }
-                if r.plan == (Plan::Read { backfill: true }) {
+                if r.plan == (Plan::Read { backfill: true }) && self.bypass() {
+                    // The cache device failed meanwhile: insert nothing.
+                    self.unmap_new(&mut r);
+                } else if r.plan == (Plan::Read { backfill: true }) {
                     let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
                     for i in 0..r.parts.len() {
                         let fill = r.parts[i].fill;
@@ -709,7 +752,9 @@ impl Cache {
                 self.finish_read(r, actions);
             }
             Phase::Backfill => {
-                if r.cache_err.is_none() {
+                if r.cache_err.is_some() {
+                    self.faults.counters.backfill_failures += 1;
+                } else {
                     for p in &r.parts {
                         if p.fill != 0 {
                             let l = p.line.expect("backfilled line is mapped");
@@ -736,7 +781,7 @@ impl Cache {
 
     /// Touches and reclassifies the lines a read used, then completes it.
     fn finish_read(&mut self, r: Request, actions: &mut Vec<Action>) {
-        let reclassify = self.mode.rules().reclassifies;
+        let reclassify = self.read_rules().reclassifies;
         for p in &r.parts {
             let Some(l) = p.line else { continue };
             if !self.map.is_mapped(l) {
@@ -775,12 +820,18 @@ impl Cache {
 
     fn plan_write(&mut self, mut r: Request, actions: &mut Vec<Action>) {
         self.build_parts(&mut r);
-        let rule =
-            if !matches!(r.op, Op::Write { .. }) || r.cut || self.class_allocation(r.class) == 0 {
-                WriteRule::Invalidate
-            } else {
-                self.write_rules().write
-            };
+        if self.bypass() && matches!(r.op, Op::Write { .. }) && !r.fallback {
+            self.faults.counters.bypassed_requests += 1;
+        }
+        let rule = if r.fallback
+            || !matches!(r.op, Op::Write { .. })
+            || r.cut
+            || self.class_allocation(r.class) == 0
+        {
+            WriteRule::Invalidate
+        } else {
+            self.write_rules().write
+        };
         let (valid, total) = self.count_valid(&r);
         let mut plan = match rule {
             WriteRule::Back | WriteRule::Through => {
@@ -922,16 +973,17 @@ impl Cache {
         }
         match r.plan {
             Plan::WriteBack => {
-                if let Some(e) = r.cache_err {
+                if r.cache_err.is_some() {
                     // Some cache writes may have landed: a clean copy of a targeted block is
                     // now unknown and is dropped; a dirty one stays the truth (old or new data,
-                    // whichever the device holds), and the next flush must cover it.
+                    // whichever the device holds) for now, and the next flush must cover it.
                     self.drop_clean_copies(&r);
                     self.unmap_new(&mut r);
                     if !fua {
                         self.cache_flush.writes_done += 1;
                     }
-                    return self.finish(r, Err(ReqError::Io(e)), actions);
+                    // The data is still in the request's buffer: write it to the core instead.
+                    return self.fallback_to_core(r);
                 }
                 for i in 0..r.parts.len() {
                     let p = r.parts[i];
@@ -948,7 +1000,7 @@ impl Cache {
                     if old_d == 0 {
                         let class = self.state.class(l);
                         self.eviction.remove(&mut self.lists, l, class);
-                        self.dirty_lines += 1;
+                        self.count_dirty(l, true);
                     }
                     let view = super::View {
                         map: &self.map,
@@ -970,7 +1022,10 @@ impl Cache {
                 }
                 self.note_core_write(r.core, fua);
                 if r.cache_err.is_some() {
-                    // The core has the data; the cache copy is unknown: drop it.
+                    // The core has the data; the cache copy is unknown: drop it (and free the
+                    // lines this request mapped: they never got a valid block).
+                    self.faults.counters.write_through_cache_failed += 1;
+                    self.unmap_new(&mut r);
                     return self.drop_after_core_write(r, fua, actions);
                 }
                 for p in &r.parts {
@@ -1029,6 +1084,44 @@ impl Cache {
         self.finish(r, Ok(()), actions);
     }
 
+    /// A lazy write whose cache write failed goes to the core instead: it gives its locks back
+    /// and waits at the head of the queue for its lines exclusive with no writeback in flight
+    /// (an older writeback must not land after it), then is planned as a write-invalidate.
+    fn fallback_to_core(&mut self, mut r: Request) {
+        self.faults.counters.lazy_write_fallbacks += 1;
+        if r.locked {
+            self.locks.unlock(r.core, r.first, r.last, r.lock);
+            r.locked = false;
+            self.wake_waiters = true;
+        }
+        r.lock = LockKind::ExclusiveNoWb;
+        r.fallback = true;
+        r.cache_err = None;
+        r.core_err = None;
+        r.plan = Plan::None;
+        r.phase = Phase::Queued;
+        let id = r.id;
+        self.reqs.insert(id, r);
+        // Overlapping requests queued meanwhile arrived after it: it goes first.
+        self.waiting.push_front(id);
+        self.counters.deferred += 1;
+    }
+
+    /// Drops the request's blocks from lines holding no dirty data (a cache read of them
+    /// failed; they are clean, so the core has them). Lines that may still be named by
+    /// persistent metadata are left alone (changing them needs a journal commit).
+    fn drop_clean_lines(&mut self, r: &Request) {
+        for p in &r.parts {
+            if let Some(l) = p.line
+                && self.map.is_mapped(l)
+                && self.state.dirty(l) == 0
+                && !self.state.durable_dirty(l)
+            {
+                self.drop_blocks(l, p.mask);
+            }
+        }
+    }
+
     fn note_core_write(&mut self, core: CoreId, fua: bool) {
         if !fua {
             let c = self.cores[core.0 as usize].as_mut().expect("core exists");
@@ -1072,7 +1165,7 @@ impl Cache {
         self.state.set(line, nv, nd);
         self.meta_note(line);
         if d != 0 && nd == 0 {
-            self.dirty_lines -= 1;
+            self.count_dirty(line, false);
             self.cleaning.on_clean(
                 &mut self.lists,
                 line,
@@ -1145,35 +1238,36 @@ impl Cache {
         actions: &mut Vec<Action>,
     ) {
         let mut r = self.reqs.remove(&id).expect("IO for a request in flight");
-        match (kind, result) {
-            (IoKind::Flush { dev, covers }, Ok(())) => {
-                let fs = match dev {
-                    Dev::Cache => &mut self.cache_flush,
-                    Dev::Core(c) => &mut self.cores[c.0 as usize].as_mut().expect("core").flush,
-                };
-                fs.durable_upto = fs.durable_upto.max(covers);
+        let (dev, class) = match kind {
+            IoKind::CacheRead => (Dev::Cache, IoClass::Read),
+            IoKind::CacheWrite => (Dev::Cache, IoClass::Write),
+            IoKind::CoreRead => (Dev::Core(r.core), IoClass::Read),
+            IoKind::CoreWrite => (Dev::Core(r.core), IoClass::Write),
+            IoKind::Flush { dev, .. } => (dev, IoClass::Flush),
+        };
+        match (dev, result) {
+            (_, Ok(())) => {
+                if let IoKind::Flush { dev, covers } = kind {
+                    let fs = match dev {
+                        Dev::Cache => &mut self.cache_flush,
+                        Dev::Core(c) => &mut self.cores[c.0 as usize].as_mut().expect("core").flush,
+                    };
+                    fs.durable_upto = fs.durable_upto.max(covers);
+                }
+                if let Dev::Core(c) = dev {
+                    self.note_core_ok(c);
+                }
             }
-            (
-                IoKind::Flush {
-                    dev: Dev::Cache, ..
-                },
-                Err(e),
-            )
-            | (IoKind::CacheRead | IoKind::CacheWrite, Err(e)) => {
+            (Dev::Cache, Err(e)) => {
                 self.counters.cache_errors += 1;
+                self.note_cache_error(class, e);
                 r.cache_err = Some(e);
             }
-            (
-                IoKind::Flush {
-                    dev: Dev::Core(_), ..
-                },
-                Err(e),
-            )
-            | (IoKind::CoreRead | IoKind::CoreWrite, Err(e)) => {
+            (Dev::Core(c), Err(e)) => {
                 self.counters.core_errors += 1;
+                self.note_core_error(c, class, e, false);
                 r.core_err = Some(e);
             }
-            (_, Ok(())) => {}
         }
         r.pending -= 1;
         if r.pending > 0 {

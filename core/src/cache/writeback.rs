@@ -6,17 +6,23 @@
 //! Per extent: read the runs from the cache into the slot, then write the extent to the core in
 //! one IO. When every extent of the job is written: flush each core it touched. Only then are
 //! the blocks marked clean — and only those still in the line's `wb_mask`, i.e. not rewritten by
-//! a client since the job started (see `lock.rs`). A failure anywhere leaves every line of the
-//! job dirty, counts an error and backs the cleaner off for a second.
+//! a client since the job started (see `lock.rs`).
+//!
+//! Failures (`health.rs`): a line is marked clean only if every extent holding it was read from
+//! the cache, written to the core, and its core's flush succeeded; every other line stays dirty
+//! and goes back to the policy. A core whose write or flush failed is backed off (exponential,
+//! per core: other cores keep being written back); a cache read that failed backs off all
+//! writeback and counts against the cache device.
 //!
 //! When the cleaner runs: whenever its policy's wake-up time has come, and on every event while
 //! it is *forced* — by a `writeback` command, a switch away from a lazy mode, an allocation that
 //! found no clean line (on-demand cleaning), or the rate controller.
 
+use super::health::IoClass;
 use super::lock::lock_key;
 use super::{Cache, IoOwner, View, WbIo};
 use crate::event::{Action, BufRef, Dev, IoError};
-use crate::policy::position_key;
+use crate::policy::{LineView, position_key};
 use crate::units::{CoreId, Lba, LineId, Nanos, mask_runs};
 
 /// An extent whose slot went back to the pool.
@@ -33,6 +39,18 @@ pub(crate) struct Extent {
     reads_pending: u32,
     /// Runs read from the cache: (line, first block in line, blocks).
     runs: Vec<(LineId, u32, u32)>,
+    /// What went wrong with it, if anything.
+    fail: ExtFail,
+}
+
+/// Why an extent did not reach the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ExtFail {
+    None,
+    /// A cache read of one of its runs failed (no core write was issued).
+    CacheRead,
+    /// Its core write failed.
+    CoreWrite,
 }
 
 /// A writeback job.
@@ -45,7 +63,10 @@ pub(crate) struct Job {
     pending: u32,
     /// Flushes issued (the job is in its last phase).
     flushing: bool,
-    failed: bool,
+    /// Cores whose flush failed.
+    flush_failed: Vec<CoreId>,
+    /// When the job started.
+    started: Nanos,
 }
 
 impl Cache {
@@ -63,23 +84,69 @@ impl Cache {
     }
 
     /// Starts writeback if the policy, a command, the rate controller or an allocation wants it.
+    /// Whether cleaning ignores the policy's gating now: a `writeback` command, a switch out of
+    /// a lazy mode, an allocation that found no clean line, the rate controller, or a failing
+    /// cache device (dirty data should leave it while it can).
+    pub(crate) fn cleaning_forced(&self) -> bool {
+        self.force_clean
+            || self.target_mode.is_some()
+            || self.ondemand_clean > 0
+            || self.rate.wants_writeback()
+            || (self.bypass() && self.dirty_lines > 0)
+    }
+
+    /// Until when no writeback job can start because of failures: the cache-read backoff, or
+    /// the earliest retry among the cores with dirty data when every one of them is backed
+    /// off. `Nanos(0)`: nothing holds writeback back.
+    pub(crate) fn cleaner_blocked_until(&self) -> Nanos {
+        let read = self.faults.counters.writeback_reads.retry_at;
+        if !self.faults.wb_alarm {
+            return read;
+        }
+        let mut earliest: Option<Nanos> = None;
+        for cs in self.cores.iter().flatten() {
+            if cs.dirty_lines == 0 {
+                continue;
+            }
+            let t = cs.faults.writeback.retry_at;
+            if t <= self.now {
+                return read;
+            }
+            earliest = Some(earliest.map_or(t, |e| e.min(t)));
+        }
+        read.max(earliest.unwrap_or(Nanos(0)))
+    }
+
     pub(crate) fn run_cleaner(&mut self, actions: &mut Vec<Action>) {
-        if self.dirty_lines == 0 || self.free_slots.is_empty() || self.now < self.wb_backoff_until {
+        if self.dirty_lines == 0 || self.free_slots.is_empty() {
             return;
         }
         // Stopping (the final checkpoint must see a quiet cache) or not ready yet.
         if self.refusing() {
             return;
         }
-        let forced = self.force_clean
-            || self.target_mode.is_some()
-            || self.ondemand_clean > 0
-            || self.rate.wants_writeback();
+        if self.now < self.cleaner_blocked_until() {
+            return;
+        }
+        let forced = self.cleaning_forced();
         if !forced && self.now < self.cleaner_next {
             return;
         }
         if !self.cleaner_can_start() {
             return;
+        }
+        // Lines of cores whose writeback is backed off look busy to the policy (it leaves them
+        // where they are).
+        let mut blocked = [0u64; 4];
+        if self.faults.wb_alarm {
+            for (i, cs) in self.cores.iter().enumerate() {
+                if cs
+                    .as_ref()
+                    .is_some_and(|c| c.faults.writeback.retry_at > self.now)
+                {
+                    blocked[i / 64] |= 1 << (i % 64);
+                }
+            }
         }
         let per_job = self.slots_per_job();
         let max = self
@@ -90,10 +157,13 @@ impl Cache {
             .max(1);
         let mut picked = std::mem::take(&mut self.pick_buf);
         picked.clear();
-        let view = View {
-            map: &self.map,
-            locks: &self.locks,
-            state: &self.state,
+        let view = CleanView {
+            view: View {
+                map: &self.map,
+                locks: &self.locks,
+                state: &self.state,
+            },
+            blocked,
         };
         let next = self
             .cleaning
@@ -158,6 +228,7 @@ impl Cache {
                         slot,
                         reads_pending: 0,
                         runs: Vec::new(),
+                        fail: ExtFail::None,
                     });
                 }
                 let e = extents.last_mut().expect("an extent");
@@ -186,12 +257,21 @@ impl Cache {
         }
         let id = self.next_job;
         self.next_job = self.next_job.wrapping_add(1);
+        let mut cores: Vec<CoreId> = extents.iter().map(|e| e.core).collect();
+        cores.dedup();
+        for c in cores {
+            self.note_wb_start(c);
+        }
+        if self.faults.counters.writeback_reads.since.is_some() {
+            self.faults.counters.writeback_reads.retries += 1;
+        }
         let mut job = Job {
             lines: in_job,
             extents,
             pending: 0,
             flushing: false,
-            failed: false,
+            flush_failed: Vec::new(),
+            started: self.now,
         };
         for (x, e) in job.extents.iter_mut().enumerate() {
             for &(l, b, n) in &e.runs {
@@ -228,23 +308,40 @@ impl Cache {
     ) {
         let mut job = self.jobs.remove(&id).expect("IO for a job in flight");
         job.pending -= 1;
-        if result.is_err() {
-            job.failed = true;
-            match kind {
-                WbIo::CacheRead { .. } => self.counters.cache_errors += 1,
-                WbIo::CoreWrite { .. } | WbIo::CoreFlush { .. } => self.counters.core_errors += 1,
+        match (kind, result) {
+            (WbIo::CacheRead { .. }, Err(e)) => {
+                self.counters.cache_errors += 1;
+                self.note_wb_read_error(e);
             }
+            (WbIo::CoreWrite { extent }, Err(e)) => {
+                self.counters.core_errors += 1;
+                let core = job.extents[extent as usize].core;
+                self.note_core_error(core, IoClass::Write, e, true);
+            }
+            (WbIo::CoreFlush { core, .. }, Err(e)) => {
+                self.counters.core_errors += 1;
+                self.note_core_error(core, IoClass::Flush, e, true);
+            }
+            (WbIo::CacheRead { .. }, Ok(())) => {}
+            (WbIo::CoreWrite { extent }, Ok(())) => {
+                let core = job.extents[extent as usize].core;
+                self.note_core_ok(core);
+            }
+            (WbIo::CoreFlush { core, .. }, Ok(())) => self.note_core_ok(core),
         }
         match kind {
             WbIo::CacheRead { extent } => {
                 let e = &mut job.extents[extent as usize];
                 e.reads_pending -= 1;
-                if e.reads_pending == 0 && job.failed && e.slot != NO_SLOT {
+                if result.is_err() {
+                    e.fail = ExtFail::CacheRead;
+                }
+                if e.reads_pending == 0 && e.fail != ExtFail::None && e.slot != NO_SLOT {
                     // No core write will use this slot: give it back now.
                     self.free_slots.push(e.slot);
                     e.slot = NO_SLOT;
                 }
-                if e.reads_pending == 0 && !job.failed {
+                if e.reads_pending == 0 && e.fail == ExtFail::None {
                     let io = self.new_io(IoOwner::Wb {
                         job: id,
                         kind: WbIo::CoreWrite { extent },
@@ -271,11 +368,16 @@ impl Cache {
                 let e = &mut job.extents[extent as usize];
                 self.free_slots.push(e.slot);
                 e.slot = NO_SLOT;
+                if result.is_err() {
+                    e.fail = ExtFail::CoreWrite;
+                }
             }
             WbIo::CoreFlush { core, covers } => {
                 if result.is_ok() {
                     let fs = &mut self.cores[core.0 as usize].as_mut().expect("core").flush;
                     fs.durable_upto = fs.durable_upto.max(covers);
+                } else {
+                    job.flush_failed.push(core);
                 }
             }
         }
@@ -283,12 +385,18 @@ impl Cache {
             self.jobs.insert(id, job);
             return;
         }
-        if job.failed || job.flushing || cfg!(feature = "canary-clean-before-durable") {
-            // (The canary marks lines clean before any core flush: a planted bug.)
+        // Every extent that reached the core must be durable there before its lines are marked
+        // clean: flush each core that got one. (The canary marks lines clean before any core
+        // flush: a planted bug.)
+        let mut cores: Vec<CoreId> = job
+            .extents
+            .iter()
+            .filter(|e| e.fail == ExtFail::None)
+            .map(|e| e.core)
+            .collect();
+        if job.flushing || cores.is_empty() || cfg!(feature = "canary-clean-before-durable") {
             return self.finish_job(job);
         }
-        // Every extent is on the core: make it durable before anything is marked clean.
-        let mut cores: Vec<CoreId> = job.extents.iter().map(|e| e.core).collect();
         cores.sort();
         cores.dedup();
         job.flushing = true;
@@ -312,8 +420,19 @@ impl Cache {
     }
 
     fn finish_job(&mut self, job: Job) {
-        let ok = !job.failed;
+        // Lines that did not reach the core durably: in an extent that failed, or of a core
+        // whose flush failed (or was never issued: the canary).
+        let mut bad: Vec<LineId> = Vec::new();
+        for e in &job.extents {
+            if e.fail != ExtFail::None || job.flush_failed.contains(&e.core) {
+                bad.extend(e.runs.iter().map(|r| r.0));
+            }
+        }
+        bad.sort_unstable();
+        bad.dedup();
         let mut cleaned = 0u32;
+        // Per core: (lines cleaned, a core write or flush failed).
+        let mut per_core: Vec<(CoreId, bool, bool)> = Vec::new();
         for &(l, c, cl) in &job.lines {
             let key = lock_key(c, cl);
             let e = self.locks.entry(key);
@@ -324,6 +443,7 @@ impl Cache {
             if !self.map.is_mapped(l) || self.map.position(l) != (c, cl) {
                 continue; // only under the broken-eviction canary
             }
+            let ok = bad.binary_search(&l).is_err();
             let d = self.state.dirty(l);
             if ok {
                 let nd = d & !mask;
@@ -332,7 +452,7 @@ impl Cache {
                 self.state.set(l, v, nd);
                 self.meta_note(l);
                 if d != 0 && nd == 0 {
-                    self.dirty_lines -= 1;
+                    self.count_dirty(l, false);
                     self.cleaning.on_clean(
                         &mut self.lists,
                         l,
@@ -347,7 +467,6 @@ impl Cache {
                         .insert(&mut self.lists, l, class, position_key(c, cl));
                     self.counters.writeback_lines += 1;
                     cleaned += 1;
-                    continue;
                 }
             }
             if self.state.dirty(l) != 0 {
@@ -358,19 +477,75 @@ impl Cache {
                 };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
             }
+            match per_core.iter_mut().find(|x| x.0 == c) {
+                Some(x) => x.1 |= ok,
+                None => per_core.push((c, ok, false)),
+            }
         }
+        let mut read_failed = false;
+        let mut read_ok = false;
         for e in &job.extents {
             if e.slot != NO_SLOT {
                 self.free_slots.push(e.slot);
             }
+            match e.fail {
+                ExtFail::CacheRead => read_failed = true,
+                ExtFail::CoreWrite | ExtFail::None => read_ok = true,
+            }
+            let core_failed = e.fail == ExtFail::CoreWrite || job.flush_failed.contains(&e.core);
+            if let Some(x) = per_core.iter_mut().find(|x| x.0 == e.core) {
+                x.2 |= core_failed;
+            }
         }
-        if ok {
+        // Cores that got nothing written (every extent's cache read failed) learn nothing.
+        for &(c, progress, core_failed) in &per_core {
+            if core_failed {
+                self.note_wb_attempt(c, job.started, true, progress);
+            } else if progress {
+                self.note_wb_attempt(c, job.started, false, true);
+            }
+        }
+        self.note_wb_read_attempt(job.started, read_failed, read_ok);
+        if cleaned > 0 {
             self.rate.on_cleaned(self.now, cleaned);
-        } else {
+        }
+        if read_failed || per_core.iter().any(|x| x.2) {
             self.counters.writeback_errors += 1;
-            self.wb_backoff_until = self.now.plus(Nanos::SECOND);
         }
         self.wake_waiters = true;
+    }
+}
+
+/// What the cleaning policy sees when it picks: lines of cores whose writeback is backed off
+/// after a failure look busy (the policy leaves them on its lists).
+struct CleanView<'a> {
+    view: View<'a>,
+    blocked: [u64; 4],
+}
+
+impl LineView for CleanView<'_> {
+    #[inline]
+    fn busy(&self, line: LineId) -> bool {
+        if self.view.busy(line) {
+            return true;
+        }
+        if self.blocked == [0; 4] {
+            return false;
+        }
+        let c = self.view.position(line).0.0 as usize;
+        self.blocked[c / 64] >> (c % 64) & 1 == 1
+    }
+    #[inline]
+    fn evictable(&self, line: LineId) -> bool {
+        self.view.evictable(line)
+    }
+    #[inline]
+    fn position(&self, line: LineId) -> (CoreId, u64) {
+        self.view.position(line)
+    }
+    #[inline]
+    fn key(&self, line: LineId) -> u64 {
+        self.view.key(line)
     }
 }
 

@@ -14,11 +14,22 @@
 //!   data — and then keeps returning that same value (no flip-flop);
 //! - **durability**, after every event: what a crash right now would leave — the cache
 //!   device's durable copy of a dirty block, else the core's durable copy — must be the floor
-//!   write or a later one (SPEC durability points 1–2).
+//!   write or a later one (SPEC durability points 1–2);
+//! - **health** (docs/SAFETY.md, "Faults"), after every event: a core is reported failing
+//!   exactly when its last completed IO failed; a cache device error puts the cache in bypass
+//!   at once, and while it stays in bypass no client data is written to the cache device; a
+//!   failed writeback write to a core opens that core's writeback alarm at once, and an alarm
+//!   stays only while the core has dirty lines; and no cached line is left without a valid
+//!   block once the request that mapped it is done (`EMPTY LINE`).
+//!
+//! Faults: a seeded share of IOs fail (`p_io_error`) with a random error kind (`Io`, `NoSpace`,
+//! `TimedOut`) when `error_kinds` is set, and an *outage* (`p_outage`) makes one device — the
+//! cache or a core — fail every IO for a while.
 
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use tiercache_core::cache::{FaultParams, Problem};
 use tiercache_core::event::{Action, BufRef, Dev, Event, IoError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
@@ -269,6 +280,46 @@ pub struct Coverage {
     pub class_reloads: u64,
     pub flushes: u64,
     pub durability_checks: u64,
+    /// Outages started (a device failing every IO for a while).
+    pub outages: u64,
+    /// Events applied while the cache was in bypass (its device failing).
+    pub bypass_events: u64,
+    /// Lazy writes written to the core after their cache write failed.
+    pub lazy_write_fallbacks: u64,
+    /// Reads of clean blocks retried from the core after a cache read error.
+    pub read_retries: u64,
+    /// Writeback attempts that failed, and retries.
+    pub writeback_failures: u64,
+    pub writeback_retries: u64,
+    /// Probes of a failing cache device that ended bypass.
+    pub recoveries: u64,
+    /// Health checks run.
+    pub health_checks: u64,
+}
+
+impl Coverage {
+    /// Adds `o` to `self`.
+    pub fn add(&mut self, o: &Coverage) {
+        self.reads_checked += o.reads_checked;
+        self.blocks_checked += o.blocks_checked;
+        self.io_errors_injected += o.io_errors_injected;
+        self.partial_hits += o.partial_hits;
+        self.evictions_formerly_dirty += o.evictions_formerly_dirty;
+        self.writeback_races += o.writeback_races;
+        self.writebacks += o.writebacks;
+        self.mode_switches += o.mode_switches;
+        self.class_reloads += o.class_reloads;
+        self.flushes += o.flushes;
+        self.durability_checks += o.durability_checks;
+        self.outages += o.outages;
+        self.bypass_events += o.bypass_events;
+        self.lazy_write_fallbacks += o.lazy_write_fallbacks;
+        self.read_retries += o.read_retries;
+        self.writeback_failures += o.writeback_failures;
+        self.writeback_retries += o.writeback_retries;
+        self.recoveries += o.recoveries;
+        self.health_checks += o.health_checks;
+    }
 }
 
 /// What every device holds after a power cut.
@@ -309,6 +360,25 @@ pub struct Knobs {
     /// Stop at the n-th metadata write (journal record, checkpoint chunk, tables, superblock)
     /// issued: a crash point where metadata and data races are likeliest.
     pub crash_at_meta_write: Option<u64>,
+    /// Injected failures carry a random kind (`Io`, `NoSpace`, `TimedOut`) instead of `Io`.
+    pub error_kinds: bool,
+    /// Chance per workload step that an outage starts (one device fails every IO).
+    pub p_outage: f64,
+    /// Longest outage, ns.
+    pub outage_ns_max: u64,
+    /// Retry timing given to the cache (the defaults are seconds; tests use milliseconds).
+    pub fault_params: Option<FaultParams>,
+}
+
+/// Fast retry timing for tests: the cache leaves bypass and retries writeback within a few
+/// simulated milliseconds, so a run spends most of its time in the normal paths.
+pub fn fast_fault_params() -> FaultParams {
+    FaultParams {
+        writeback_retry_first: Nanos::from_ms(1),
+        writeback_retry_max: Nanos::from_ms(40),
+        cache_retry_first: Nanos::from_ms(2),
+        cache_retry_max: Nanos::from_ms(100),
+    }
 }
 
 impl Default for Knobs {
@@ -321,8 +391,21 @@ impl Default for Knobs {
             p_slow: 0.0,
             crash_at_write: None,
             crash_at_meta_write: None,
+            error_kinds: false,
+            p_outage: 0.0,
+            outage_ns_max: 200_000_000,
+            fault_params: Some(fast_fault_params()),
         }
     }
+}
+
+/// A device failing every IO until a time.
+#[derive(Clone, Copy, Debug)]
+pub struct Outage {
+    pub dev: Dev,
+    pub until: Nanos,
+    /// The error every IO of the device fails with.
+    pub kind: IoError,
 }
 
 /// The environment: cache + devices + oracle.
@@ -350,6 +433,14 @@ pub struct Env {
     pub meta_writes: u64,
     /// The crash point was reached: the run must stop and be checked with `crash_check`.
     pub crashed: bool,
+    /// The device failing every IO now, if any.
+    pub outage: Option<Outage>,
+    /// Per core: whether its last completed IO failed (the health oracle).
+    last_core_failed: BTreeMap<u16, bool>,
+    /// Whether health is checked after every event.
+    pub check_health: bool,
+    /// Results of completed requests, when kept (scenario tests).
+    pub results: Option<BTreeMap<ReqId, Result<(), tiercache_core::event::ReqError>>>,
 }
 
 impl Env {
@@ -365,7 +456,10 @@ impl Env {
     }
 
     /// An environment around a cache (new or loaded) and its cache device.
-    pub fn with_cache(cache: Cache, cache_dev: Device, seed: u64, knobs: Knobs) -> Env {
+    pub fn with_cache(mut cache: Cache, cache_dev: Device, seed: u64, knobs: Knobs) -> Env {
+        if let Some(p) = knobs.fault_params {
+            cache.set_fault_params(p);
+        }
         let cfg = cache.config().clone();
         let slot_bytes = cfg.pool_slot_blocks as usize * BS;
         let pool = (0..cfg.pool_slots).map(|_| vec![0u8; slot_bytes]).collect();
@@ -388,6 +482,10 @@ impl Env {
             device_writes: 0,
             meta_writes: 0,
             crashed: false,
+            outage: None,
+            last_core_failed: BTreeMap::new(),
+            check_health: true,
+            results: None,
         }
     }
 
@@ -465,12 +563,154 @@ impl Env {
 
     /// Applies an event to the cache and executes the resulting actions.
     pub fn apply(&mut self, ev: Event) {
+        self.apply_io(ev, None);
+    }
+
+    /// Applies an event; `done` names the device of an `IoDone`, whether it failed, and
+    /// whether it was a writeback write (a core write from a staging slot).
+    fn apply_io(&mut self, ev: Event, done: Option<(Dev, bool, bool)>) {
         self.log(format!("t={} {:?}", self.now.0, ev));
+        let bypass_before = self
+            .cache
+            .health()
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::CacheDevice { .. }));
         let mut actions = Vec::new();
         self.cache.apply(self.now, ev, &mut actions);
+        if self.check_health {
+            self.check_health_after(bypass_before, done, &actions);
+        }
         self.execute(actions);
         if self.check_durability {
             self.check_durable();
+        }
+    }
+
+    /// A cached line with no valid block may only exist while a request that mapped it is in
+    /// flight (a failed cache write used to leave such lines behind).
+    fn check_no_empty_line(&self) {
+        let bpl = self.cache.config().line_size.blocks() as u64;
+        for (&core, (_, model)) in &self.cores {
+            for cl in 0..(model.len() as u64).div_ceil(bpl) {
+                let Some((line, v, _)) = self.cache.line_state(CoreId(core), cl) else {
+                    continue;
+                };
+                if v != 0 {
+                    continue;
+                }
+                let (s, e) = (cl * bpl, (cl + 1) * bpl);
+                let held = self
+                    .reqs
+                    .values()
+                    .any(|r| r.core.0 == core && r.lba < e && r.lba + r.blocks as u64 > s);
+                if !held {
+                    self.fail(&format!(
+                        "EMPTY LINE: core {core} line {cl} is cached in line {} with no valid block and no request in flight",
+                        line.0
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The health checks (module docs), after an event whose actions are `actions`.
+    fn check_health_after(
+        &mut self,
+        bypass_before: bool,
+        done: Option<(Dev, bool, bool)>,
+        actions: &[Action],
+    ) {
+        self.cov.health_checks += 1;
+        if let Some((Dev::Core(c), failed, _)) = done {
+            self.last_core_failed.insert(c.0, failed);
+        }
+        let h = self.cache.health();
+        let bypass = h
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::CacheDevice { .. }));
+        if bypass {
+            self.cov.bypass_events += 1;
+        }
+        if let Some((Dev::Cache, true, _)) = done
+            && !bypass
+        {
+            self.fail("HEALTH: a cache device error did not put the cache in bypass");
+        }
+        if bypass_before && bypass {
+            for a in actions {
+                if let Action::Write {
+                    dev: Dev::Cache,
+                    buf: BufRef::Req { req, .. },
+                    ..
+                } = a
+                {
+                    self.fail(&format!(
+                        "HEALTH: client data of {req:?} written to the cache device in bypass"
+                    ));
+                }
+            }
+        }
+        for (&c, &failed) in &self.last_core_failed {
+            let reported = h
+                .problems
+                .iter()
+                .any(|p| matches!(p, Problem::CoreDevice { core, .. } if core.0 == c));
+            if reported != failed {
+                self.fail(&format!(
+                    "HEALTH: core {c}'s last IO failed: {failed}, reported failing: {reported}"
+                ));
+            }
+        }
+        if let Some((Dev::Core(c), true, true)) = done {
+            let alarm = h
+                .problems
+                .iter()
+                .any(|p| matches!(p, Problem::Writeback { core, .. } if *core == c));
+            if !alarm {
+                self.fail(&format!(
+                    "HEALTH: a failed writeback write to core {} raised no alarm",
+                    c.0
+                ));
+            }
+        }
+        self.check_no_empty_line();
+        let mut at_risk = 0;
+        for p in &h.problems {
+            if let Problem::Writeback {
+                core,
+                dirty_blocks,
+                since,
+                ..
+            } = *p
+            {
+                if self.cache.core_dirty_lines(core) == 0 || dirty_blocks == 0 {
+                    self.fail(&format!(
+                        "HEALTH: writeback alarm for core {} without dirty data",
+                        core.0
+                    ));
+                }
+                if since > self.now {
+                    self.fail("HEALTH: an alarm from the future");
+                }
+                at_risk += dirty_blocks;
+            }
+        }
+        let expect = if bypass
+            || h.problems
+                .iter()
+                .any(|p| matches!(p, Problem::WritebackRead { .. }))
+        {
+            self.cache.dirty_blocks()
+        } else {
+            at_risk
+        };
+        if h.dirty_at_risk_blocks != expect {
+            self.fail(&format!(
+                "HEALTH: {} dirty blocks at risk reported, {expect} expected",
+                h.dirty_at_risk_blocks
+            ));
         }
     }
 
@@ -520,7 +760,7 @@ impl Env {
                     if !is_flush && self.rng.chance(self.knobs.p_apply_at_submit) {
                         // Data moves now; the IO still completes later (and may still fail,
                         // leaving what it did).
-                        self.apply_io(&p.action, true);
+                        self.move_data(&p.action, true);
                         p.applied = true;
                     }
                     self.pending.push((io, p));
@@ -566,7 +806,7 @@ impl Env {
     }
 
     /// Performs the data movement of an IO (`ok`: fully; otherwise a failed IO's effect).
-    fn apply_io(&mut self, a: &Action, ok: bool) {
+    fn move_data(&mut self, a: &Action, ok: bool) {
         match *a {
             Action::Read {
                 dev,
@@ -640,18 +880,76 @@ impl Env {
             }
         }
         let (io, p) = self.pending.swap_remove(i);
-        let fail = self.rng.chance(self.knobs.p_io_error);
+        let dev = match p.action {
+            Action::Read { dev, .. }
+            | Action::Write { dev, .. }
+            | Action::WriteZeroes { dev, .. }
+            | Action::Trim { dev, .. }
+            | Action::Flush { dev, .. } => dev,
+            Action::Copy { .. } | Action::Complete { .. } => unreachable!("not an IO"),
+        };
+        if self.outage.is_some_and(|o| o.until <= self.now) {
+            self.outage = None;
+        }
+        let out = self.outage.filter(|o| o.dev == dev).map(|o| o.kind);
+        let fail = out.is_some() || self.rng.chance(self.knobs.p_io_error);
         if fail {
             self.cov.io_errors_injected += 1;
         }
         if !p.applied {
-            self.apply_io(&p.action, !fail);
+            self.move_data(&p.action, !fail);
         } else if fail && matches!(p.action, Action::Read { .. }) {
-            self.apply_io(&p.action, false);
+            self.move_data(&p.action, false);
         }
-        let result = if fail { Err(IoError::Io) } else { Ok(()) };
-        self.apply(Event::IoDone { io, result });
+        let result = if !fail {
+            Ok(())
+        } else if let Some(k) = out {
+            Err(k)
+        } else if self.knobs.error_kinds {
+            Err([IoError::Io, IoError::NoSpace, IoError::TimedOut][self.rng.below(3) as usize])
+        } else {
+            Err(IoError::Io)
+        };
+        let wb_write = matches!(
+            p.action,
+            Action::Write {
+                dev: Dev::Core(_),
+                buf: BufRef::Pool { .. },
+                ..
+            }
+        );
+        self.apply_io(Event::IoDone { io, result }, Some((dev, fail, wb_write)));
         true
+    }
+
+    /// Maybe starts an outage (one device fails every IO for up to `outage_ns_max`).
+    pub fn maybe_outage(&mut self) {
+        if self.knobs.p_outage <= 0.0 || self.outage.is_some() {
+            return;
+        }
+        if !self.rng.chance(self.knobs.p_outage) {
+            return;
+        }
+        let cores: Vec<u16> = self.cores.keys().copied().collect();
+        let k = self.rng.below(cores.len() as u64 + 1) as usize;
+        let dev = if k == cores.len() {
+            Dev::Cache
+        } else {
+            Dev::Core(CoreId(cores[k]))
+        };
+        let len = 1 + self.rng.below(self.knobs.outage_ns_max);
+        let kind = if self.knobs.error_kinds {
+            [IoError::Io, IoError::NoSpace, IoError::TimedOut][self.rng.below(3) as usize]
+        } else {
+            IoError::Io
+        };
+        self.outage = Some(Outage {
+            dev,
+            until: self.now.plus(Nanos(len)),
+            kind,
+        });
+        self.cov.outages += 1;
+        self.log(format!("t={} OUTAGE {dev:?} for {len} ns", self.now.0));
     }
 
     pub fn advance(&mut self) {
@@ -783,6 +1081,9 @@ impl Env {
             .reqs
             .remove(&req)
             .unwrap_or_else(|| self.fail("completion of unknown request"));
+        if let Some(res) = self.results.as_mut() {
+            res.insert(req, result);
+        }
         let core = r.core.0;
         let nblocks = self.core_blocks(core);
         if r.op != ReqOp::Flush && r.lba + r.blocks as u64 > nblocks {
@@ -929,6 +1230,35 @@ impl Env {
             guard += 1;
             if guard > 200_000 {
                 self.fail("drain did not converge (waiting on time)");
+            }
+        }
+    }
+
+    /// Once faults have stopped: time passes until every backoff has run out, and the cache
+    /// must report no cache device, writeback or writeback-read problem (a core may still be
+    /// reported failing, exactly when its last IO failed).
+    pub fn heal_and_check(&mut self) {
+        self.outage = None;
+        let saved = self.knobs.p_io_error;
+        self.knobs.p_io_error = 0.0;
+        let wait = self.cache.fault_params().cache_retry_max.0
+            + self.cache.fault_params().writeback_retry_max.0;
+        for _ in 0..4 {
+            self.now = self.now.plus(Nanos(wait));
+            self.tick();
+            self.drain();
+        }
+        self.writeback_all();
+        self.now = self.now.plus(Nanos(wait));
+        self.tick();
+        self.drain();
+        self.knobs.p_io_error = saved;
+        let h = self.cache.health();
+        for p in &h.problems {
+            if !matches!(p, Problem::CoreDevice { .. }) {
+                self.fail(&format!(
+                    "HEALTH: still {p:?} after the faults stopped and everything was written back"
+                ));
             }
         }
     }
@@ -1163,11 +1493,29 @@ impl Env {
         self.cov.evictions_formerly_dirty += c.evictions_formerly_dirty;
         self.cov.writeback_races += c.writeback_races;
         self.cov.writebacks += c.writeback_lines;
+        let f = *self.cache.faults();
+        self.cov.lazy_write_fallbacks += f.lazy_write_fallbacks;
+        self.cov.read_retries += f.read_retries_from_core;
+        self.cov.recoveries += f.probes_ok;
+        self.cov.writeback_failures += f.writeback_reads.failures;
+        self.cov.writeback_retries += f.writeback_reads.retries;
+        for core in self.cores.keys() {
+            if let Some(cf) = self.cache.core_faults(CoreId(*core)) {
+                self.cov.writeback_failures += cf.writeback.failures;
+                self.cov.writeback_retries += cf.writeback.retries;
+            }
+        }
         for core in self.cores.keys() {
             if let Some(rc) = self.cache.core_counters(CoreId(*core)) {
                 self.cov.partial_hits += rc.read.partial_hit + rc.write.partial_hit;
             }
         }
+    }
+
+    /// What core `core`'s device holds at block `b` (its volatile image: what a read returns).
+    pub fn core_content(&self, core: u16, b: u64) -> Content {
+        let d = &self.cores[&core].0;
+        decode_block(&d.vol[b as usize * BS..(b as usize + 1) * BS], core, b)
     }
 
     /// Direct view of the oracle's newest content for a block (semantics tests).

@@ -123,6 +123,7 @@ pub fn random_step(env: &mut Env, modes: &[CacheMode], ncores: u64, bpl: u64) {
     } else if !env.complete_one() {
         env.tick();
     }
+    env.maybe_outage();
     env.advance();
     if env.rng.chance(0.02) {
         env.tick();
