@@ -42,6 +42,34 @@ impl IoErr {
             msg: format!("{what}: {e}"),
         }
     }
+
+    /// A device that is full (ENOSPC): an [`IoErr::Io`] of kind `StorageFull`, which the
+    /// engine reports to the core as `IoError::NoSpace`.
+    pub fn no_space(what: impl fmt::Display) -> Self {
+        IoErr::Io {
+            kind: std::io::ErrorKind::StorageFull,
+            msg: format!("{what}: no space left on device"),
+        }
+    }
+
+    /// A device that did not answer in time: an [`IoErr::Io`] of kind `TimedOut`, which the
+    /// engine reports to the core as `IoError::TimedOut` (see [`crate::TimeoutBackend`]).
+    pub fn timed_out(what: impl fmt::Display) -> Self {
+        IoErr::Io {
+            kind: std::io::ErrorKind::TimedOut,
+            msg: format!("{what}: timed out"),
+        }
+    }
+
+    /// Whether the device said it is full (ENOSPC, also as an OS error).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, IoErr::Io { kind, .. } if *kind == std::io::ErrorKind::StorageFull)
+    }
+
+    /// Whether the IO timed out.
+    pub fn is_timed_out(&self) -> bool {
+        matches!(self, IoErr::Io { kind, .. } if *kind == std::io::ErrorKind::TimedOut)
+    }
 }
 
 impl fmt::Display for IoErr {

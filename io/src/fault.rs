@@ -1,7 +1,7 @@
 use crate::{BLOCK, Backend, IoErr, check_blocks, check_bytes};
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 /// The kinds of operation the [`FaultBackend`] can fail or delay.
@@ -32,6 +32,43 @@ impl OpKind {
     fn index(self) -> usize {
         self as usize
     }
+
+    fn bit(self) -> u8 {
+        1 << self.index()
+    }
+}
+
+/// The error an injected failure returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum InjectedError {
+    /// [`IoErr::Injected`]: an IO error (the engine reports `IoError::Io`).
+    #[default]
+    Io,
+    /// [`IoErr::no_space`]: the device is full (ENOSPC; the engine reports `IoError::NoSpace`).
+    NoSpace,
+    /// [`IoErr::timed_out`]: the device did not answer (the engine reports
+    /// `IoError::TimedOut`).
+    TimedOut,
+}
+
+impl InjectedError {
+    const ALL: [InjectedError; 3] = [
+        InjectedError::Io,
+        InjectedError::NoSpace,
+        InjectedError::TimedOut,
+    ];
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn error(self, op: OpKind) -> IoErr {
+        match self {
+            InjectedError::Io => IoErr::Injected { op },
+            InjectedError::NoSpace => IoErr::no_space(format!("injected on {op:?}")),
+            InjectedError::TimedOut => IoErr::timed_out(format!("injected on {op:?}")),
+        }
+    }
 }
 
 /// Configuration of a [`FaultBackend`]. The default injects nothing and tracks un-flushed
@@ -45,6 +82,8 @@ pub struct FaultConfig {
     pub error_rate: [f64; 5],
     /// Delay added (by sleeping) before each operation of each kind.
     pub delay: [Duration; 5],
+    /// The error an injected failure of each kind returns.
+    pub error_kind: [InjectedError; 5],
     /// Whether to track un-flushed writes so that [`FaultBackend::power_cut`] can revert them.
     /// It costs a read of the old content at the first overwrite of a block since the last
     /// flush, and serialises writes with each other and with flushes.
@@ -57,6 +96,7 @@ impl Default for FaultConfig {
             seed: 0,
             error_rate: [0.0; 5],
             delay: [Duration::ZERO; 5],
+            error_kind: [InjectedError::Io; 5],
             track_power_cut: true,
         }
     }
@@ -78,6 +118,12 @@ impl FaultConfig {
     /// Sets the seed of the error-injection sequence.
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+
+    /// Sets the error that injected failures of one kind of operation return.
+    pub fn with_error_kind(mut self, op: OpKind, kind: InjectedError) -> Self {
+        self.error_kind[op.index()] = kind;
         self
     }
 }
@@ -113,13 +159,24 @@ struct Tracker {
 
 /// A fault-injecting wrapper around another backend.
 ///
-/// - **Errors**: each operation kind fails with [`IoErr::Injected`] with its configured
-///   probability, from a seeded sequence; a failed operation changes nothing.
-/// - **Delays**: each operation kind sleeps for its configured delay first.
+/// - **Errors**: each operation kind fails with its configured probability, from a seeded
+///   sequence, with its configured [`InjectedError`] ([`IoErr::Injected`], ENOSPC or a
+///   timeout); a failed operation changes nothing. Rates and kinds can be changed while the
+///   device is in use ([`FaultBackend::set_error_rate`], [`FaultBackend::set_error_kind`]):
+///   rate 1.0 is a device that fails everything from now on.
+/// - **Delays**: each operation kind sleeps for its configured delay first; a *very slow
+///   device* is a long delay on every kind ([`FaultBackend::set_slow`]), set or lifted at any
+///   time.
+/// - **Hang**: [`FaultBackend::hang`] makes operations of the given kinds block (before
+///   touching the device) until [`FaultBackend::release`]; [`FaultBackend::hung`] says how many
+///   are blocked. A hung device for timeout tests (see [`crate::TimeoutBackend`]).
 /// - **Power cut**: with [`FaultConfig::track_power_cut`], [`FaultBackend::power_cut`] rewrites
 ///   the inner device so that blocks written since the last completed flush (and not by a FUA
 ///   write) are kept, reverted, or torn at 512-byte granularity; then every operation fails with
 ///   [`IoErr::PoweredOff`] until [`FaultBackend::revive`].
+///
+/// Errors, delays and hangs are *injection*: [`FaultBackend::set_faults`]`(false)` turns errors
+/// and delays off (a hang stays until released).
 #[derive(Debug)]
 pub struct FaultBackend<B: Backend> {
     inner: B,
@@ -128,6 +185,15 @@ pub struct FaultBackend<B: Backend> {
     faults_on: AtomicBool,
     off: AtomicBool,
     tracker: Mutex<Tracker>,
+    /// Error probability per kind (`f64` bits), delay per kind (ns), error kind per kind.
+    rate: [AtomicU64; 5],
+    delay: [AtomicU64; 5],
+    kind: [AtomicU8; 5],
+    /// Kinds that hang (bit per [`OpKind`]) and operations hung now.
+    hang: Mutex<(u8, usize)>,
+    hang_cv: Condvar,
+    /// Operations that reached the inner device, per kind.
+    reached: [AtomicU64; 5],
 }
 
 /// SplitMix64 finaliser: a well-mixed 64-bit hash of `x`.
@@ -144,11 +210,75 @@ impl<B: Backend> FaultBackend<B> {
         FaultBackend {
             inner,
             rng: AtomicU64::new(mix(cfg.seed)),
+            rate: cfg.error_rate.map(|p| AtomicU64::new(p.to_bits())),
+            delay: cfg
+                .delay
+                .map(|d| AtomicU64::new(d.as_nanos().min(u64::MAX as u128) as u64)),
+            kind: cfg.error_kind.map(|k| AtomicU8::new(k.code())),
             cfg,
             faults_on: AtomicBool::new(true),
             off: AtomicBool::new(false),
             tracker: Mutex::new(Tracker::default()),
+            hang: Mutex::new((0, 0)),
+            hang_cv: Condvar::new(),
+            reached: Default::default(),
         }
+    }
+
+    /// Sets the error probability of one kind of operation, from now on.
+    pub fn set_error_rate(&self, op: OpKind, p: f64) {
+        self.rate[op.index()].store(p.to_bits(), Ordering::SeqCst);
+    }
+
+    /// Sets the error probability of every kind of operation (1.0: the device fails
+    /// everything; 0.0: it works again).
+    pub fn set_error_rate_all(&self, p: f64) {
+        for op in OpKind::ALL {
+            self.set_error_rate(op, p);
+        }
+    }
+
+    /// Sets the error injected failures of one kind of operation return, from now on.
+    pub fn set_error_kind(&self, op: OpKind, kind: InjectedError) {
+        self.kind[op.index()].store(kind.code(), Ordering::SeqCst);
+    }
+
+    /// Sets the delay added before each operation of one kind, from now on.
+    pub fn set_delay(&self, op: OpKind, d: Duration) {
+        self.delay[op.index()].store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::SeqCst);
+    }
+
+    /// A very slow device: every operation waits `d` first (`Duration::ZERO`: normal again).
+    pub fn set_slow(&self, d: Duration) {
+        for op in OpKind::ALL {
+            self.set_delay(op, d);
+        }
+    }
+
+    /// Makes operations of the kinds in `ops` block before touching the device until
+    /// [`FaultBackend::release`] (operations already past that point are not affected).
+    pub fn hang(&self, ops: &[OpKind]) {
+        let mut h = self.hang.lock().unwrap_or_else(|e| e.into_inner());
+        for op in ops {
+            h.0 |= op.bit();
+        }
+    }
+
+    /// Lets every hung operation go on, and stops hanging new ones.
+    pub fn release(&self) {
+        let mut h = self.hang.lock().unwrap_or_else(|e| e.into_inner());
+        h.0 = 0;
+        self.hang_cv.notify_all();
+    }
+
+    /// Operations blocked by [`FaultBackend::hang`] now.
+    pub fn hung(&self) -> usize {
+        self.hang.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
+
+    /// Operations of kind `op` that got past injection to the inner device so far.
+    pub fn reached(&self, op: OpKind) -> u64 {
+        self.reached[op.index()].load(Ordering::SeqCst)
     }
 
     /// The wrapped device (bypassing injection and tracking).
@@ -221,26 +351,38 @@ impl<B: Backend> FaultBackend<B> {
         self.tracker.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies power state, delay and error injection for one operation.
+    /// Applies power state, hang, delay and error injection for one operation.
     fn gate(&self, op: OpKind) -> Result<(), IoErr> {
         if self.off.load(Ordering::SeqCst) {
             return Err(IoErr::PoweredOff);
         }
-        if !self.faults_on.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let d = self.cfg.delay[op.index()];
-        if !d.is_zero() {
-            std::thread::sleep(d);
-        }
-        let p = self.cfg.error_rate[op.index()];
-        if p > 0.0 {
-            let r = mix(self.rng.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed));
-            let u = (r >> 11) as f64 / (1u64 << 53) as f64;
-            if u < p {
-                return Err(IoErr::Injected { op });
+        {
+            let mut h = self.hang.lock().unwrap_or_else(|e| e.into_inner());
+            if h.0 & op.bit() != 0 {
+                h.1 += 1;
+                while h.0 & op.bit() != 0 {
+                    h = self.hang_cv.wait(h).unwrap_or_else(|e| e.into_inner());
+                }
+                h.1 -= 1;
             }
         }
+        if self.faults_on.load(Ordering::Relaxed) {
+            let d = self.delay[op.index()].load(Ordering::Relaxed);
+            if d > 0 {
+                std::thread::sleep(Duration::from_nanos(d));
+            }
+            let p = f64::from_bits(self.rate[op.index()].load(Ordering::Relaxed));
+            if p > 0.0 {
+                let r = mix(self.rng.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed));
+                let u = (r >> 11) as f64 / (1u64 << 53) as f64;
+                if u < p {
+                    let k = self.kind[op.index()].load(Ordering::Relaxed);
+                    let kind = InjectedError::ALL[(k as usize).min(2)];
+                    return Err(kind.error(op));
+                }
+            }
+        }
+        self.reached[op.index()].fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 

@@ -7,8 +7,11 @@
 //!   otherwise), chosen at run time; the path in use is reported by [`Backend::name`].
 //! - [`RamBackend`]: volatile memory; flush is a no-op.
 //! - [`RbdBackend`]: a Ceph RBD image through librbd, loaded at run time (`rbd:POOL/IMAGE`).
-//! - [`FaultBackend`]: a wrapper that injects seeded errors and delays, and emulates a power cut
-//!   that drops or tears (at 512 B granularity) writes not covered by a completed flush.
+//! - [`FaultBackend`]: a wrapper that injects seeded errors (EIO, ENOSPC, timeouts), delays
+//!   (a very slow device) and hangs, and emulates a power cut that drops or tears (at 512 B
+//!   granularity) writes not covered by a completed flush.
+//! - [`TimeoutBackend`]: a wrapper that fails an IO with `TimedOut` after a configurable time
+//!   and keeps late writes from being overtaken.
 //!
 //! The API is synchronous: the engine calls it from its worker threads. Every request is checked
 //! first: a buffer whose length is not a multiple of 512 gives [`IoErr::Misaligned`], a range past
@@ -24,12 +27,15 @@ mod nbd;
 mod overlay;
 mod ram;
 mod rbd;
+mod timeout;
 mod uring;
 
 pub use aligned::{ALIGN, AlignedBuf};
 pub use emu::{EmuBackend, EmuStats, EmuTarget, open_emu, parse_emu};
 pub use error::IoErr;
-pub use fault::{FaultBackend, FaultConfig, OpKind, PowerCutPattern, PowerCutReport};
+pub use fault::{
+    FaultBackend, FaultConfig, InjectedError, OpKind, PowerCutPattern, PowerCutReport,
+};
 pub use file::{FileBackend, FileOptions, IoPath};
 pub use nbd::{NbdBackend, NbdExportInfo, NbdOptions};
 pub use overlay::OverlayBackend;
@@ -38,6 +44,7 @@ pub use rbd::{
     DEFAULT_CLIENT_ID, DIRTY_KEY, RbdBackend, RbdIdentity, RbdOptions, RbdTarget, parse_rbd,
     rbd_available, rbd_identity,
 };
+pub use timeout::{TimeoutBackend, TimeoutStats};
 
 /// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple
 /// of it.
