@@ -9,12 +9,18 @@
 //! server model (threads × CPU time per op, plus a fixed latency for the network and the
 //! software stack), a core device region, and optionally a [`Cache`] with a cache device region.
 //! Several targets may share a device (two OSD cache partitions on one NVMe drive).
+//!
+//! Faults ([`Sim::add_fault`]): a device can fail every IO that completes in a window of
+//! simulated time (with an error kind), or be very slow (every IO submitted in the window
+//! completes a fixed time later). Each sample then records the caches' health
+//! ([`RunResult::health`], docs/SAFETY.md "Faults"). Performance scenarios have no faults.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use tiercache_core::Cache;
-use tiercache_core::event::{Action, Dev, Event};
+use tiercache_core::cache::HealthState;
+use tiercache_core::event::{Action, Dev, Event, IoError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
 
 use crate::device::{DevIo, Device, IoKind};
@@ -122,10 +128,61 @@ impl Router for Direct {
 /// What a device token stands for.
 #[derive(Copy, Clone, Debug)]
 enum Token {
-    /// An IO the cache of `target` issued.
-    Cache { target: u32, io: IoId },
-    /// A sub-request sent straight to a bare target's core.
-    Bare { sub: u64 },
+    /// An IO the cache of `target` issued, on device `dev`.
+    Cache { target: u32, io: IoId, dev: u32 },
+    /// A sub-request sent straight to a bare target's core on device `dev`.
+    Bare { sub: u64, dev: u32 },
+}
+
+impl Token {
+    fn dev(self) -> usize {
+        match self {
+            Token::Cache { dev, .. } | Token::Bare { dev, .. } => dev as usize,
+        }
+    }
+}
+
+/// What a device does wrong during a [`DeviceFault`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Every IO completing in the window fails with this error.
+    Fail(IoError),
+    /// Every IO submitted in the window completes this much later than the model says (a very
+    /// slow or stalling device; its own queue is not slowed).
+    Slow(Nanos),
+}
+
+/// A fault of one device over a window of simulated time.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFault {
+    /// Device index in [`Sim::devices`].
+    pub dev: usize,
+    /// Start of the window (simulated time since the simulation began).
+    pub from: Nanos,
+    /// End of the window (exclusive).
+    pub until: Nanos,
+    /// What goes wrong.
+    pub kind: FaultKind,
+}
+
+/// The caches' health at the end of a sample interval.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct HealthSample {
+    /// End of the interval, simulated milliseconds since the start of the run.
+    pub t_s_ms: u64,
+    /// Caches degraded (any problem) at that time.
+    pub degraded: u32,
+    /// Dirty blocks at risk, all caches.
+    pub dirty_at_risk_blocks: u64,
+}
+
+/// What faults did over a run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    /// Device IOs failed by a [`FaultKind::Fail`] window.
+    pub io_errors: u64,
+    /// Device IOs delayed by a [`FaultKind::Slow`] window.
+    pub ios_delayed: u64,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -136,6 +193,8 @@ enum Timer {
     Dispatch(u64),
     /// A sub-request's answer reaches the client.
     Answer(u64),
+    /// A device IO delayed by a slow-device fault is done.
+    Late(u64),
     /// Entry `n` of a replayed trace is due.
     Trace(u64),
 }
@@ -176,6 +235,10 @@ pub struct RunResult {
     pub events: u64,
     /// Client requests that failed.
     pub errors: u64,
+    /// The caches' health at each sample (only when the simulation has faults).
+    pub health: Vec<HealthSample>,
+    /// What the faults did.
+    pub faults: FaultStats,
 }
 
 impl RunResult {
@@ -212,6 +275,10 @@ pub struct Sim {
     failed: u64,
     /// Per target: the time of the last tick delivered (a deadline at or before it is stale).
     ticked: Vec<Nanos>,
+    /// Device faults, and per token the extra delay a slow-device fault gave it.
+    faults: Vec<DeviceFault>,
+    late: Vec<Nanos>,
+    fault_stats: FaultStats,
 }
 
 impl Sim {
@@ -240,6 +307,68 @@ impl Sim {
             events: 0,
             failed: 0,
             ticked: Vec::new(),
+            faults: Vec::new(),
+            late: Vec::new(),
+            fault_stats: FaultStats::default(),
+        }
+    }
+
+    /// Adds a device fault (see the module docs). Times are simulated time since the
+    /// simulation began.
+    pub fn add_fault(&mut self, f: DeviceFault) {
+        self.faults.push(f);
+    }
+
+    /// The fault of `kind`'s sort active on `dev` now, if any.
+    fn fault_now(&self, dev: usize, slow: bool) -> Option<FaultKind> {
+        self.faults
+            .iter()
+            .filter(|f| f.dev == dev && f.from <= self.now && self.now < f.until)
+            .map(|f| f.kind)
+            .find(|k| matches!(k, FaultKind::Slow(_)) == slow)
+    }
+
+    /// Allocates a token for an IO submitted now on `dev`, noting a slow-device delay.
+    fn token(&mut self, t: Token) -> u64 {
+        let tok = Self::alloc(&mut self.tokens, &mut self.free_tokens, t);
+        if !self.faults.is_empty() {
+            if self.late.len() <= tok as usize {
+                self.late.resize(tok as usize + 1, Nanos(0));
+            }
+            self.late[tok as usize] = match self.fault_now(t.dev(), true) {
+                Some(FaultKind::Slow(d)) => d,
+                _ => Nanos(0),
+            };
+        }
+        tok
+    }
+
+    /// A device finished the IO of token `tok`: deliver it now, or later if a slow-device
+    /// fault delays it; it fails if a failing-device fault is active.
+    fn device_done(&mut self, tok: u64) {
+        if let Some(d) = self.late.get_mut(tok as usize)
+            && d.0 > 0
+        {
+            let at = self.now.plus(*d);
+            *d = Nanos(0);
+            self.fault_stats.ios_delayed += 1;
+            self.timer(at, Timer::Late(tok));
+            return;
+        }
+        let owner = self.tokens[tok as usize].take().expect("live token");
+        self.free_tokens.push(tok);
+        let result = match self.fault_now(owner.dev(), false) {
+            Some(FaultKind::Fail(e)) => {
+                self.fault_stats.io_errors += 1;
+                Err(e)
+            }
+            _ => Ok(()),
+        };
+        match owner {
+            Token::Cache { target, io, .. } => {
+                self.apply(target as usize, Event::IoDone { io, result })
+            }
+            Token::Bare { sub, .. } => self.sub_done(sub, result.is_ok()),
         }
     }
 
@@ -370,11 +499,10 @@ impl Sim {
             self.apply(t, ev);
         } else {
             let r = self.targets[t].core;
-            let tok = Self::alloc(
-                &mut self.tokens,
-                &mut self.free_tokens,
-                Token::Bare { sub: s },
-            );
+            let tok = self.token(Token::Bare {
+                sub: s,
+                dev: r.dev as u32,
+            });
             let kind = if sub.read {
                 IoKind::Read
             } else {
@@ -440,14 +568,11 @@ impl Sim {
                 Dev::Cache => cache_r,
                 Dev::Core(_) => core_r,
             };
-            let tok = Self::alloc(
-                &mut self.tokens,
-                &mut self.free_tokens,
-                Token::Cache {
-                    target: t as u32,
-                    io,
-                },
-            );
+            let tok = self.token(Token::Cache {
+                target: t as u32,
+                io,
+                dev: r.dev as u32,
+            });
             let lba = if kind == IoKind::Flush {
                 0
             } else {
@@ -469,7 +594,7 @@ impl Sim {
     fn sub_done(&mut self, s: u64, ok: bool) {
         let t = self.subs[s as usize].expect("live sub").target as usize;
         if !ok {
-            // Counted at the client; the simulated devices never fail in performance runs.
+            // Counted at the client (only device faults make requests fail).
             self.failed += 1;
         }
         let half = Nanos((self.targets[t].server.latency_us * 500.0) as u64);
@@ -581,6 +706,21 @@ impl Sim {
                         / w.sample.0 as f64,
                 });
                 wb_mark = self.writeback_lines();
+                if !self.faults.is_empty() {
+                    let mut h = HealthSample {
+                        t_s_ms: next_sample.since(t0).0 / 1_000_000,
+                        degraded: 0,
+                        dirty_at_risk_blocks: 0,
+                    };
+                    for tg in &self.targets {
+                        if let Some(c) = &tg.cache {
+                            let x = c.cache.health();
+                            h.degraded += (x.state == HealthState::Degraded) as u32;
+                            h.dirty_at_risk_blocks += x.dirty_at_risk_blocks;
+                        }
+                    }
+                    res.health.push(h);
+                }
                 interval = Histogram::default();
                 interval_ops = 0;
                 next_sample = next_sample.plus(w.sample);
@@ -599,14 +739,7 @@ impl Sim {
                     done.clear();
                     self.devices[d].complete_until(self.now, &mut done);
                     for &tok in &done {
-                        let owner = self.tokens[tok as usize].take().expect("live token");
-                        self.free_tokens.push(tok);
-                        match owner {
-                            Token::Cache { target, io } => {
-                                self.apply(target as usize, Event::IoDone { io, result: Ok(()) })
-                            }
-                            Token::Bare { sub } => self.sub_done(sub, true),
-                        }
+                        self.device_done(tok);
                     }
                 }
             }
@@ -650,6 +783,7 @@ impl Sim {
                             self.start_client(u32::MAX, entries[i as usize].io);
                         }
                     }
+                    Timer::Late(tok) => self.device_done(tok),
                 }
             }
             // Closed loop: each finished request starts its job's next one.
@@ -671,6 +805,7 @@ impl Sim {
         self.done = done;
         res.events = self.events;
         res.errors = self.failed;
+        res.faults = self.fault_stats.clone();
         res
     }
 }
