@@ -17,7 +17,7 @@ use tiercache_core::cache::CoreRecord;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::units::{CoreId, LineSize};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
-use tiercache_io::{AlignedBuf, FaultBackend, FaultConfig, PowerCutPattern, RamBackend};
+use tiercache_io::{FaultBackend, FaultConfig, RamBackend};
 
 mod common;
 use common::*;
@@ -125,80 +125,13 @@ fn power_cut_loses_no_flushed_write() {
         )
         .expect("create");
         let ops = 200 + rng.below(1500);
-        let windows: Vec<Window> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    let e = &e;
-                    let seed = rng.next();
-                    s.spawn(move || {
-                        let mut rng = Rng(seed | 1);
-                        let base = t * REGION;
-                        let mut w = Window::new(REGION as usize);
-                        let mut buf = vec![0u8; 16 * BS];
-                        for n in 1..ops {
-                            let b = rng.below(REGION - 16) as usize;
-                            let len = 1 + rng.below(16) as usize;
-                            match rng.below(20) {
-                                0 => {
-                                    e.flush(CoreId(0)).expect("flush");
-                                    w.flushed();
-                                }
-                                1 => {
-                                    e.trim(CoreId(0), base + b as u64, len as u32)
-                                        .expect("trim");
-                                    (b..b + len).for_each(|i| w.wrote(i, 0));
-                                }
-                                2..=9 => {
-                                    let v = (t << 40) | n;
-                                    for i in 0..len {
-                                        fill(&mut buf[i * BS..(i + 1) * BS], base + (b + i) as u64, v);
-                                    }
-                                    let fua = rng.below(10) == 0;
-                                    e.write(CoreId(0), base + b as u64, &buf[..len * BS], fua)
-                                        .expect("write");
-                                    (b..b + len).for_each(|i| w.wrote(i, v));
-                                    if fua {
-                                        // FUA makes this write durable, not earlier ones.
-                                        for i in b..b + len {
-                                            w.since_flush[i] = vec![v];
-                                        }
-                                    }
-                                }
-                                _ => {
-                                    e.read(CoreId(0), base + b as u64, &mut buf[..len * BS])
-                                        .expect("read");
-                                    for i in 0..len {
-                                        let got =
-                                            decode(&buf[i * BS..(i + 1) * BS], base + (b + i) as u64);
-                                        assert_eq!(
-                                            got,
-                                            w.since_flush[b + i].last().copied(),
-                                            "round {round} ({mode}): read while running, thread {t} block {}",
-                                            b + i
-                                        );
-                                    }
-                                }
-                            }
-                        }
-                        w
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("thread")).collect()
-        });
+        let label = format!("round {round} ({mode})");
+        let windows = run_writers(&e, THREADS, REGION, ops, &mut rng, &label);
         // Crash: the engine stops dead, the devices lose what no flush covered.
         e.kill();
-        let pattern = match rng.below(3) {
-            0 => PowerCutPattern::KeepAll,
-            1 => PowerCutPattern::DropAll,
-            _ => PowerCutPattern::Torn(rng.next()),
-        };
-        let rc = cache.power_cut(pattern).expect("power cut");
-        let rk = core.power_cut(pattern).expect("power cut");
-        cache.revive();
-        core.revive();
+        let (pattern, reverted) = power_cut_both(&mut rng, [&cache, &core]);
         totals.0 += 1;
-        totals.1 += rc.reverted + rk.reverted;
+        totals.1 += reverted;
         let (e, report) = Engine::open(
             &cfg,
             cache.clone(),
@@ -209,21 +142,12 @@ fn power_cut_loses_no_flushed_write() {
             panic!("round {round} ({mode}, {pattern:?}): recovery failed: {err}")
         });
         totals.2 += report.dirty_lines as u64;
-        let mut buf = AlignedBuf::new(REGION as usize * BS);
-        for (t, w) in windows.iter().enumerate() {
-            let base = t as u64 * REGION;
-            let (r, b) = e.read_owned(CoreId(0), base, buf);
-            r.expect("read after recovery");
-            for i in 0..REGION as usize {
-                let got = decode(&b[i * BS..(i + 1) * BS], base + i as u64);
-                let legal = &w.since_flush[i];
-                assert!(
-                    got.is_some_and(|v| legal.contains(&v)),
-                    "POWER CUT round {round} ({mode}, {ls}, {pattern:?}): thread {t} block {i} holds {got:?}, legal {legal:?}"
-                );
-            }
-            buf = b;
-        }
+        check_windows(
+            &e,
+            &windows,
+            REGION,
+            &format!("round {round} ({mode}, {ls}, {pattern:?})"),
+        );
         e.stop().expect("stop");
     }
     println!(

@@ -12,7 +12,7 @@ use common::*;
 use std::sync::Arc;
 use tiercache_core::units::{CoreId, LineSize};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
-use tiercache_io::{AlignedBuf, Backend, FaultBackend, FaultConfig, PowerCutPattern, RamBackend};
+use tiercache_io::{Backend, FaultBackend, FaultConfig, RamBackend};
 
 fn base() -> tiercache_core::Config {
     let mut c = tiercache_core::Config::new(16, LineSize::K4);
@@ -154,77 +154,19 @@ fn wl_power_cut_loses_no_flushed_write() {
         )
         .expect("create");
         let ops = 200 + rng.below(1200);
-        let windows: Vec<Window> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    let e = &e;
-                    let seed = rng.next();
-                    s.spawn(move || {
-                        let mut rng = Rng(seed | 1);
-                        let base = t * REGION;
-                        let mut w = Window::new(REGION as usize);
-                        let mut buf = vec![0u8; 16 * BS];
-                        for n in 1..ops {
-                            let b = rng.below(REGION - 16) as usize;
-                            let len = 1 + rng.below(16) as usize;
-                            match rng.below(20) {
-                                0 => {
-                                    e.flush(CoreId(0)).expect("flush");
-                                    w.flushed();
-                                }
-                                1 => {
-                                    e.trim(CoreId(0), base + b as u64, len as u32).expect("trim");
-                                    (b..b + len).for_each(|i| w.wrote(i, 0));
-                                }
-                                2..=9 => {
-                                    let v = (t << 40) | n;
-                                    for i in 0..len {
-                                        fill(&mut buf[i * BS..(i + 1) * BS], base + (b + i) as u64, v);
-                                    }
-                                    let fua = rng.below(10) == 0;
-                                    e.write(CoreId(0), base + b as u64, &buf[..len * BS], fua)
-                                        .expect("write");
-                                    (b..b + len).for_each(|i| w.wrote(i, v));
-                                    if fua {
-                                        for i in b..b + len {
-                                            w.since_flush[i] = vec![v];
-                                        }
-                                    }
-                                }
-                                _ => {
-                                    e.read(CoreId(0), base + b as u64, &mut buf[..len * BS])
-                                        .expect("read");
-                                    for i in 0..len {
-                                        let got = decode(&buf[i * BS..(i + 1) * BS], base + (b + i) as u64);
-                                        assert_eq!(
-                                            got,
-                                            w.since_flush[b + i].last().copied(),
-                                            "round {round}: read while running, thread {t} block {}",
-                                            b + i
-                                        );
-                                    }
-                                }
-                            }
-                        }
-                        w
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().expect("thread")).collect()
-        });
+        let windows = run_writers(
+            &e,
+            THREADS,
+            REGION,
+            ops,
+            &mut rng,
+            &format!("round {round}"),
+        );
         let dirty = e.with_machine(|m| m.wl().unwrap().dirty_blocks());
         e.kill();
-        let pattern = match rng.below(3) {
-            0 => PowerCutPattern::KeepAll,
-            1 => PowerCutPattern::DropAll,
-            _ => PowerCutPattern::Torn(rng.next()),
-        };
-        let rc = cache.power_cut(pattern).expect("power cut");
-        let rk = core.power_cut(pattern).expect("power cut");
-        cache.revive();
-        core.revive();
+        let (pattern, reverted) = power_cut_both(&mut rng, [&cache, &core]);
         totals.0 += 1;
-        totals.1 += rc.reverted + rk.reverted;
+        totals.1 += reverted;
         totals.2 += dirty;
         let (e, _) = Engine::open(
             &base(),
@@ -233,26 +175,13 @@ fn wl_power_cut_loses_no_flushed_write() {
             EngineConfig { io_threads: 4 },
         )
         .unwrap_or_else(|err| panic!("round {round} ({pattern:?}): recovery failed: {err}"));
-        let verify = |e: &Engine, what: &str| -> Vec<u64> {
-            let mut seen = Vec::new();
-            let buf = AlignedBuf::new(REGION as usize * BS);
-            let mut buf = Some(buf);
-            for (t, w) in windows.iter().enumerate() {
-                let base = t as u64 * REGION;
-                let (r, b) = e.read_owned(CoreId(0), base, buf.take().unwrap());
-                r.expect("read after recovery");
-                for i in 0..REGION as usize {
-                    let got = decode(&b[i * BS..(i + 1) * BS], base + i as u64);
-                    let legal = &w.since_flush[i];
-                    assert!(
-                        got.is_some_and(|v| legal.contains(&v)),
-                        "POWER CUT (wl) round {round} ({pattern:?}, {what}): thread {t} block {i} holds {got:?}, legal {legal:?}"
-                    );
-                    seen.push(got.unwrap());
-                }
-                buf = Some(b);
-            }
-            seen
+        let verify = |e: &Engine, what: &str| {
+            check_windows(
+                e,
+                &windows,
+                REGION,
+                &format!("(wl) round {round} ({pattern:?}, {what})"),
+            )
         };
         let first = verify(&e, "after recovery");
         // No flip-flop: once the log is written back, the same values, on the core too.
