@@ -886,16 +886,7 @@ impl Registry {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        // Nothing is dirty now: RBD markers go unless the mode may dirty them again.
-        let _m = lock_markers(&self.markers);
-        let rbds: Vec<(u16, Arc<RbdBackend>)> = self
-            .rbd_cores(cache_id)
-            .into_iter()
-            .filter(|(i, _)| only.is_none_or(|k| k == *i))
-            .collect();
-        if !rbds.is_empty() {
-            sync_markers(&e, &rbds, false)?;
-        }
+        self.markers_after_writeback(cache_id, &e, only)?;
         Ok(json!({"cache_id": cache_id, "lines_written_back": total,
             "seconds": t0.elapsed().as_secs_f64()}))
     }
@@ -927,6 +918,21 @@ impl Registry {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+        self.markers_after_writeback(cache_id, e, only)?;
+        Ok(
+            json!({"cache_id": cache_id, "bytes_written_back": total * 512,
+            "seconds": t0.elapsed().as_secs_f64()}),
+        )
+    }
+
+    /// After a writeback (of core `only`, or of all): nothing of those cores is dirty now, so
+    /// their RBD markers go unless the mode may dirty them again.
+    fn markers_after_writeback(
+        &self,
+        cache_id: u16,
+        e: &Engine,
+        only: Option<u16>,
+    ) -> Result<(), String> {
         let _m = lock_markers(&self.markers);
         let rbds: Vec<(u16, Arc<RbdBackend>)> = self
             .rbd_cores(cache_id)
@@ -936,10 +942,7 @@ impl Registry {
         if !rbds.is_empty() {
             sync_markers(e, &rbds, false)?;
         }
-        Ok(
-            json!({"cache_id": cache_id, "bytes_written_back": total * 512,
-            "seconds": t0.elapsed().as_secs_f64()}),
-        )
+        Ok(())
     }
 
     /// The RBD cores of a cache, with their handles.
