@@ -109,9 +109,10 @@ fn journal_words(r: &LoadReport) -> String {
     }
 }
 
-fn load(dev: &Dev) -> Result<LoadReport, String> {
+/// What a load would bring back, and the configuration it loaded (for the write log's scan).
+fn load(dev: &Dev) -> Result<(LoadReport, Config), String> {
     let mut read = |off: u64, buf: &mut [u8]| dev.read(off, buf);
-    open(&base_config(), &mut read).map(|(_, r)| r)
+    open(&base_config(), &mut read).map(|(c, r)| (r, c.config().clone()))
 }
 
 /// What a write log (mode `wl`) holds: scanned read-only as recovery would.
@@ -123,10 +124,14 @@ struct LogSummary {
     used_bytes: u64,
 }
 
-fn scan_log(dev: &Dev) -> Result<LogSummary, String> {
-    let mut read = |off: u64, buf: &mut [u8]| dev.read(off, buf);
-    let (cache, _) = open(&base_config(), &mut read)?;
-    let cfg = tiercache_core::wl::WlConfig::on_device(cache.config().clone())?;
+/// Scans the write log of a cache whose read cache loaded with configuration `loaded` (the
+/// load's error otherwise: without it the log cannot be found).
+fn scan_log(
+    dev: &Dev,
+    loaded: &Result<(LoadReport, Config), String>,
+) -> Result<LogSummary, String> {
+    let read_cache = loaded.as_ref().map_err(Clone::clone)?.1.clone();
+    let cfg = tiercache_core::wl::WlConfig::on_device(read_cache)?;
     let mut read_lba = |lba: tiercache_core::units::Lba, buf: &mut [u8]| dev.read(lba.0 * 512, buf);
     let rec = tiercache_core::wl::scan(&cfg, &mut read_lba)?;
     Ok(LogSummary {
@@ -167,7 +172,7 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
     let mut read = |off: u64, buf: &mut [u8]| dev.read(off, buf);
     let (sb, copy, other) = read_superblock(&mut read)?;
     let (config, cores) = read_tables(&mut read, copy)?;
-    let report = load(&dev);
+    let loaded = load(&dev);
     let wl = sb.layout.log.bytes > 0;
     let mode = if wl {
         "wl"
@@ -177,7 +182,8 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
             .copied()
             .unwrap_or("?")
     };
-    let log = wl.then(|| scan_log(&dev));
+    let log = wl.then(|| scan_log(&dev, &loaded));
+    let report = loaded.map(|(r, _)| r);
     if a.json {
         let j = json!({
             "device": a.cache_device.display().to_string(),
@@ -426,7 +432,8 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
     }
 
     // Cross-references: what a load checks.
-    match load(&dev) {
+    let loaded = load(&dev);
+    match loaded.as_ref().map(|(r, _)| r) {
         Ok(r) => println!(
             "  load: ok — {} lines ({} dirty){}, {}",
             r.lines,
@@ -439,7 +446,7 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
                     r.dropped_clean_lines
                 )
             },
-            journal_words(&r)
+            journal_words(r)
         ),
         Err(e) => {
             println!("  load: FAILS — {e}");
@@ -447,7 +454,7 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
         }
     }
     if sb.layout.log.bytes > 0 {
-        match scan_log(&dev) {
+        match scan_log(&dev, &loaded) {
             Ok(l) => println!("  write log: ok — {}", log_words(&l)),
             Err(e) => {
                 println!("  write log: FAILS — {e}");
