@@ -652,51 +652,48 @@ fn wl_cache_loss_leaves_a_prefix_of_generations() {
                 "CACHE LOSS (wl) round {round}: sector {s} holds no write's data (torn or foreign)"
             );
         }
-        // The largest k for which the core = generations <= k, plus per block data of k+1.
+        // The longest prefix of p whole generations for which the core = base + generations
+        // < p, plus per block data of generation p (p = 0: part of the first one only).
         let mut state = base.clone();
         let mut best = None;
-        for k in 0..history.len() {
+        for p in 0..=history.len() {
+            if p > 0 {
+                for &(f, l, v) in &history[p - 1] {
+                    (f..f + l).for_each(|s| state[s] = v);
+                }
+            }
             let mut next: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-            if let Some(g) = history.get(k + 1) {
+            if let Some(g) = history.get(p) {
                 for &(f, l, v) in g {
                     (f..f + l).for_each(|s| next.entry(s).or_default().push(v));
                 }
             }
-            // `state` is the image after generation k-1 applied ... apply k.
-            for &(f, l, v) in &history[k] {
-                (f..f + l).for_each(|s| state[s] = v);
-            }
+            let mut exact = true;
             let legal = (0..SECTORS).all(|s| {
                 let v = got[s].unwrap();
-                v == state[s] || next.get(&s).is_some_and(|n| n.contains(&v))
+                if v == state[s] {
+                    return true;
+                }
+                exact = false;
+                next.get(&s).is_some_and(|n| n.contains(&v))
             });
             if legal {
-                best = Some(k);
+                best = Some((p, !exact));
             }
         }
-        // Generation 0 applied in full may also be too much: the empty prefix.
-        let empty_ok = {
-            let mut first: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
-            for &(f, l, v) in &history[0] {
-                (f..f + l).for_each(|s| first.entry(s).or_default().push(v));
-            }
-            (0..SECTORS).all(|s| {
-                let v = got[s].unwrap();
-                v == base[s] || first.get(&s).is_some_and(|n| n.contains(&v))
-            })
-        };
-        let Some(k) = best.or(empty_ok.then_some(0)) else {
+        let Some((p, part)) = best else {
             panic!(
                 "CACHE LOSS (wl) round {round}: the core is not generations <= k plus part of k+1 for any k of {} generations",
                 history.len()
             );
         };
+        let k = p.saturating_sub(1);
         let complete = history.len() - 1;
         gens += history.len() as u64;
         if got.iter().zip(&newest).any(|(g, n)| g.unwrap() != *n) {
             lagged += 1;
         }
-        if best.is_none() || got.iter().zip(&state).any(|(g, n)| g.unwrap() != *n) {
+        if part {
             partial += 1;
         }
         flushed_lost += complete.saturating_sub(k) as u64;
