@@ -347,13 +347,13 @@ pub struct WriteLog {
     /// A clean stop: no new requests, no new writeback; then a cache-device flush, then the
     /// read cache stops.
     stopping: bool,
-    stop_flush: StopFlush,
+    stop_flush: MgmtFlushState,
     /// `invalidate`: cores whose logged data is to be voided once writeback is idle.
     invalidating: BTreeSet<u16>,
     /// Entries `invalidate` is rewriting as void.
     inv_seqs: BTreeSet<u64>,
     /// The cache-device flush that makes `invalidate`'s void headers durable.
-    inv_flush: StopFlush,
+    inv_flush: MgmtFlushState,
     /// Writeback held (see [`WriteLog::set_writeback_paused`]).
     wb_paused: bool,
     /// Sequence number of the first entry of the front generation not yet started.
@@ -364,8 +364,10 @@ pub struct WriteLog {
     invalidated_blocks: u64,
 }
 
+/// Where a management step's cache-device flush (clean stop, `invalidate`) stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StopFlush {
+enum MgmtFlushState {
+    /// Due (not issued yet).
     No,
     InFlight,
     Done,
@@ -445,10 +447,10 @@ impl WriteLog {
             failed_entries: BTreeSet::new(),
             wb_flush_failed: false,
             stopping: false,
-            stop_flush: StopFlush::No,
+            stop_flush: MgmtFlushState::No,
             invalidating: BTreeSet::new(),
             inv_seqs: BTreeSet::new(),
-            inv_flush: StopFlush::Done,
+            inv_flush: MgmtFlushState::Done,
             wb_paused: false,
             wb_cursor: 0,
             wb_active: BTreeSet::new(),
@@ -621,7 +623,7 @@ impl WriteLog {
 
     /// Whether a clean stop has completed.
     pub fn is_stopped(&self) -> bool {
-        self.stopping && self.stop_flush == StopFlush::Done && self.inner.is_stopped()
+        self.stopping && self.stop_flush == MgmtFlushState::Done && self.inner.is_stopped()
     }
 
     /// Drops the logged data of `core` that is not written back (SPEC's `invalidate`): once
@@ -648,7 +650,7 @@ impl WriteLog {
         (
             self.invalidating.is_empty()
                 && self.inv_seqs.is_empty()
-                && self.inv_flush == StopFlush::Done,
+                && self.inv_flush == MgmtFlushState::Done,
             self.invalidated_blocks,
         )
     }
@@ -1307,7 +1309,7 @@ impl WriteLog {
         let hb = e.hdr_buf.take().expect("header buffer");
         self.free_hdr.push(hb - HDR_BUF0);
         if ok && self.inv_seqs.remove(&seq) && self.inv_seqs.is_empty() {
-            self.inv_flush = StopFlush::No;
+            self.inv_flush = MgmtFlushState::No;
         }
         let e = self.entry_mut(seq);
         if ok {
@@ -1816,15 +1818,19 @@ impl WriteLog {
             }
             OwnIo::WbRead { op } => self.wb_read_done(op, ok),
             OwnIo::MgmtFlush => {
-                let next = if ok { StopFlush::Done } else { StopFlush::No };
-                if self.stop_flush == StopFlush::InFlight {
+                let next = if ok {
+                    MgmtFlushState::Done
+                } else {
+                    MgmtFlushState::No
+                };
+                if self.stop_flush == MgmtFlushState::InFlight {
                     self.stop_flush = next;
                     if ok {
                         self.inner.stop();
                         self.inner_events.push_back(Event::Tick);
                     }
                 }
-                if self.inv_flush == StopFlush::InFlight {
+                if self.inv_flush == MgmtFlushState::InFlight {
                     self.inv_flush = next;
                 }
                 if !ok {
@@ -1972,21 +1978,21 @@ impl WriteLog {
                 self.issue_void(seq, acts);
             }
             self.inv_flush = if self.inv_seqs.is_empty() {
-                StopFlush::Done
+                MgmtFlushState::Done
             } else {
-                StopFlush::No
+                MgmtFlushState::No
             };
         }
         let can_flush = !self.flush_in_flight && self.void_retry_at.is_none_or(|t| self.now >= t);
-        if self.inv_flush == StopFlush::No && self.inv_seqs.is_empty() && can_flush {
-            self.inv_flush = StopFlush::InFlight;
+        if self.inv_flush == MgmtFlushState::No && self.inv_seqs.is_empty() && can_flush {
+            self.inv_flush = MgmtFlushState::InFlight;
             let io = self.new_io(OwnIo::MgmtFlush);
             acts.push(Action::Flush {
                 io,
                 dev: Dev::Cache,
             });
         }
-        if self.stopping && self.stop_flush == StopFlush::No && can_flush {
+        if self.stopping && self.stop_flush == MgmtFlushState::No && can_flush {
             let quiet = self.ios.iter().all(Option::is_none)
                 && self.reads.is_empty()
                 && self.pending.is_empty()
@@ -1994,9 +2000,9 @@ impl WriteLog {
                 && self.flush_waiters.is_empty()
                 && self.sb_due.is_none()
                 && self.inv_seqs.is_empty()
-                && self.inv_flush == StopFlush::Done;
+                && self.inv_flush == MgmtFlushState::Done;
             if quiet {
-                self.stop_flush = StopFlush::InFlight;
+                self.stop_flush = MgmtFlushState::InFlight;
                 let io = self.new_io(OwnIo::MgmtFlush);
                 acts.push(Action::Flush {
                     io,
