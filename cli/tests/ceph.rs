@@ -12,168 +12,14 @@
 
 #[path = "../../io/tests/common/ceph.rs"]
 mod ceph;
+mod common;
 
+use common::{Daemon, Dir, Opts, have, run_ok};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
 const MIB: usize = 1 << 20;
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("tc-ceph-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-    fn path(&self, f: &str) -> String {
-        self.0.join(f).display().to_string()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A daemon process started by the test; killed (exactly this child) on drop.
-struct Daemon {
-    child: Option<Child>,
-    socket: String,
-    nbd: String,
-    log: String,
-}
-
-impl Daemon {
-    fn start(d: &Dir, config: Option<&str>) -> Daemon {
-        let socket = d.path("admin.sock");
-        let nbd = d.path("nbd.sock");
-        let log = d.path("daemon.log");
-        let _ = std::fs::remove_file(&nbd);
-        let mut cmd = Command::new(BIN);
-        cmd.args(["daemon", "--socket", &socket, "--metrics-listen", "none"])
-            .args(["--nbd-listen", &format!("unix:{nbd}")])
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            );
-        if let Some(c) = config {
-            cmd.args(["--config", c]);
-        }
-        let child = cmd.spawn().expect("spawn the daemon");
-        let dm = Daemon {
-            child: Some(child),
-            socket,
-            nbd,
-            log,
-        };
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&dm.socket).is_err()
-            || !Path::new(&dm.nbd).exists()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(90),
-                "the daemon did not come up:\n{}",
-                dm.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        dm
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn tc(&self, args: &[&str]) -> (bool, String, String) {
-        let o = Command::new(BIN)
-            .args(args)
-            .env("TIERCACHE_SOCKET", &self.socket)
-            .output()
-            .expect("run tiercache");
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let mut a = args.to_vec();
-        a.push("--json");
-        let (ok, out, err) = self.tc(&a);
-        assert!(ok, "tiercache {args:?} failed: {err}\n{}", self.log());
-        serde_json::from_str(&out).expect("JSON output")
-    }
-
-    fn fails(&self, args: &[&str], want: &str) -> String {
-        let (ok, _, err) = self.tc(args);
-        assert!(!ok, "tiercache {args:?} should fail");
-        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-        assert!(err.contains(want), "{args:?}: want '{want}' in: {err}");
-        err
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.nbd)
-    }
-
-    /// SIGKILL, as a crash.
-    fn kill(mut self) {
-        let mut c = self.child.take().unwrap();
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
-
-    /// Clean stop through the admin socket (dirty data stays on the cache device).
-    fn shutdown(mut self) {
-        let (ok, _, err) = self.tc(&["shutdown"]);
-        assert!(ok, "shutdown: {err}");
-        let mut c = self.child.take().unwrap();
-        let t = Instant::now();
-        while c.try_wait().unwrap().is_none() {
-            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn have(prog: &str) -> bool {
-    Command::new(prog)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        o.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// `bytes` of seeded pseudo-random data in a file.
 fn random_file(path: &str, bytes: usize, seed: u64) -> Vec<u8> {
@@ -221,7 +67,7 @@ fn rbd_core_end_to_end() {
     c.create_image(&img, 256);
     let spec = format!("rbd/{img}");
     let conf = c.conf.display().to_string();
-    let d = Dir::new("e2e");
+    let d = Dir::new("ceph-e2e");
     let cache = d.path("cache.img");
     std::fs::File::create(&cache)
         .unwrap()
@@ -231,7 +77,7 @@ fn rbd_core_end_to_end() {
     let data = random_file(&src, 64 * MIB, 0xCE9A);
 
     // --- A wb cache on a file, the RBD image as its core.
-    let dm = Daemon::start(&d, None);
+    let mut dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
     dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
     // Data stays dirty until we write it back.
     dm.json(&[
@@ -362,7 +208,11 @@ fn rbd_core_end_to_end() {
     )
     .unwrap();
     let t = Instant::now();
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(
+        Opts::new(&d)
+            .config(&cfg)
+            .ready_within(Duration::from_secs(90)),
+    );
     println!(
         "daemon restarted after SIGKILL in {:.2} s (lock taken over from the dead daemon)",
         t.elapsed().as_secs_f64()
@@ -384,7 +234,11 @@ fn rbd_core_end_to_end() {
         "marker gone while the cache device holds dirty data"
     );
     let t = Instant::now();
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(
+        Opts::new(&d)
+            .config(&cfg)
+            .ready_within(Duration::from_secs(90)),
+    );
     println!(
         "daemon restarted after a clean stop in {:.2} s",
         t.elapsed().as_secs_f64()
@@ -500,7 +354,7 @@ fn rbd_core_end_to_end() {
 /// no cluster.
 #[test]
 fn without_librbd_an_rbd_core_is_one_clear_error() {
-    let d = Dir::new("nolib");
+    let d = Dir::new("ceph-nolib");
     let cache = d.path("cache.img");
     std::fs::File::create(&cache)
         .unwrap()
@@ -512,36 +366,8 @@ fn without_librbd_an_rbd_core_is_one_clear_error() {
         .set_len(64 << 20)
         .unwrap();
     // Only the daemon child sees the variable.
-    let dm = {
-        let socket = d.path("admin.sock");
-        let nbd = d.path("nbd.sock");
-        let log = d.path("daemon.log");
-        let child = Command::new(BIN)
-            .args(["daemon", "--socket", &socket, "--metrics-listen", "none"])
-            .args(["--nbd-listen", &format!("unix:{nbd}")])
-            .env("TIERCACHE_LIBRBD", d.path("no-such-dir/librbd.so.1"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn the daemon");
-        let dm = Daemon {
-            child: Some(child),
-            socket,
-            nbd,
-            log,
-        };
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&dm.socket).is_err()
-            || !Path::new(&dm.nbd).exists()
-        {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the daemon did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        dm
-    };
+    let dm =
+        Daemon::start(Opts::new(&d).env("TIERCACHE_LIBRBD", &d.path("no-such-dir/librbd.so.1")));
     dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
     let err = dm.fails(
         &[
@@ -587,7 +413,7 @@ fn wl_cache_on_rbd_sigkill_restart_export() {
     const IMG_MIB: usize = 128;
     c.create_image(&img, IMG_MIB as u64);
     let spec = format!("rbd/{img}");
-    let d = Dir::new("wl");
+    let d = Dir::new("ceph-wl");
     let base_conf = std::fs::read_to_string(&c.conf).unwrap();
     let conf = d.path("core.conf");
     std::fs::write(
@@ -607,7 +433,7 @@ fn wl_cache_on_rbd_sigkill_restart_export() {
     let base = random_file(&src, 16 * MIB, 0x3A11);
     want[..16 * MIB].copy_from_slice(&base);
 
-    let dm = Daemon::start(&d, None);
+    let mut dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
     let v = dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wl"]);
     assert_eq!(v["created"]["log_bytes"], 128 << 20, "{v}");
     dm.json(&[
@@ -707,7 +533,11 @@ fn wl_cache_on_rbd_sigkill_restart_export() {
     )
     .unwrap();
     let t = Instant::now();
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(
+        Opts::new(&d)
+            .config(&cfg)
+            .ready_within(Duration::from_secs(90)),
+    );
     println!(
         "wl daemon restarted after SIGKILL in {:.2} s (lock taken over from the dead daemon)",
         t.elapsed().as_secs_f64()

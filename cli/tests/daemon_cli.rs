@@ -10,145 +10,10 @@
 //!   its dirty data;
 //! - a `wb` cache whose cache device is missing: its export is not served and `list` says why.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use common::{Daemon, Dir, Opts, sparse};
 use tiercache_io::{Backend, NbdBackend};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("tc-daemon-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-    fn path(&self, f: &str) -> String {
-        self.0.join(f).display().to_string()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A daemon process started by a test.
-struct Daemon {
-    child: Option<Child>,
-    socket: String,
-    nbd: String,
-}
-
-impl Daemon {
-    fn start(d: &Dir, config: Option<&str>) -> Daemon {
-        let socket = d.path("admin.sock");
-        let nbd = d.path("nbd.sock");
-        let mut cmd = Command::new(BIN);
-        cmd.args(["daemon", "--socket", &socket, "--metrics-listen", "none"])
-            .args(["--nbd-listen", &format!("unix:{nbd}")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.path("daemon.log")).unwrap());
-        if let Some(c) = config {
-            cmd.args(["--config", c]);
-        }
-        let child = cmd.spawn().expect("spawn the daemon");
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "the daemon did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // The admin socket comes up after reassembly and before NBD? Wait for NBD too.
-        while !Path::new(&nbd).exists() {
-            assert!(t.elapsed() < Duration::from_secs(30), "no NBD socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Daemon {
-            child: Some(child),
-            socket,
-            nbd,
-        }
-    }
-
-    fn tc(&self, args: &[&str]) -> (bool, String, String) {
-        let o = Command::new(BIN)
-            .args(args)
-            .env("TIERCACHE_SOCKET", &self.socket)
-            .output()
-            .expect("run tiercache");
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = self.tc(args);
-        assert!(ok, "tiercache {args:?} failed: {err}");
-        out
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let mut a = args.to_vec();
-        a.push("--json");
-        serde_json::from_str(&self.ok(&a)).expect("JSON output")
-    }
-
-    fn fails(&self, args: &[&str], want: &str) {
-        let (ok, _, err) = self.tc(args);
-        assert!(!ok, "tiercache {args:?} should fail");
-        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-        assert!(err.contains(want), "{args:?}: want '{want}' in: {err}");
-    }
-
-    fn nbd(&self, export: &str) -> Result<NbdBackend, String> {
-        NbdBackend::connect(&format!("nbd+unix:///{export}?socket={}", self.nbd))
-            .map_err(|e| e.to_string())
-    }
-
-    /// Clean stop through the admin socket; waits for the process to end.
-    fn shutdown(mut self) {
-        self.ok(&["shutdown"]);
-        let mut c = self.child.take().unwrap();
-        let t = Instant::now();
-        loop {
-            if c.try_wait().unwrap().is_some() {
-                break;
-            }
-            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGKILL, as a crash.
-    fn kill(mut self) {
-        let mut c = self.child.take().unwrap();
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn sparse(path: &str, bytes: u64) {
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(bytes).unwrap();
-}
 
 /// 4 KiB of data identifying (block, version).
 fn pattern(block: u64, version: u64) -> Vec<u8> {
@@ -179,12 +44,12 @@ fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
 
 #[test]
 fn lifecycle_through_the_cli() {
-    let d = Dir::new("life");
+    let d = Dir::new("daemon-life");
     let cache = d.path("cache.img");
     let core = d.path("core.img");
     sparse(&cache, 64 << 20);
     sparse(&core, 256 << 20);
-    let dm = Daemon::start(&d, None);
+    let dm = Daemon::start(Opts::new(&d));
 
     // Bad input: one line, exit 1, nothing created.
     dm.fails(
@@ -451,13 +316,13 @@ export = "vm2"
 
 #[test]
 fn restart_from_config_after_clean_stop_and_sigkill() {
-    let d = Dir::new("restart");
+    let d = Dir::new("daemon-restart");
     sparse(&d.path("cache.img"), 64 << 20);
     sparse(&d.path("core0.img"), 128 << 20);
     sparse(&d.path("core1.img"), 128 << 20);
     let cfg = config(&d, "wb");
 
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["state"], "running", "{l}");
     write_set(&dm.nbd("vm1").unwrap(), 0..500, 1);
@@ -465,7 +330,7 @@ fn restart_from_config_after_clean_stop_and_sigkill() {
     dm.shutdown();
 
     // Clean restart: loaded, not reformatted, dirty data back.
-    let dm = Daemon::start(&d, Some(&cfg));
+    let mut dm = Daemon::start(Opts::new(&d).config(&cfg));
     let s = dm.json(&["stats", "--cache-id", "1"]);
     assert_eq!(s["usage"]["dirty_lines"], 800, "{s}");
     check_set(&dm.nbd("vm1").unwrap(), 0..500, 1);
@@ -474,7 +339,7 @@ fn restart_from_config_after_clean_stop_and_sigkill() {
     write_set(&dm.nbd("vm1").unwrap(), 250..750, 3);
     dm.kill();
 
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["state"], "running", "{l}");
     check_set(&dm.nbd("vm1").unwrap(), 0..250, 1);
@@ -487,17 +352,17 @@ fn restart_from_config_after_clean_stop_and_sigkill() {
 
 #[test]
 fn missing_cache_device_of_a_wb_cache_is_not_served() {
-    let d = Dir::new("missing");
+    let d = Dir::new("daemon-missing");
     sparse(&d.path("cache.img"), 64 << 20);
     sparse(&d.path("core0.img"), 128 << 20);
     sparse(&d.path("core1.img"), 128 << 20);
     let cfg = config(&d, "wb");
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
     write_set(&dm.nbd("vm1").unwrap(), 0..100, 1);
     dm.shutdown();
     std::fs::rename(d.path("cache.img"), d.path("cache.moved")).unwrap();
 
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["state"], "detached", "{l}");
     let why = l[0]["cores"][0]["reason"].as_str().unwrap();
@@ -516,19 +381,19 @@ fn missing_cache_device_of_a_wb_cache_is_not_served() {
 
     // Back in place: everything returns with the dirty data.
     std::fs::rename(d.path("cache.moved"), d.path("cache.img")).unwrap();
-    let dm = Daemon::start(&d, Some(&cfg));
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
     check_set(&dm.nbd("vm1").unwrap(), 0..100, 1);
     dm.shutdown();
 }
 
 #[test]
 fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
-    let d = Dir::new("resize");
+    let d = Dir::new("daemon-resize");
     let cache = d.path("cache.img");
     let core = d.path("core.img");
     sparse(&cache, 64 << 20);
     sparse(&core, 64 << 20);
-    let dm = Daemon::start(&d, None);
+    let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
     dm.ok(&[
         "add-core",
@@ -628,12 +493,12 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
 /// stop that keeps the log, `inspect`/`check` reading it, and a `--load` that serves it.
 #[test]
 fn wl_cache_through_the_cli() {
-    let d = Dir::new("wl");
+    let d = Dir::new("daemon-wl");
     let cache = d.path("cache.img");
     let core = d.path("core.img");
     sparse(&cache, 64 << 20);
     sparse(&core, 128 << 20);
-    let dm = Daemon::start(&d, None);
+    let dm = Daemon::start(Opts::new(&d));
     dm.fails(
         &["start-cache", "--cache-device", "ram:64m", "--mode", "wl"],
         "ram: device loses",

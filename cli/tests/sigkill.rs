@@ -23,193 +23,39 @@
 //! seed. The canary build that skips device flushes must fail here:
 //! `cargo test -p tiercache --features tiercache-engine/canary-skip-flush --test sigkill`.
 
+mod common;
+#[path = "common/oracle.rs"]
+mod oracle;
+
+use common::{Daemon, Dir, Opts, env_u64};
+use oracle::{Rng, SECTOR, Sector, decode, fill};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tiercache_io::{OverlayBackend, PowerCutPattern};
 use tiercache_loadgen::{Connection, Target};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
-const SECTOR: usize = 512;
 const CORE_BYTES: u64 = 32 << 20;
 const CACHE_BYTES: u64 = 16 << 20;
 const SECTORS: usize = (CORE_BYTES / SECTOR as u64) as usize;
 const REGION_SECTORS: usize = 128; // 64 KiB
 const WORKERS: usize = 4;
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        mix(self.0)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// The 512 bytes that version `v` of sector `s` holds (version 0: zeros, the initial content).
-fn fill(s: usize, v: u64, out: &mut [u8]) {
-    if v == 0 {
-        out.fill(0);
-        return;
-    }
-    out[..8].copy_from_slice(&(s as u64).to_le_bytes());
-    out[8..16].copy_from_slice(&v.to_le_bytes());
-    let mut h = mix(v ^ ((s as u64) << 20));
-    for c in out[16..].chunks_mut(8) {
-        h = mix(h);
-        c.copy_from_slice(&h.to_le_bytes());
-    }
-}
-
-/// The version a sector's bytes claim to be, if they are exactly that version's bytes.
-fn decode(s: usize, b: &[u8]) -> Option<u64> {
-    if b.iter().all(|&x| x == 0) {
-        return Some(0);
-    }
-    let v = u64::from_le_bytes(b[8..16].try_into().unwrap());
-    let mut want = [0u8; SECTOR];
-    fill(s, v, &mut want);
-    (want[..] == *b).then_some(v)
-}
-
-/// Per-sector oracle: the floor (last flushed or settled version) and the versions written
-/// after it, in order (acknowledged or in flight at the kill).
-#[derive(Clone, Default)]
-struct Sector {
-    floor: u64,
-    later: Vec<u64>,
-    /// The last events on this sector, for the report of a violation.
-    history: Vec<String>,
-}
-
-impl Sector {
-    fn note(&mut self, round: usize, what: &str, v: u64) {
-        if self.history.len() >= 12 {
-            self.history.remove(0);
-        }
-        self.history.push(format!("r{round}:{what}:{v}"));
-    }
-}
-
 fn owner(s: usize) -> usize {
     (s / REGION_SECTORS) % WORKERS
 }
 
-struct Dir(PathBuf);
-impl Dir {
-    fn path(&self, f: &str) -> String {
-        self.0.join(f).display().to_string()
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-/// The daemon process this test started (and only that one is ever killed).
-struct Daemon {
-    child: Option<Child>,
-    socket: String,
-}
-
-impl Daemon {
-    fn start(d: &Dir, cfg: &str, round: usize) -> Daemon {
-        let socket = d.path("admin.sock");
-        let nbd = d.path("nbd.sock");
-        // A killed daemon leaves its sockets behind: wait for the new ones.
-        let _ = std::fs::remove_file(&socket);
-        let _ = std::fs::remove_file(&nbd);
-        let child = Command::new(BIN)
-            .args(["daemon", "--config", cfg, "--socket", &socket])
-            .args([
-                "--metrics-listen",
-                "none",
-                "--nbd-listen",
-                &format!("unix:{nbd}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(d.path(&format!("daemon-{round}.log"))).unwrap())
-            .spawn()
-            .expect("spawn the daemon");
-        let mut dm = Daemon {
-            child: Some(child),
-            socket,
-        };
-        let t = Instant::now();
-        while !(Path::new(&nbd).exists()
-            && std::os::unix::net::UnixStream::connect(&dm.socket).is_ok())
-        {
-            if let Some(st) = dm.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "RECOVERY FAILED: the daemon exited ({st}) at round {round}:\n{}",
-                    tail(&d.path(&format!("daemon-{round}.log")))
-                );
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "the daemon did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        dm
-    }
-
-    fn tc(&self, args: &[&str]) -> Result<String, String> {
-        let o = Command::new(BIN)
-            .args(args)
-            .env("TIERCACHE_SOCKET", &self.socket)
-            .output()
-            .expect("run tiercache");
-        if o.status.success() {
-            Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&o.stderr).into_owned())
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    fn shutdown(mut self) {
-        self.tc(&["shutdown"]).expect("shutdown");
-        let mut c = self.child.take().unwrap();
-        let t = Instant::now();
-        while c.try_wait().unwrap().is_none() {
-            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn tail(path: &str) -> String {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
+/// Starts the daemon for `round` (its log in `daemon-ROUND.log`); a daemon that exits or hangs
+/// before it is ready is a failed recovery.
+fn start(d: &Dir, cfg: &str, round: usize) -> Daemon {
+    Daemon::try_start(
+        Opts::new(d)
+            .config(cfg)
+            .log(d.path(&format!("daemon-{round}.log"))),
+    )
+    .unwrap_or_else(|e| panic!("RECOVERY FAILED at round {round}: {e}"))
 }
 
 fn target(d: &Dir) -> Target {
@@ -273,7 +119,7 @@ fn worker(
             for i in 0..len {
                 fill(first + i, version, &mut buf[i * SECTOR..(i + 1) * SECTOR]);
                 // In flight from here: legal after a kill even without a reply.
-                oracle[first + i].later.push(version);
+                oracle[first + i].issue(version);
                 oracle[first + i].note(round, if fua { "fua" } else { "write" }, version);
                 touched.push(first + i);
             }
@@ -282,12 +128,10 @@ fn worker(
             {
                 break;
             }
+            for i in 0..len {
+                oracle[first + i].acked(version, fua);
+            }
             if fua {
-                for i in 0..len {
-                    let o = &mut oracle[first + i];
-                    o.floor = version;
-                    o.later.clear();
-                }
                 n.fua += 1;
             }
             n.writes += 1;
@@ -297,9 +141,9 @@ fn worker(
             }
             for &s in &touched {
                 let o = &mut oracle[s];
-                if let Some(&v) = o.later.last() {
-                    o.floor = v;
-                    o.later.clear();
+                if o.unflushed() {
+                    o.flushed();
+                    let v = o.floor;
                     o.note(round, "flushed", v);
                 }
             }
@@ -313,15 +157,10 @@ fn worker(
             }
             for i in 0..len {
                 let s = first + i;
-                let o = &oracle[s];
-                let newest = *o.later.last().unwrap_or(&o.floor);
-                let history = &o.history;
                 let got = decode(s, &buf[i * SECTOR..(i + 1) * SECTOR]);
-                assert_eq!(
-                    got,
-                    Some(newest),
-                    "STALE READ while running: sector {s} (worker {w}) returned {got:?}, the newest acknowledged version is {newest}; history {history:?}"
-                );
+                if let Err(e) = oracle[s].check_read(s, got) {
+                    panic!("STALE READ while running (worker {w}): {e}");
+                }
             }
             n.reads += 1;
         }
@@ -342,31 +181,14 @@ fn verify(d: &Dir, oracle: &[Sector], round: usize) -> Vec<u64> {
         for i in 0..per {
             let s = chunk * per + i;
             let b = &buf[i * SECTOR..(i + 1) * SECTOR];
-            let o = &oracle[s];
-            let Some(v) = decode(s, b) else {
-                panic!(
-                    "CRASH (garbage) at round {round}: sector {s} holds bytes of no write (torn inside the block or damaged); floor {}, later {:?}, history {:?}",
-                    o.floor, o.later, o.history
-                );
-            };
-            if v != o.floor && !o.later.contains(&v) {
-                panic!(
-                    "CRASH (lost flushed write) at round {round}: sector {s} holds version {v}; legal: floor {} (flushed) or later {:?}; history {:?}",
-                    o.floor, o.later, o.history
-                );
-            }
+            let v = oracle[s]
+                .check_crash(s, decode(s, b))
+                .unwrap_or_else(|e| panic!("CRASH at round {round}: {e}"));
             got[s] = v;
         }
     }
     c.close();
     got
-}
-
-fn env_u64(k: &str, d: u64) -> u64 {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
 }
 
 #[test]
@@ -383,19 +205,9 @@ fn sigkill_wl_under_verifying_load_with_power_cuts() {
 
 fn run(mode: &str, kills: usize) {
     let seed = env_u64("TIERCACHE_SEED", 0x5eed);
-    let dir = std::env::temp_dir().join(format!("tc-sigkill-{mode}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let d = Dir(dir);
-    let (cache, core) = (d.path("cache.img"), d.path("core.img"));
-    std::fs::File::create(&cache)
-        .unwrap()
-        .set_len(CACHE_BYTES)
-        .unwrap();
-    std::fs::File::create(&core)
-        .unwrap()
-        .set_len(CORE_BYTES)
-        .unwrap();
+    let d = Dir::new(&format!("sigkill-{mode}"));
+    let cache = d.sparse("cache.img", CACHE_BYTES);
+    let core = d.sparse("core.img", CORE_BYTES);
     let cfg = d.path("tc.toml");
     let params = if mode == "wl" {
         ""
@@ -420,18 +232,16 @@ fn run(mode: &str, kills: usize) {
     let mut total = Counts::default();
     let mut patterns = [0u64; 3];
     let mut reverted = 0u64;
-    let mut dm = Daemon::start(&d, &cfg, 0);
+    let mut dm = start(&d, &cfg, 0);
     for round in 1..=kills {
         // Mode changes on some rounds: each leaves wb with a full writeback.
         match round % 7 {
             _ if mode == "wl" => {}
             3 => {
-                dm.tc(&["set-mode", "--cache-id", "1", "--mode", "wt"])
-                    .expect("set-mode wt");
+                dm.ok(&["set-mode", "--cache-id", "1", "--mode", "wt"]);
             }
             5 => {
-                dm.tc(&["set-mode", "--cache-id", "1", "--mode", "wb"])
-                    .expect("set-mode wb");
+                dm.ok(&["set-mode", "--cache-id", "1", "--mode", "wb"]);
             }
             _ => {}
         }
@@ -479,18 +289,17 @@ fn run(mode: &str, kills: usize) {
         }
 
         // Recovery, then every sector checked; a writeback and a second read must agree.
-        dm = Daemon::start(&d, &cfg, round);
-        let list = dm.tc(&["list", "--json"]).expect("list");
-        let l: serde_json::Value = serde_json::from_str(&list).unwrap();
+        dm = start(&d, &cfg, round);
+        let l = dm.json(&["list"]);
         assert_eq!(
             l[0]["state"],
             "running",
             "RECOVERY FAILED at round {round}: {l}\n{}",
-            tail(&d.path(&format!("daemon-{round}.log")))
+            dm.log_tail(15)
         );
         let first = verify(&d, &oracle, round);
         if round % 3 == 0 {
-            dm.tc(&["writeback", "--cache-id", "1"]).expect("writeback");
+            dm.ok(&["writeback", "--cache-id", "1"]);
         }
         let again = verify(&d, &oracle, round);
         if let Some(s) = (0..SECTORS).find(|&s| first[s] != again[s]) {
@@ -501,12 +310,7 @@ fn run(mode: &str, kills: usize) {
         }
         // What each sector settled on must now survive every later crash.
         for (s, v) in first.into_iter().enumerate() {
-            let o = &mut oracle[s];
-            if o.floor != v || !o.later.is_empty() {
-                o.note(round, "settled", v);
-            }
-            o.floor = v;
-            o.later.clear();
+            oracle[s].settle(round, v);
         }
         let _ = std::fs::remove_file(d.path(&format!("daemon-{}.log", round - 1)));
         if round % 10 == 0 || round == kills {
@@ -540,15 +344,9 @@ fn run(mode: &str, kills: usize) {
 fn wl_cache_loss_leaves_a_prefix_of_generations() {
     let rounds = env_u64("TIERCACHE_WL_LOSSES", 25) as usize;
     let seed = env_u64("TIERCACHE_SEED", 0x10c5);
-    let dir = std::env::temp_dir().join(format!("tc-wl-loss-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let d = Dir(dir);
-    let (cache, core) = (d.path("cache.img"), d.path("core.img"));
-    std::fs::File::create(&core)
-        .unwrap()
-        .set_len(CORE_BYTES)
-        .unwrap();
+    let d = Dir::new("wl-loss");
+    let cache = d.path("cache.img");
+    let core = d.sparse("core.img", CORE_BYTES);
     let cfg = d.path("tc.toml");
     std::fs::write(
         &cfg,
@@ -569,7 +367,7 @@ fn wl_cache_loss_leaves_a_prefix_of_generations() {
             .unwrap()
             .set_len(CACHE_BYTES)
             .unwrap();
-        let mut dm = Daemon::start(&d, &cfg, round);
+        let mut dm = start(&d, &cfg, round);
         let mut c = connect(&target(&d));
         // history[g] = the (first sector, sectors, version) of generation g's writes, in order.
         let mut history: Vec<Vec<(usize, usize, u64)>> = vec![Vec::new()];
@@ -579,7 +377,7 @@ fn wl_cache_loss_leaves_a_prefix_of_generations() {
         let mut version = (round as u64) << 32;
         let mut newest = base.clone();
         // The kill comes from another thread while a request may be in flight.
-        let pid = dm.child.as_ref().map(|ch| ch.id()).unwrap();
+        let pid = dm.pid().unwrap();
         let killer = std::thread::spawn(move || {
             std::thread::sleep(run);
             // SAFETY: sending SIGKILL to the child process this test started.

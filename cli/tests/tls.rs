@@ -16,197 +16,12 @@
 //!
 //! Each test starts its own daemon and stops exactly that process.
 
+mod common;
+
+use common::{BIN, Daemon, Dir, Opts, have, run};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("tc-tls-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-    fn path(&self, f: &str) -> String {
-        self.0.join(f).display().to_string()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Whether `bin` runs (`--version`); prints the skip line if not.
-fn have(bin: &str) -> bool {
-    let arg = if bin == "openssl" {
-        "version"
-    } else {
-        "--version"
-    };
-    let ok = Command::new(bin)
-        .arg(arg)
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        println!("skipped: {bin} not installed");
-    }
-    ok
-}
-
-/// Runs `c` with a time limit (killing exactly that child if it is exceeded): (success,
-/// stdout, stderr).
-fn run(c: &mut Command, secs: u64) -> (bool, String, String) {
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
-    let t = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if t.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{c:?} did not finish within {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// A daemon process started by a test; dropping it kills exactly that process.
-struct Daemon {
-    child: Option<Child>,
-    socket: String,
-    log: String,
-}
-
-impl Daemon {
-    /// Starts `tiercache daemon --socket SOCKET --metrics-listen none ARGS` and waits until it
-    /// says it is ready.
-    fn start(d: &Dir, socket: &str, args: &[&str]) -> Daemon {
-        let log = d.path("daemon.log");
-        let child = Command::new(BIN)
-            .args(["daemon", "--socket", socket, "--metrics-listen", "none"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn the daemon");
-        let mut dm = Daemon {
-            child: Some(child),
-            socket: socket.to_string(),
-            log,
-        };
-        let t = Instant::now();
-        while !dm.log().contains("daemon ready") {
-            if let Some(st) = dm.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("the daemon exited ({st}): {}", dm.log());
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "the daemon did not come up: {}",
-                dm.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        dm
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The port of the daemon's (first) TCP NBD listener, from its log.
-    fn tcp_port(&self) -> u16 {
-        let l = self.log();
-        let i = l.find("address=Tcp(").expect("a TCP listener in the log") + 12;
-        let a = &l[i..i + l[i..].find(')').unwrap()];
-        a.rsplit(':').next().unwrap().parse().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let (ok, out, err) = run(
-            Command::new(BIN)
-                .args(args)
-                .args(["--socket", &self.socket]),
-            60,
-        );
-        assert!(ok, "tiercache {args:?} failed: {err}");
-        out
-    }
-
-    /// Waits until the log holds `what` (a connection's end is logged after the client is
-    /// gone).
-    fn wait_log(&self, what: &str) -> String {
-        let t = Instant::now();
-        loop {
-            let l = self.log();
-            if l.contains(what) {
-                return l;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "no {what:?} in the log: {l}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits until the log holds `what` at least `n` times.
-    fn wait_count(&self, what: &str, n: usize) {
-        let t = Instant::now();
-        loop {
-            let l = self.log();
-            if l.matches(what).count() >= n {
-                return;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "fewer than {n} {what:?} in the log: {l}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Clean stop (SIGTERM to exactly this process); waits for it to end.
-    fn stop(mut self) {
-        let mut c = self.child.take().unwrap();
-        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let t = Instant::now();
-        while c.try_wait().unwrap().is_none() {
-            assert!(t.elapsed() < Duration::from_secs(60), "daemon did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+use std::process::Command;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let (ok, _, err) = run(Command::new("openssl").args(args).current_dir(dir), 60);
@@ -349,7 +164,7 @@ fn tls_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
     if !(have("openssl") && have("nbdinfo") && have("nbdcopy") && have("qemu-img")) {
         return;
     }
-    let d = Dir::new("serve");
+    let d = Dir::new("tls-serve");
     let p = pki(&d);
     let pf = |f: &str| p.join(f).display().to_string();
     let core = d.path("core.img");
@@ -358,22 +173,16 @@ fn tls_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
         .set_len(64 << 20)
         .unwrap();
     let nbd_sock = d.path("nbd.sock");
-    let dm = Daemon::start(
-        &d,
-        &d.path("admin.sock"),
-        &[
-            "--nbd-listen",
-            "tcp:127.0.0.1:0",
-            "--nbd-listen",
-            &format!("unix:{nbd_sock}"),
-            "--tls-cert",
-            &pf("server.pem"),
-            "--tls-key",
-            &pf("server-key.pem"),
-            "--tls-ca",
-            &pf("good-ca.pem"),
-        ],
-    );
+    let dm = Daemon::start(Opts::new(&d).args(&[
+        "--nbd-listen",
+        "tcp:127.0.0.1:0",
+        "--tls-cert",
+        &pf("server.pem"),
+        "--tls-key",
+        &pf("server-key.pem"),
+        "--tls-ca",
+        &pf("good-ca.pem"),
+    ]));
     // Both sockets are the owner's only.
     assert_eq!(mode(&d.path("admin.sock")).0, 0o600);
     assert_eq!(mode(&nbd_sock).0, 0o600);
@@ -479,7 +288,7 @@ fn tls_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
         assert!(!ok, "nbdinfo with {dir} was served: {out}");
         println!("nbdinfo with {dir}/: {}", err.trim());
         failed += 1;
-        dm.wait_count("NBD TLS handshake failed", failed);
+        dm.wait_log_count("NBD TLS handshake failed", failed, 10);
         let (ok, _, err) = run(
             Command::new("qemu-img").args([
                 "info",
@@ -493,7 +302,7 @@ fn tls_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
         assert!(!ok, "qemu-img with {dir} was served");
         println!("qemu-img with {dir}/: {}", err.trim());
         failed += 1;
-        dm.wait_count("NBD TLS handshake failed", failed);
+        dm.wait_log_count("NBD TLS handshake failed", failed, 10);
     }
     let l = dm.log();
     assert!(l.contains("error=\"peer sent no certificates\""), "{l}");
@@ -580,7 +389,7 @@ fn refuses(d: &Dir, args: &[&str], want: &[&str]) -> String {
 
 #[test]
 fn non_loopback_without_tls_and_bad_security_flags_refuse_to_start() {
-    let d = Dir::new("refuse");
+    let d = Dir::new("tls-refuse");
     let nbd = format!("unix:{}", d.path("n.sock"));
     match own_address() {
         Some(a) => {
@@ -680,7 +489,7 @@ fn socket_modes_group_and_admin_peer_credentials() {
         println!("skipped: setpriv (util-linux) not installed");
         return;
     }
-    let d = Dir::new("group");
+    let d = Dir::new("tls-group");
     // Others must be able to reach into the test directory, and run a copy of the binary.
     std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = d.path("tiercache");
@@ -693,16 +502,12 @@ fn socket_modes_group_and_admin_peer_credentials() {
     let run_dir = d.path("run");
     let admin = format!("{run_dir}/admin.sock");
     let nbd = format!("{run_dir}/nbd.sock");
-    let dm = Daemon::start(
-        &d,
-        &admin,
-        &[
-            "--nbd-listen",
-            &format!("unix:{nbd}"),
-            "--socket-group",
-            "nogroup",
-        ],
-    );
+    let dm = Daemon::start(Opts::new(&d).socket(&admin).no_nbd().args(&[
+        "--nbd-listen",
+        &format!("unix:{nbd}"),
+        "--socket-group",
+        "nogroup",
+    ]));
     assert_eq!(mode(&admin), (0o660, nogroup));
     assert_eq!(mode(&nbd), (0o660, nogroup));
     assert_eq!(mode(&run_dir), (0o750, nogroup));
@@ -762,7 +567,12 @@ fn socket_modes_group_and_admin_peer_credentials() {
     // peer check even past the file mode, whatever its group.
     let admin2 = d.path("admin2.sock");
     let nbd2 = d.path("nbd2.sock");
-    let dm = Daemon::start(&d, &admin2, &["--nbd-listen", &format!("unix:{nbd2}")]);
+    let dm = Daemon::start(
+        Opts::new(&d)
+            .socket(&admin2)
+            .no_nbd()
+            .args(&["--nbd-listen", &format!("unix:{nbd2}")]),
+    );
     assert_eq!(mode(&admin2).0, 0o600);
     assert_eq!(mode(&nbd2).0, 0o600);
     for gid in [nogroup, 0] {

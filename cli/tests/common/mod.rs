@@ -1,0 +1,398 @@
+//! What every test of the real `tiercache` binary needs: a temporary directory, a daemon process
+//! started by the test (and only that process is ever stopped or killed), the CLI run against
+//! its admin socket, and a few helpers around external programs.
+//!
+//! Each test file includes this with `mod common;` and uses what it needs.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tiercache_io::NbdBackend;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
+
+/// A fresh directory under the temporary directory, removed at the end unless the test
+/// panicked (then it is kept for a look at the daemon's log).
+pub struct Dir(pub PathBuf);
+
+impl Dir {
+    /// `$TMPDIR/tc-NAME-PID`, emptied first.
+    pub fn new(name: &str) -> Dir {
+        let p = std::env::temp_dir().join(format!("tc-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Dir(p)
+    }
+
+    pub fn path(&self, f: &str) -> String {
+        self.0.join(f).display().to_string()
+    }
+
+    /// A sparse file of `bytes` in this directory; its path.
+    pub fn sparse(&self, f: &str, bytes: u64) -> String {
+        let p = self.path(f);
+        sparse(&p, bytes);
+        p
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// How to start a daemon. `Opts::new(&dir)` gives `DIR/admin.sock`, one NBD listener on
+/// `DIR/nbd.sock`, no metrics listener and the log in `DIR/daemon.log`.
+pub struct Opts {
+    pub socket: String,
+    /// The unix NBD socket (`None`: the listeners are in `args`).
+    pub nbd: Option<String>,
+    pub config: Option<String>,
+    pub log: String,
+    /// More daemon arguments.
+    pub args: Vec<String>,
+    /// Environment variables for the daemon only.
+    pub env: Vec<(String, String)>,
+    /// How long the daemon may take to become ready.
+    pub ready_within: Duration,
+}
+
+impl Opts {
+    pub fn new(d: &Dir) -> Opts {
+        Opts {
+            socket: d.path("admin.sock"),
+            nbd: Some(d.path("nbd.sock")),
+            config: None,
+            log: d.path("daemon.log"),
+            args: Vec::new(),
+            env: Vec::new(),
+            ready_within: Duration::from_secs(60),
+        }
+    }
+    pub fn config(mut self, c: &str) -> Opts {
+        self.config = Some(c.to_string());
+        self
+    }
+    pub fn log(mut self, l: String) -> Opts {
+        self.log = l;
+        self
+    }
+    pub fn args(mut self, a: &[&str]) -> Opts {
+        self.args.extend(a.iter().map(|s| s.to_string()));
+        self
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Opts {
+        self.env.push((k.to_string(), v.to_string()));
+        self
+    }
+    pub fn socket(mut self, s: &str) -> Opts {
+        self.socket = s.to_string();
+        self
+    }
+    pub fn no_nbd(mut self) -> Opts {
+        self.nbd = None;
+        self
+    }
+    pub fn ready_within(mut self, t: Duration) -> Opts {
+        self.ready_within = t;
+        self
+    }
+}
+
+/// A sparse file of `bytes` at `path` (created or truncated).
+pub fn sparse(path: &str, bytes: u64) {
+    std::fs::File::create(path).unwrap().set_len(bytes).unwrap();
+}
+
+/// A daemon process started by a test; dropping it kills exactly that process.
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: String,
+    pub nbd: String,
+    pub log: String,
+    /// Where this process's part of the (appended) log starts.
+    log_from: usize,
+}
+
+impl Daemon {
+    /// Starts the daemon and waits until it logs "daemon ready"; panics if it exits first.
+    pub fn start(o: Opts) -> Daemon {
+        Daemon::try_start(o).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As `start`, but a daemon that exits before it is ready is an error carrying its log.
+    pub fn try_start(o: Opts) -> Result<Daemon, String> {
+        // A killed daemon leaves its sockets behind.
+        let _ = std::fs::remove_file(&o.socket);
+        if let Some(n) = &o.nbd {
+            let _ = std::fs::remove_file(n);
+        }
+        let log_from = std::fs::metadata(&o.log).map_or(0, |m| m.len() as usize);
+        let mut cmd = Command::new(BIN);
+        cmd.args(["daemon", "--socket", &o.socket, "--metrics-listen", "none"]);
+        if let Some(n) = &o.nbd {
+            cmd.args(["--nbd-listen", &format!("unix:{n}")]);
+        }
+        if let Some(c) = &o.config {
+            cmd.args(["--config", c]);
+        }
+        cmd.args(&o.args)
+            .envs(o.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&o.log)
+                    .unwrap(),
+            );
+        let child = cmd.spawn().expect("spawn the daemon");
+        let mut dm = Daemon {
+            child: Some(child),
+            socket: o.socket,
+            nbd: o.nbd.unwrap_or_default(),
+            log: o.log,
+            log_from,
+        };
+        let t = Instant::now();
+        while !dm.log().contains("daemon ready") {
+            if let Some(st) = dm.child.as_mut().unwrap().try_wait().unwrap() {
+                return Err(format!(
+                    "the daemon exited ({st}) before it was ready:\n{}",
+                    dm.log_tail(15)
+                ));
+            }
+            if t.elapsed() > o.ready_within {
+                return Err(format!(
+                    "the daemon was not ready within {:?}:\n{}",
+                    o.ready_within,
+                    dm.log_tail(15)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(dm)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// This process's part of the log.
+    pub fn log(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        s.get(self.log_from..).unwrap_or_default().to_string()
+    }
+
+    /// The last `n` lines of this process's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let l = self.log();
+        let lines: Vec<&str> = l.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Waits (up to `secs`) until the log holds `what` at least `n` times; the log.
+    pub fn wait_log_count(&self, what: &str, n: usize, secs: u64) -> String {
+        let t = Instant::now();
+        loop {
+            let l = self.log();
+            if l.matches(what).count() >= n {
+                return l;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(secs),
+                "fewer than {n} {what:?} in the log: {l}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (up to 10 s) until the log holds `what`; the log.
+    pub fn wait_log(&self, what: &str) -> String {
+        self.wait_log_count(what, 1, 10)
+    }
+
+    /// The port of the daemon's (first) TCP NBD listener, from its log.
+    pub fn tcp_port(&self) -> u16 {
+        let l = self.log();
+        let i = l.find("address=Tcp(").expect("a TCP listener in the log") + 12;
+        let a = &l[i..i + l[i..].find(')').unwrap()];
+        a.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// `tiercache ARGS` against this daemon: (success, stdout, stderr). Killed after 300 s.
+    pub fn tc(&self, args: &[&str]) -> (bool, String, String) {
+        run(
+            Command::new(BIN)
+                .args(args)
+                .env("TIERCACHE_SOCKET", &self.socket),
+            300,
+        )
+    }
+
+    /// `tiercache ARGS`, which must succeed; its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let (ok, out, err) = self.tc(args);
+        assert!(
+            ok,
+            "tiercache {args:?} failed: {err}\n{}",
+            self.log_tail(10)
+        );
+        out
+    }
+
+    /// `tiercache ARGS --json`, parsed.
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        serde_json::from_str(&self.ok(&a)).expect("JSON output")
+    }
+
+    /// `tiercache ARGS` must fail with one line containing `want`; that line.
+    pub fn fails(&self, args: &[&str], want: &str) -> String {
+        let (ok, _, err) = self.tc(args);
+        assert!(!ok, "tiercache {args:?} should fail");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(err.contains(want), "{args:?}: want '{want}' in: {err}");
+        err
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.nbd)
+    }
+
+    /// tiercache's own NBD client on an export of the unix listener.
+    pub fn nbd(&self, export: &str) -> Result<NbdBackend, String> {
+        NbdBackend::connect(&self.uri(export)).map_err(|e| e.to_string())
+    }
+
+    /// SIGKILL, as a crash (nothing if it already ended).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            c.wait().unwrap();
+        }
+    }
+
+    /// Clean stop through the admin socket; waits (up to 60 s) for the process to end.
+    pub fn shutdown(mut self) {
+        self.ok(&["shutdown"]);
+        self.wait_exit();
+    }
+
+    /// Clean stop by SIGTERM to exactly this process; waits for it to end.
+    pub fn stop(mut self) {
+        let c = self.child.as_ref().unwrap();
+        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        self.wait_exit();
+    }
+
+    fn wait_exit(&mut self) {
+        let mut c = self.child.take().unwrap();
+        let t = Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            if t.elapsed() > Duration::from_secs(60) {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!(
+                    "the daemon did not stop within 60 s:\n{}",
+                    self.log_tail(15)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether `prog` runs (`--version`, `version` for openssl); prints a skip line if not.
+pub fn have(prog: &str) -> bool {
+    let arg = if prog == "openssl" {
+        "version"
+    } else {
+        "--version"
+    };
+    let ok = Command::new(prog)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("skipped: {prog} is not installed");
+    }
+    ok
+}
+
+/// Runs `c` with a time limit (killing exactly that child if it is exceeded): (success,
+/// stdout, stderr).
+pub fn run(c: &mut Command, secs: u64) -> (bool, String, String) {
+    let out = tempfile(".out");
+    let err = tempfile(".err");
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{c:?} did not finish within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let r = (
+        st.success(),
+        std::fs::read_to_string(&out).unwrap_or_default(),
+        std::fs::read_to_string(&err).unwrap_or_default(),
+    );
+    let _ = std::fs::remove_file(&out);
+    let _ = std::fs::remove_file(&err);
+    r
+}
+
+fn tempfile(suffix: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "tc-run-{}-{}{suffix}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// `cmd` must succeed; its stdout.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// An environment variable as a number, else `d`.
+pub fn env_u64(k: &str, d: u64) -> u64 {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
