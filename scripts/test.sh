@@ -88,7 +88,7 @@ canary() {
         return 1
     fi
     local found
-    found=$(grep -m1 -oE 'STALE READ|DURABILITY|CRASH \([A-Za-z]+\)' "$log" || true)
+    found=$(grep -m1 -oE 'STALE READ|DURABILITY|EMPTY LINE|CRASH \([A-Za-z]+\)' "$log" || true)
     if [ -z "$found" ]; then
         echo "canary $feature made '$test' fail, but not through the oracle:"
         grep -m3 -E 'panicked|error' "$log" || tail -5 "$log"
@@ -102,6 +102,7 @@ step "canary: clean before the core write is durable" canary canary-clean-before
 step "canary: flush acknowledged before what it covers" canary canary-early-flush-ack model
 step "canary: stale read after a partial-line write" canary canary-stale-partial model
 step "canary: eviction policy that evicts dirty lines" canary canary-broken-eviction model
+step "canary: a failed cache write leaves its new lines mapped and empty" canary canary-empty-line model
 step "canary: early flush ack, caught by a crash at a device write" canary canary-early-flush-ack crash
 # A journal record that may become durable before the data it points at: caught only when a
 # crash reorders the two on a reused slot, so this one runs 600 seeds (release build).

@@ -139,6 +139,7 @@ fn run_seed(seed: u64) -> Outcome {
         ..knobs
     };
     let mut env = Env::restart(cfg, seed ^ 0x5eed, knobs, images, recovered);
+    env.check_durability = false;
     for _ in 0..500 {
         random_step(&mut env, modes, ncores, bpl);
     }

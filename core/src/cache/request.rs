@@ -1025,6 +1025,7 @@ impl Cache {
                     // The core has the data; the cache copy is unknown: drop it (and free the
                     // lines this request mapped: they never got a valid block).
                     self.faults.counters.write_through_cache_failed += 1;
+                    #[cfg(not(feature = "canary-empty-line"))]
                     self.unmap_new(&mut r);
                     return self.drop_after_core_write(r, fua, actions);
                 }
