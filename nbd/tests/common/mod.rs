@@ -1,6 +1,8 @@
 //! Helpers shared by the NBD server tests.
 #![allow(dead_code)]
 
+pub mod wire;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;

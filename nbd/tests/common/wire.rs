@@ -1,0 +1,265 @@
+//! A hand-written NBD client on raw sockets (every byte under the test's control) and a
+//! server with a plain RAM export, for the tests of malformed and hostile input (raw.rs,
+//! bad_input.rs).
+
+use super::TmpDir;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tiercache_io::RamBackend;
+use tiercache_nbd::proto::{self, cmd, info, opt, rep, reply};
+use tiercache_nbd::{BackendExport, ExportMap, ListenAddr, Server, ServerConfig};
+
+pub trait Stream: Read + Write {}
+impl<T: Read + Write> Stream for T {}
+
+pub struct Client<S: Stream> {
+    pub s: S,
+    pub structured: bool,
+}
+
+pub fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b[..4].try_into().unwrap())
+}
+pub fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b[..8].try_into().unwrap())
+}
+
+/// One option reply: (option, type, data).
+pub type OptReply = (u32, u32, Vec<u8>);
+
+impl<S: Stream> Client<S> {
+    /// Reads the greeting and sends `cflags`.
+    pub fn hello(mut s: S, cflags: u32) -> Client<S> {
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).unwrap();
+        assert_eq!(be64(&g), proto::NBDMAGIC);
+        assert_eq!(be64(&g[8..]), proto::IHAVEOPT);
+        assert_eq!(
+            u16::from_be_bytes([g[16], g[17]]),
+            proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES
+        );
+        s.write_all(&cflags.to_be_bytes()).unwrap();
+        Client {
+            s,
+            structured: false,
+        }
+    }
+
+    pub fn send_opt(&mut self, option: u32, data: &[u8]) {
+        let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
+        m.extend_from_slice(&option.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        self.s.write_all(&m).unwrap();
+    }
+
+    pub fn read_opt_reply(&mut self) -> std::io::Result<OptReply> {
+        let mut h = [0u8; 20];
+        self.s.read_exact(&mut h)?;
+        assert_eq!(be64(&h), proto::OPT_REPLY_MAGIC);
+        let mut d = vec![0u8; be32(&h[16..]) as usize];
+        self.s.read_exact(&mut d)?;
+        Ok((be32(&h[8..]), be32(&h[12..]), d))
+    }
+
+    /// Sends `option` and reads replies up to the ACK or an error.
+    pub fn opt(&mut self, option: u32, data: &[u8]) -> Vec<OptReply> {
+        self.send_opt(option, data);
+        let mut v = Vec::new();
+        loop {
+            let r = self.read_opt_reply().unwrap();
+            assert_eq!(r.0, option);
+            let end = r.1 == rep::ACK || r.1 & rep::ERR != 0;
+            v.push(r);
+            if end {
+                return v;
+            }
+        }
+    }
+
+    pub fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
+        for i in infos {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        d
+    }
+
+    /// `NBD_OPT_GO` to `name`; returns the export size.
+    pub fn go(&mut self, name: &str) -> u64 {
+        let r = self.opt(opt::GO, &Self::info_data(name, &[info::BLOCK_SIZE]));
+        let last = r.last().unwrap();
+        assert_eq!(
+            last.1,
+            rep::ACK,
+            "GO {name}: {:?}",
+            String::from_utf8_lossy(&last.2)
+        );
+        let e = r
+            .iter()
+            .find(|x| x.1 == rep::INFO && x.2[..2] == info::EXPORT.to_be_bytes())
+            .expect("NBD_INFO_EXPORT");
+        be64(&e.2[2..])
+    }
+
+    pub fn send_req(
+        &mut self,
+        typ: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) {
+        self.try_send_req(typ, flags, cookie, offset, len, data)
+            .unwrap();
+    }
+
+    pub fn try_send_req(
+        &mut self,
+        typ: u16,
+        flags: u16,
+        cookie: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) -> std::io::Result<()> {
+        let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
+        m.extend_from_slice(&flags.to_be_bytes());
+        m.extend_from_slice(&typ.to_be_bytes());
+        m.extend_from_slice(&cookie.to_be_bytes());
+        m.extend_from_slice(&offset.to_be_bytes());
+        m.extend_from_slice(&len.to_be_bytes());
+        m.extend_from_slice(data);
+        self.s.write_all(&m)
+    }
+
+    /// Reads one reply: (cookie, error, data). `read_len`: the length of the read it answers
+    /// (simple replies do not say).
+    pub fn reply(&mut self, read_len: impl Fn(u64) -> usize) -> (u64, u32, Vec<u8>) {
+        if self.structured {
+            let mut h = [0u8; 20];
+            self.s.read_exact(&mut h).unwrap();
+            assert_eq!(be32(&h), proto::STRUCTURED_REPLY_MAGIC);
+            let flags = u16::from_be_bytes([h[4], h[5]]);
+            let typ = u16::from_be_bytes([h[6], h[7]]);
+            assert_eq!(flags, reply::FLAG_DONE);
+            let cookie = be64(&h[8..]);
+            let mut p = vec![0u8; be32(&h[16..]) as usize];
+            self.s.read_exact(&mut p).unwrap();
+            match typ {
+                reply::TYPE_NONE => (cookie, 0, vec![]),
+                reply::TYPE_OFFSET_DATA => (cookie, 0, p[8..].to_vec()),
+                reply::TYPE_ERROR => {
+                    let n = u16::from_be_bytes([p[4], p[5]]) as usize;
+                    assert_eq!(p.len(), 6 + n);
+                    assert!(std::str::from_utf8(&p[6..]).is_ok());
+                    (cookie, be32(&p), p[6..].to_vec())
+                }
+                t => panic!("unexpected chunk type {t}"),
+            }
+        } else {
+            let mut h = [0u8; 16];
+            self.s.read_exact(&mut h).unwrap();
+            assert_eq!(be32(&h), proto::SIMPLE_REPLY_MAGIC);
+            let (err, cookie) = (be32(&h[4..]), be64(&h[8..]));
+            let mut d = vec![];
+            if err == 0 {
+                d = vec![0u8; read_len(cookie)];
+                self.s.read_exact(&mut d).unwrap();
+            }
+            (cookie, err, d)
+        }
+    }
+
+    /// One request, one reply: (error, data).
+    pub fn call(
+        &mut self,
+        typ: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) -> (u32, Vec<u8>) {
+        self.send_req(typ, flags, 77, offset, len, data);
+        let rl = if typ == cmd::READ { len as usize } else { 0 };
+        let (c, e, d) = self.reply(|_| rl);
+        assert_eq!(c, 77);
+        (e, d)
+    }
+
+    /// Whether the server closed the connection (EOF or reset) within 5 s.
+    pub fn closed(&mut self) -> bool {
+        let mut b = [0u8; 64];
+        loop {
+            match self.s.read(&mut b) {
+                Ok(0) | Err(_) => return true,
+                Ok(_) => continue, // option replies before the close
+            }
+        }
+    }
+}
+
+pub fn connect(sock: &Path) -> UnixStream {
+    let s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+pub fn ready(sock: &Path, name: &str, structured: bool) -> (Client<UnixStream>, u64) {
+    let mut c = Client::hello(
+        connect(sock),
+        proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES,
+    );
+    if structured {
+        let r = c.opt(opt::STRUCTURED_REPLY, &[]);
+        assert_eq!(r[0].1, rep::ACK);
+        c.structured = true;
+    }
+    let size = c.go(name);
+    (c, size)
+}
+
+/// A server with a plain 8 MiB RAM export `plain` and a refused export `gone`.
+pub fn plain_server(tag: &str, cfg: ServerConfig) -> (Server, std::path::PathBuf, TmpDir) {
+    let dir = TmpDir::new(tag);
+    let ex = Arc::new(ExportMap::new());
+    ex.insert(
+        "plain",
+        "plain RAM",
+        Arc::new(BackendExport::new(Arc::new(RamBackend::new(8 << 11)))),
+    );
+    ex.refuse("gone", "", "cache device missing: not served");
+    let srv = Server::new(ex, cfg);
+    let sock = dir.path("s.sock");
+    srv.listen(&ListenAddr::Unix(sock.clone())).unwrap();
+    (srv, sock, dir)
+}
+
+pub fn still_serves(sock: &Path) {
+    let (mut c, size) = ready(sock, "plain", true);
+    assert_eq!(size, 8 << 20);
+    let (e, _) = c.call(cmd::WRITE, 0, 4096, 512, &[7u8; 512]);
+    assert_eq!(e, 0);
+    let (e, d) = c.call(cmd::READ, 0, 4096, 512, &[]);
+    assert_eq!((e, d), (0, vec![7u8; 512]));
+    c.send_req(cmd::DISC, 0, 0, 0, 0, &[]);
+    assert!(c.closed());
+}
+
+pub fn wait_open(srv: &Server, n: u64) {
+    let t = Instant::now();
+    while srv.stats().open != n {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "open connections: {:?}",
+            srv.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
