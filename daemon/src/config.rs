@@ -118,14 +118,7 @@ impl ConfigFile {
 
     /// Parses and checks config text.
     pub fn parse(text: &str) -> Result<ConfigFile, String> {
-        let c: ConfigFile = toml::from_str(text).map_err(|e| {
-            e.to_string()
-                .lines()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .trim()
-                .to_string()
-        })?;
+        let c: ConfigFile = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         let mut ids = std::collections::BTreeSet::new();
         let mut exports = std::collections::BTreeSet::new();
         for k in &c.cache {
@@ -154,6 +147,26 @@ impl ConfigFile {
             }
         }
         Ok(c)
+    }
+}
+
+/// A TOML error as one line: where (line and column, counted from 1) and what, without the
+/// excerpt and caret the parser draws over several lines.
+fn syntax_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().split_whitespace().collect::<Vec<_>>().join(" ");
+    match e.span() {
+        Some(r) => {
+            // Bytes, not str slicing: the span may start inside a multi-byte character.
+            let before = &text.as_bytes()[..r.start.min(text.len())];
+            let line = before.iter().filter(|&&c| c == b'\n').count() + 1;
+            let start = before
+                .iter()
+                .rposition(|&c| c == b'\n')
+                .map_or(0, |i| i + 1);
+            let column = String::from_utf8_lossy(&before[start..]).chars().count() + 1;
+            format!("line {line}, column {column}: {msg}")
+        }
+        None => msg,
     }
 }
 
@@ -308,6 +321,23 @@ export = "vm1"
         );
         assert!(ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"ram:0\"\n").is_err());
         assert!(ConfigFile::parse("not toml [").is_err());
+        // Syntax errors: one line with where and what.
+        let e =
+            ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"ram:1m\"\nbogus = 2\n").unwrap_err();
+        assert!(
+            e.starts_with(
+                "line 4, column 1: unknown field `bogus`, expected one of `id`, `device`"
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"é\" x\n").unwrap_err(),
+            "line 3, column 14: expected newline, `#`"
+        );
+        assert_eq!(
+            ConfigFile::parse("[[cache]]\nid = \"one\"\ndevice = \"ram:1m\"\n").unwrap_err(),
+            "line 2, column 6: invalid type: string \"one\", expected u16"
+        );
         let ex = ConfigFile::parse(include_str!("../../contrib/tiercache.toml.example")).unwrap();
         assert_eq!(ex.cache[0].core.len(), 2);
         // RBD cores: the Ceph options become part of the device string; refused elsewhere.
