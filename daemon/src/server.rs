@@ -110,6 +110,15 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// A client (NBD or admin) that goes away while the daemon writes to it must cost only its own
+/// connection. With SIGPIPE at its default action (the `tiercache` binary restores it for the
+/// command-line verbs) the first write to such a socket killed the whole daemon, its caches not
+/// stopped; ignored, the write fails with EPIPE and only that connection ends.
+fn ignore_sigpipe() {
+    // SAFETY: sets a signal's disposition to SIG_IGN; no handler is installed.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
 fn wait_signal(set: libc::sigset_t) -> i32 {
     let mut sig: libc::c_int = 0;
     // SAFETY: `set` was initialised by block_signals and `sig` is a valid out-pointer.
@@ -163,6 +172,7 @@ pub fn bind_private(path: &Path, group: Option<u32>) -> Result<UnixListener, Str
 /// Runs the daemon in the foreground until SIGTERM, SIGINT or `shutdown`.
 pub fn run(opts: Options) -> Result<(), String> {
     let sigs = block_signals();
+    ignore_sigpipe();
     let cfg = match &opts.config {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
