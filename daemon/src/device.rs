@@ -109,9 +109,17 @@ impl DeviceSpec {
         self.path().is_none_or(|p| p.exists())
     }
 
-    /// Opens the device.
+    /// Opens the device. A local file or block device is claimed first: one daemon per device
+    /// ([`crate::devlock`]).
     pub fn open(&self, shown: &str) -> Result<Device, String> {
-        Ok(match self {
+        let lock = match self {
+            DeviceSpec::PowerCut(_) => None, // the overlay takes its own lock
+            _ => self
+                .path()
+                .map(|p| crate::devlock::DeviceLock::take(p, shown))
+                .transpose()?,
+        };
+        let dev: Device = match self {
             DeviceSpec::Path(p) => {
                 Arc::new(FileBackend::open(p).map_err(|e| format!("{shown}: cannot open: {e}"))?)
             }
@@ -125,6 +133,10 @@ impl DeviceSpec {
                 NbdBackend::connect(uri).map_err(|e| format!("{shown}: cannot connect: {e}"))?,
             ),
             DeviceSpec::Rbd(_) => self.open_core(shown)?.0,
+        };
+        Ok(match lock {
+            Some(l) => Arc::new(crate::devlock::Locked::new(dev, l)),
+            None => dev,
         })
     }
 

@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod config;
 pub mod device;
+pub mod devlock;
 mod nbd_glue;
 pub mod registry;
 pub mod server;

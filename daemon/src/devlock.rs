@@ -1,0 +1,140 @@
+//! One daemon per device (SPEC C18): a local cache or core device (a file or block device) is
+//! held under an advisory `flock(LOCK_EX)` while the daemon has it open, so a second daemon
+//! (or any program that takes the same lock) is refused in one line instead of writing under
+//! the first one's feet. The lock is taken before the device is opened (opening it may write:
+//! the `O_DIRECT` probe rewrites a block).
+//!
+//! Within one daemon the registry already refuses a device used twice, by name; handles of
+//! the same process share the lock, so a device reopened while an old handle is still being
+//! dropped (a cache stopped and loaded again, a core resized) is not refused by itself.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::Mutex;
+use tiercache_engine::Device;
+use tiercache_io::{Backend, IoErr, Req};
+
+/// Locks held by this process: (st_dev, st_ino) to the locked file and its handle count.
+static HELD: Mutex<BTreeMap<(u64, u64), (std::fs::File, usize)>> = Mutex::new(BTreeMap::new());
+
+/// This process's claim on a device; the lock goes with the last claim.
+pub struct DeviceLock {
+    key: (u64, u64),
+}
+
+impl DeviceLock {
+    /// Claims the device at `path` (`shown` names it in errors).
+    pub fn take(path: &Path, shown: &str) -> Result<DeviceLock, String> {
+        let md = std::fs::metadata(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
+        let key = (md.dev(), md.ino());
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n)) = held.get_mut(&key) {
+            *n += 1;
+            return Ok(DeviceLock { key });
+        }
+        let f = std::fs::File::open(path).map_err(|e| format!("{shown}: cannot open: {e}"))?;
+        // SAFETY: flock on a file descriptor we own; no memory is passed.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                format!(
+                    "{shown} is in use by another process (another tiercache daemon holds its lock); stop the cache that uses it there first"
+                )
+            } else {
+                format!("{shown}: cannot lock it: {e}")
+            });
+        }
+        held.insert(key, (f, 1));
+        Ok(DeviceLock { key })
+    }
+}
+
+impl Drop for DeviceLock {
+    fn drop(&mut self) {
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n)) = held.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.key); // closing the file releases the lock
+            }
+        }
+    }
+}
+
+/// A device with its claim: the claim ends when the device is dropped.
+pub struct Locked {
+    inner: Device,
+    _lock: DeviceLock,
+}
+
+impl Locked {
+    /// `inner`, holding `lock` for as long as it lives.
+    pub fn new(inner: Device, lock: DeviceLock) -> Locked {
+        Locked { inner, _lock: lock }
+    }
+}
+
+impl Backend for Locked {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn blocks(&self) -> u64 {
+        self.inner.blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
+        self.inner.read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
+        self.inner.write(lba, buf, fua)
+    }
+    fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
+        self.inner.write_zeroes(lba, blocks, fua)
+    }
+    fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
+        self.inner.trim(lba, blocks)
+    }
+    fn flush(&self) -> Result<(), IoErr> {
+        self.inner.flush()
+    }
+    fn inline(&self) -> bool {
+        self.inner.inline()
+    }
+    fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
+        self.inner.submit_batch(reqs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_shares_the_lock_another_is_refused() {
+        let p = std::env::temp_dir().join(format!("tc-devlock-{}", std::process::id()));
+        std::fs::write(&p, [0u8; 4096]).unwrap();
+        let a = DeviceLock::take(&p, "dev").unwrap();
+        let b = DeviceLock::take(&p, "dev").unwrap();
+        // Another open file description (as another process would have) cannot lock it.
+        let other = std::fs::File::open(&p).unwrap();
+        // SAFETY: flock on a file descriptor we own.
+        let try_lock = || unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_ne!(try_lock(), 0);
+        drop(a);
+        assert_ne!(try_lock(), 0, "still held by the second claim");
+        drop(b);
+        assert_eq!(try_lock(), 0, "released with the last claim");
+        // Held by someone else: refused in one line naming the device.
+        let e = DeviceLock::take(&p, "dev").err().unwrap();
+        assert!(e.starts_with("dev is in use by another process"), "{e}");
+        assert_eq!(e.lines().count(), 1);
+        drop(other);
+        DeviceLock::take(&p, "dev").unwrap();
+        let e = DeviceLock::take(&p.with_extension("nope"), "gone")
+            .err()
+            .unwrap();
+        assert!(e.starts_with("gone: cannot open:"), "{e}");
+        let _ = std::fs::remove_file(&p);
+    }
+}
