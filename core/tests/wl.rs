@@ -184,6 +184,7 @@ struct Stats {
     errors: u64,
     waits_for_space: u64,
     gens_retired: u64,
+    prefix_retires: u64,
     device_writes: u64,
 }
 
@@ -959,6 +960,7 @@ fn run_seed(seed: u64) -> Stats {
     }
     sim.stats.waits_for_space = sim.wl.counters().waited_for_space;
     sim.stats.gens_retired = sim.wl.counters().gens_retired;
+    sim.stats.prefix_retires = sim.wl.counters().prefix_retires;
     sim.stats
 }
 
@@ -1049,6 +1051,7 @@ fn write_log_against_the_oracle() {
         total.errors += st.errors;
         total.waits_for_space += st.waits_for_space;
         total.gens_retired += st.gens_retired;
+        total.prefix_retires += st.prefix_retires;
     }
     println!("wl oracle: {total:?}");
     assert!(total.crashes > 0 && total.loss_checks > 0 && total.reads_checked > 0);

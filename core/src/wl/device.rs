@@ -17,7 +17,7 @@ pub const GEN_MAX_WRITES: u32 = 4096;
 /// ... or this many blocks (64 MiB).
 pub const GEN_MAX_BLOCKS: u64 = 128 * 1024;
 /// Staging slots for writeback by default.
-pub const STAGING_SLOTS: u32 = 16;
+pub const STAGING_SLOTS: u32 = 64;
 
 impl WlConfig {
     /// The write log of a read cache whose persistence names a log region (a device planned

@@ -20,7 +20,12 @@
 //!   the core through the read cache (concurrently; overlapping entries in log order), then each
 //!   core it touched is flushed, then the generation is retired from the index and the log
 //!   superblock records the new tail (FUA) — and only then does the next generation start. So a
-//!   core always holds "every generation up to k, and some writes of k+1".
+//!   core always holds "every generation up to k, and some writes of k+1". While writes wait
+//!   for room in the log, a written-back prefix of the front generation (1/8 of
+//!   `gen_max_writes` entries or 1/16 of the ring) is flushed on its cores and retired early,
+//!   the rest of the generation going on meanwhile: room comes back in small steps, not a
+//!   whole generation at a time. If a core flush fails, what the generation had written back
+//!   is written again (entries still in flight too, after them), in log order.
 //! - **Reads**: the log index first; blocks it does not cover go to the read cache (which
 //!   promotes misses by its policy) and the core.
 //! - **Recovery** ([`scan`]) reads the log superblock, then every entry from the tail while each
@@ -257,6 +262,8 @@ pub struct WlCounters {
     pub blocks_written_back: u64,
     /// Generations retired.
     pub gens_retired: u64,
+    /// Times a written-back prefix of a generation was retired early (the log was full).
+    pub prefix_retires: u64,
     /// Writeback IOs that failed (retried).
     pub wb_errors: u64,
     /// Log writes that failed.
@@ -328,6 +335,13 @@ pub struct WriteLog {
     /// were issued.
     wb_flushes_left: u32,
     wb_flushing: bool,
+    /// The flush in flight is for a written-back prefix of the front generation: entries
+    /// before this sequence number retire when it completes (the whole generation otherwise).
+    wb_flush_upto: Option<u64>,
+    /// Every entry of the front generation before this sequence number is written back.
+    wb_done_upto: u64,
+    /// The last attempt to log a write found no room in the ring.
+    space_waiting: bool,
     wb_retry_at: Option<Nanos>,
     void_retry_at: Option<Nanos>,
     inner_events: VecDeque<Event>,
@@ -434,6 +448,9 @@ impl WriteLog {
             free_slots,
             wb_flushes_left: 0,
             wb_flushing: false,
+            wb_flush_upto: None,
+            wb_done_upto: 0,
+            space_waiting: false,
             wb_retry_at: None,
             void_retry_at: None,
             inner_events: VecDeque::new(),
@@ -1081,6 +1098,7 @@ impl WriteLog {
 
     /// Starts logging waiting writes, in order, while they fit and overlap nothing in flight.
     fn issue_pending(&mut self, acts: &mut Vec<Action>, data_crc: &mut dyn FnMut(ReqId) -> u32) {
+        self.space_waiting = false;
         while let Some(&p) = self.pending.front() {
             let busy = self.writing.iter().any(|s| {
                 let e = &self.entries[(s - self.entries[0].seq) as usize];
@@ -1109,6 +1127,7 @@ impl WriteLog {
             let pad = if phys + span > ring { ring - phys } else { 0 };
             if self.head_pos + pad + span - self.reuse_bound() > ring {
                 self.counters.waited_for_space += 1;
+                self.space_waiting = true;
                 return;
             }
             self.pending.pop_front();
@@ -1457,7 +1476,8 @@ impl WriteLog {
                 return;
             }
         }
-        if self.wb_flushing {
+        if self.wb_flushing && self.wb_flush_upto.is_none() {
+            // The generation's closing flush: nothing of the next one may start before it.
             return;
         }
         // Issue chunks in log order while staging lasts; an entry overlapping one of its
@@ -1482,8 +1502,11 @@ impl WriteLog {
                 }
                 EState::Done | EState::Wb { .. } => {}
                 EState::Logged => {
-                    let (seq, core, lba, blocks, kind) = (e.seq, e.core, e.lba, e.blocks, e.kind);
-                    let blocked = self.wb_active.range(..seq).any(|&s| {
+                    let (core, lba, blocks, kind) = (e.core, e.lba, e.blocks, e.kind);
+                    // Any overlapping entry in writeback blocks it: an earlier one (log order),
+                    // or a later one still in flight after a failed flush made this one go
+                    // again (it goes again after this one).
+                    let blocked = self.wb_active.iter().any(|&s| {
                         let o = &self.entries[(s - front_seq) as usize];
                         o.overlaps(core, lba, blocks)
                     });
@@ -1498,35 +1521,67 @@ impl WriteLog {
             }
             i += 1;
         }
+        if self.wb_flushing {
+            // A prefix's flush: the rest of the generation goes on meanwhile.
+            return;
+        }
         let all_done = reached_end && self.wb_active.is_empty() && self.wb_partial.is_none();
         if all_done {
             // Every entry of generation g is on its core: flush the cores it touched.
-            let cores: BTreeSet<u16> = self
-                .entries
-                .iter()
-                .take_while(|e| e.gen_ == g)
-                .filter(|e| matches!(e.kind, LogKind::Write | LogKind::Trim | LogKind::Zero))
-                .map(|e| e.core)
-                .collect();
-            if cores.is_empty() {
-                self.retire_front_gen();
-                return;
+            let n = self.entries.iter().take_while(|e| e.gen_ == g).count();
+            self.flush_for_retire(n, None);
+        } else if self.space_waiting {
+            // Writes wait for room: retire the written-back prefix of the generation once it
+            // is big enough, instead of all of it at the end (the core's copy of the prefix is
+            // made durable first; nothing of a later generation has started, so losing the
+            // cache still leaves the core a prefix of generations plus part of one).
+            let front_seq = self.entries[0].seq;
+            self.wb_done_upto = self.wb_done_upto.max(front_seq);
+            while let Some(e) = self.entries.get((self.wb_done_upto - front_seq) as usize) {
+                if e.gen_ != g || e.state != EState::Done {
+                    break;
+                }
+                self.wb_done_upto += 1;
             }
-            self.wb_flushing = true;
-            self.wb_flushes_left = cores.len() as u32;
-            for c in cores {
-                let op = self.new_op(WbOp {
-                    seq: 0,
-                    offset: 0,
-                    blocks: 0,
-                    slot: None,
-                    what: WbWhat::Flush,
-                });
-                self.inner_events.push_back(Event::Flush {
-                    req: ReqId(INTERNAL_REQ | op),
-                    core: CoreId(c),
-                });
+            let n = (self.wb_done_upto - front_seq) as usize;
+            let end_pos = self.entries.get(n).map_or(self.head_pos, |e| e.pos);
+            let big = n as u64 >= (self.cfg.gen_max_writes as u64 / 8).max(1)
+                || end_pos - self.entries[0].pos >= self.cfg.ring_blocks() / 16;
+            if n > 0 && big && std::env::var("NOPREFIX").is_err() {
+                self.flush_for_retire(n, Some(self.wb_done_upto));
             }
+        }
+    }
+
+    /// Flushes the cores the first `n` entries touched, then retires them (`upto`: a prefix
+    /// of the front generation; `None`: all of it). Retires at once when they touched none.
+    fn flush_for_retire(&mut self, n: usize, upto: Option<u64>) {
+        let cores: BTreeSet<u16> = self
+            .entries
+            .iter()
+            .take(n)
+            .filter(|e| matches!(e.kind, LogKind::Write | LogKind::Trim | LogKind::Zero))
+            .map(|e| e.core)
+            .collect();
+        if cores.is_empty() {
+            self.retire_front(upto);
+            return;
+        }
+        self.wb_flushing = true;
+        self.wb_flush_upto = upto;
+        self.wb_flushes_left = cores.len() as u32;
+        for c in cores {
+            let op = self.new_op(WbOp {
+                seq: 0,
+                offset: 0,
+                blocks: 0,
+                slot: None,
+                what: WbWhat::Flush,
+            });
+            self.inner_events.push_back(Event::Flush {
+                req: ReqId(INTERNAL_REQ | op),
+                core: CoreId(c),
+            });
         }
     }
 
@@ -1719,17 +1774,27 @@ impl WriteLog {
             self.wb_flushes_left -= 1;
             if self.wb_flushes_left == 0 {
                 self.wb_flushing = false;
+                let upto = self.wb_flush_upto.take();
                 if std::mem::take(&mut self.wb_flush_failed) {
-                    // Write the whole generation again after a delay: the core may have lost
-                    // part of it.
+                    // Write what the generation has written back again after a delay: the
+                    // core may have lost part of it. Entries still in writeback (a prefix's
+                    // flush runs beside them) go again too once they settle: an earlier entry
+                    // written again must not land after a later overlapping one.
                     self.wb_retry_at = Some(Nanos(self.now.0 + RETRY_NS));
                     let g = self.entries[0].gen_;
                     for e in self.entries.iter_mut().take_while(|e| e.gen_ == g) {
-                        e.state = EState::Logged;
+                        match e.state {
+                            EState::Done => e.state = EState::Logged,
+                            EState::Wb { .. } => {
+                                self.failed_entries.insert(e.seq);
+                            }
+                            _ => {}
+                        }
                     }
                     self.wb_cursor = self.entries[0].seq;
+                    self.wb_done_upto = self.entries[0].seq;
                 } else {
-                    self.retire_front_gen();
+                    self.retire_front(upto);
                 }
             }
             return;
@@ -1749,19 +1814,27 @@ impl WriteLog {
         self.settle_entry(o.seq);
     }
 
-    fn retire_front_gen(&mut self) {
+    /// Retires the front generation (`upto: None`) or its entries before sequence number
+    /// `upto` (all written back and flushed on their cores), and has the superblock's tail
+    /// follow.
+    fn retire_front(&mut self, upto: Option<u64>) {
         let g = self.entries[0].gen_;
         while let Some(e) = self.entries.front() {
-            if e.gen_ != g {
+            if e.gen_ != g || upto.is_some_and(|u| e.seq >= u) {
                 break;
             }
             let e = self.entries.pop_front().expect("front");
+            debug_assert_eq!(e.state, EState::Done, "retiring an entry not written back");
             if matches!(e.kind, LogKind::Write | LogKind::Trim | LogKind::Zero) {
                 self.index
                     .retire(e.core, e.lba, e.lba + e.blocks as u64, e.seq);
             }
         }
-        self.counters.gens_retired += 1;
+        if upto.is_some() {
+            self.counters.prefix_retires += 1;
+        } else {
+            self.counters.gens_retired += 1;
+        }
         let (tp, ts) = match self.entries.front() {
             Some(e) => (e.pos, e.seq),
             None => (self.head_pos, self.next_seq),
