@@ -96,11 +96,56 @@ enum BenchCmd {
     Wl(Box<bench_wl::Args>),
 }
 
+/// A command-line error as one line on stderr (clap's message without its usage block, which
+/// names what was wrong, then where to look), exit status 2. `--help` and `--version` print as
+/// clap does; so does a bare `tiercache` (the list of verbs).
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut msg = String::new();
+    for l in text.lines().map(str::trim) {
+        if l.starts_with("Usage:") || l.starts_with("For more information") {
+            break;
+        }
+        if l.is_empty() {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(if l.starts_with("tip:") { "; " } else { " " });
+        }
+        msg.push_str(l.strip_prefix("error: ").unwrap_or(l));
+    }
+    // The verbs given before the first flag (an unrecognized one is not shown as a verb).
+    let mut verbs: Vec<String> = std::env::args()
+        .skip(1)
+        .take_while(|a| !a.starts_with('-'))
+        .collect();
+    if e.kind() == ErrorKind::InvalidSubcommand {
+        verbs.pop();
+    }
+    let help = ["tiercache".to_string()]
+        .into_iter()
+        .chain(verbs)
+        .chain(["--help".to_string()])
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("tiercache: {msg}; see '{help}'");
+    std::process::exit(2);
+}
+
 fn main() {
     // Output piped into `head` and the like ends quietly, as for any Unix tool.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
     let result = match cli.cmd {
         Cmd::Bench {
             what: Some(BenchCmd::Core(args)),
