@@ -782,13 +782,22 @@ fn load_refuses_a_core_that_was_replaced_or_shrank() {
     let why = v["cores_not_attached"].as_array().unwrap();
     assert_eq!(why.len(), 1, "{v}");
     let why = why[0].as_str().unwrap();
+    let ino = |p: &str| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
     assert!(
         why.starts_with(&format!(
-            "core 0 ({core}): core 0 of cache 1 was recorded as "
+            "core 0 ({core}): core 0 of cache 1 was recorded as file inode {} on file system ",
+            ino(&moved)
         )),
         "{why}"
     );
-    assert!(why.ends_with("not the same device"), "{why}");
+    assert!(
+        why.contains(&format!(
+            "; {core} is file inode {} on file system ",
+            ino(&core)
+        )),
+        "{why}"
+    );
+    assert!(why.ends_with(": not the same device"), "{why}");
     assert!(!why.contains('\n'));
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["state"], "incomplete");

@@ -643,7 +643,7 @@ impl Registry {
                     })?;
                 if e.identity != identity {
                     return Err(format!(
-                        "core {} of cache {cache_id} was recorded as {:?}; {device} is {:?}: not the same device",
+                        "core {} of cache {cache_id} was recorded as {}; {device} is {}: not the same device",
                         e.id, e.identity, identity
                     ));
                 }

@@ -60,6 +60,30 @@ pub enum CoreIdentity {
     },
 }
 
+/// As shown to people: `file inode 12 on file system 0011…ff`, `block device serial X`,
+/// `RBD image id X in pool 3`, `NBD export URI`.
+impl std::fmt::Display for CoreIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CoreIdentity::Block { serial } => write!(f, "block device serial {serial}"),
+            CoreIdentity::File { fs_uuid, inode } => {
+                write!(f, "file inode {inode} on file system ")?;
+                for (i, b) in fs_uuid.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        f.write_str("-")?;
+                    }
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+            CoreIdentity::Rbd { pool_id, image_id } => {
+                write!(f, "RBD image id {image_id} in pool {pool_id}")
+            }
+            CoreIdentity::Nbd { uri } => write!(f, "NBD export {uri}"),
+        }
+    }
+}
+
 /// One core of the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoreEntry {
