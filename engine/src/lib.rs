@@ -669,6 +669,12 @@ impl Engine {
         Ok((e, report))
     }
 
+    /// The engine's clock: the time the core's [`Nanos`] are on (for example the `since` and
+    /// `next_retry` of `Cache::health`).
+    pub fn now(&self) -> Nanos {
+        self.sh.now()
+    }
+
     /// Waits until `pred` holds for the core (checked whenever something happens, and every
     /// 10 ms).
     pub fn wait(&self, pred: impl Fn(&Machine) -> bool) {
@@ -917,19 +923,32 @@ impl Engine {
     /// Does what [`Engine::stop`] does to the devices — waits for requests in flight, writes
     /// the final checkpoint, flushes the core devices — for an engine other threads still hold
     /// (NBD connections): requests after this fail with `NotRunning`, and the threads end
-    /// when the last holder drops the engine.
+    /// when the last holder drops the engine. Every core device is flushed even when one
+    /// fails; the error names each core whose flush failed (the cache itself is stopped then:
+    /// its final checkpoint is written).
     pub fn stop_shared(&self) -> Result<(), String> {
         self.with_machine(|c| c.stop());
         self.wait(|c| c.is_stopped());
-        let devs: Vec<Device> = {
+        let devs: Vec<(usize, Device)> = {
             let g = self.sh.lock();
-            g.cores.iter().flatten().cloned().collect()
+            g.cores
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| Some((i, d.clone()?)))
+                .collect()
         };
-        for d in devs {
-            d.flush()
-                .map_err(|e| format!("flushing a core device: {e}"))?;
+        let failed: Vec<String> = devs
+            .iter()
+            .filter_map(|(i, d)| d.flush().err().map(|e| format!("core {i}: {e}")))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "flushing core devices failed: {}",
+                failed.join("; ")
+            ))
         }
-        Ok(())
     }
 
     /// Stops dead, as a crash would: no IO is started after this, completions are dropped, and
