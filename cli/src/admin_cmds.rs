@@ -32,8 +32,8 @@ pub struct DaemonArgs {
     /// NBD listener: unix:PATH or tcp:HOST:PORT (repeatable).
     #[arg(long = "nbd-listen")]
     pub nbd_listen: Vec<String>,
-    /// Prometheus metrics listener HOST:PORT, or "none".
-    #[arg(long = "metrics-listen")]
+    /// Prometheus metrics listener HOST:PORT, or "none" (the last one given counts).
+    #[arg(long = "metrics-listen", overrides_with = "metrics_listen")]
     pub metrics_listen: Option<String>,
     /// Group (name or gid) allowed to use the admin and NBD unix sockets: they are created
     /// 0660 with this group (0600 without), and its members pass the admin socket's check.
@@ -86,6 +86,10 @@ pub struct StartCache {
     /// Format the device even if it holds a cache or other data.
     #[arg(long)]
     pub force: bool,
+    /// IO timeout of the cache device (e.g. 500ms, 30s; 10ms to 1h): an IO it does not finish
+    /// in time fails, and the cache goes on without it (pass-through until it answers again).
+    #[arg(long, value_name = "TIME")]
+    pub io_timeout: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -112,6 +116,10 @@ pub struct AddCore {
     /// cephx client id for an rbd: core (default admin; the keyring is found as librados does).
     #[arg(long)]
     pub ceph_id: Option<String>,
+    /// IO timeout of the core device (e.g. 500ms, 30s; 10ms to 1h): an IO it does not finish
+    /// in time fails, and a client request that needed it gets EIO.
+    #[arg(long, value_name = "TIME")]
+    pub io_timeout: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -284,7 +292,8 @@ pub struct Shutdown {
     pub conn: Conn,
 }
 
-/// A progress bar on stderr (drawn only on a terminal; otherwise a line every 10%).
+/// A progress bar on stderr (drawn only on a terminal; otherwise a line every 10% once
+/// something is done).
 struct Bar {
     tty: bool,
     last_tenth: u64,
@@ -323,8 +332,10 @@ impl Bar {
             );
             self.drawn = true;
         } else {
+            // Nothing done yet says nothing (and a verb that then fails prints only its
+            // one-line error).
             let tenth = (frac * 10.0) as u64;
-            if tenth != self.last_tenth {
+            if tenth != self.last_tenth && (p.done > 0 || p.total == 0) {
                 self.last_tenth = tenth;
                 let _ = writeln!(
                     e,
@@ -433,6 +444,15 @@ fn pairs(raw: &[String]) -> Result<Vec<(String, String)>, String> {
     Ok(v)
 }
 
+/// `--io-timeout`, checked here so a typo fails before the daemon is asked.
+fn check_timeout(t: Option<String>) -> Result<Option<String>, String> {
+    if let Some(x) = &t {
+        tiercache_daemon::device::parse_timeout(x)
+            .map_err(|e| format!("--{}", e.replacen("io timeout", "io-timeout", 1)))?;
+    }
+    Ok(t)
+}
+
 /// `start-cache`.
 pub fn start_cache(a: StartCache) -> Result<(), String> {
     let v = send(
@@ -444,6 +464,7 @@ pub fn start_cache(a: StartCache) -> Result<(), String> {
             line_size: a.line_size,
             load: a.load,
             force: a.force,
+            io_timeout: check_timeout(a.io_timeout)?,
         },
     )?;
     out(&a.conn, v);
@@ -476,6 +497,7 @@ pub fn add_core(a: AddCore) -> Result<(), String> {
             core_device,
             core_id: a.core_id,
             export: a.export,
+            io_timeout: check_timeout(a.io_timeout)?,
         },
     )?;
     out(&a.conn, v);

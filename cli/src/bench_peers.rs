@@ -522,6 +522,7 @@ impl Daemon {
             line_size: None,
             load: false,
             force: true,
+            io_timeout: None,
         })
     }
 
@@ -531,6 +532,7 @@ impl Daemon {
             core_device: dev.into(),
             core_id: Some(0),
             export: Some(export.into()),
+            io_timeout: None,
         })
     }
 

@@ -1150,6 +1150,7 @@ fn run_with(
                 line_size: None,
                 load: false,
                 force: true,
+                io_timeout: None,
             })?;
             let dev = format!(
                 "rbd:{}/{image}:conf={}:id={}",
@@ -1162,6 +1163,7 @@ fn run_with(
                 core_device: dev.clone(),
                 core_id: Some(0),
                 export: Some(format!("p8-{}", phase.name())),
+                io_timeout: None,
             })?;
             let w = d.wl(phase.cache_id())?;
             println!(

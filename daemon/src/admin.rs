@@ -206,6 +206,9 @@ pub enum Request {
         load: bool,
         /// Format the device even if it holds a cache or other data.
         force: bool,
+        /// IO timeout of the cache device (`500ms`, `30s`; none when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        io_timeout: Option<String>,
     },
     /// Attach a core.
     AddCore {
@@ -217,6 +220,9 @@ pub enum Request {
         core_id: Option<u16>,
         /// Export name (default `cache<N>-core<M>`).
         export: Option<String>,
+        /// IO timeout of the core device (`500ms`, `30s`; none when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        io_timeout: Option<String>,
     },
     /// Detach a core (writing its dirty data back first unless told not to).
     RemoveCore {
@@ -413,6 +419,7 @@ mod tests {
             line_size: None,
             load: false,
             force: true,
+            io_timeout: None,
         };
         let s = serde_json::to_string(&r).unwrap();
         assert!(s.contains("\"verb\":\"start-cache\""), "{s}");

@@ -14,6 +14,7 @@
 //! mode = "wb"              # used when the cache is created
 //! line_size = "4k"         # used when the cache is created
 //! force_bare_core = false  # serve the bare cores if the cache device is missing (unsafe for lazy modes)
+//! io_timeout = "30s"       # optional: an IO the cache device does not finish in time fails
 //! [cache.params]
 //! seq-cutoff = { policy = "full", threshold = "1m" }
 //! cleaning = { policy = "alru" }
@@ -22,6 +23,7 @@
 //! id = 0
 //! device = "/dev/sdb"
 //! export = "osd0"
+//! io_timeout = "10s"       # optional: an IO the core device does not finish in time fails (EIO to the client)
 //!
 //! [[cache.core]]                  # a Ceph RBD image (docs/CEPH.md)
 //! id = 1
@@ -29,6 +31,10 @@
 //! ceph_conf = "/etc/ceph/ceph.conf" # optional (librados's search otherwise)
 //! ceph_id = "tiercache"             # optional (default admin)
 //! ```
+//!
+//! `io_timeout` (10ms to 1h; `ms`, `s` or `m`, a bare number is seconds) puts the device behind
+//! `tiercache_io::TimeoutBackend`: an IO that takes longer fails with `TimedOut`, which the cache
+//! handles as any device error. Without it an IO waits as long as the device takes.
 
 use crate::registry::{NewCache, Registry, set_param};
 use serde::Deserialize;
@@ -73,6 +79,8 @@ pub struct CacheSection {
     /// Serve bare cores when the cache device is missing.
     #[serde(default)]
     pub force_bare_core: bool,
+    /// IO timeout of the cache device (`30s`, `500ms`).
+    pub io_timeout: Option<String>,
     /// Parameter groups: group name to (parameter to value).
     #[serde(default)]
     pub params: BTreeMap<String, BTreeMap<String, toml::Value>>,
@@ -95,6 +103,8 @@ pub struct CoreSection {
     pub ceph_conf: Option<String>,
     /// cephx client id of an `rbd:` core.
     pub ceph_id: Option<String>,
+    /// IO timeout of the core device (`10s`, `500ms`).
+    pub io_timeout: Option<String>,
 }
 
 impl CoreSection {
@@ -130,6 +140,7 @@ impl ConfigFile {
             }
             crate::device::DeviceSpec::parse(&k.device)
                 .map_err(|e| format!("cache {}: {e}", k.id))?;
+            k.timeouts().map_err(|e| format!("cache {}: {e}", k.id))?;
             let mut cores = std::collections::BTreeSet::new();
             for x in &k.core {
                 if !cores.insert(x.id) {
@@ -167,6 +178,23 @@ fn syntax_error(text: &str, e: &toml::de::Error) -> String {
             format!("line {line}, column {column}: {msg}")
         }
         None => msg,
+    }
+}
+
+impl CacheSection {
+    /// The IO timeouts of the cache device and of the cores.
+    pub fn timeouts(&self) -> Result<crate::registry::IoTimeouts, String> {
+        let parse = |t: &Option<String>| t.as_deref().map(crate::device::parse_timeout).transpose();
+        let mut cores = BTreeMap::new();
+        for x in &self.core {
+            if let Some(t) = parse(&x.io_timeout).map_err(|e| format!("core {}: {e}", x.id))? {
+                cores.insert(x.id, t);
+            }
+        }
+        Ok(crate::registry::IoTimeouts {
+            cache: parse(&self.io_timeout)?,
+            cores,
+        })
     }
 }
 
@@ -219,26 +247,34 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
         } else {
             crate::registry::probe(&k.device)
         };
+        // Checked when the file was parsed.
+        let io = k.timeouts().unwrap_or_default();
         let started = match what {
             Ok("cache") => reg
-                .start_cache(NewCache {
-                    device: &k.device,
-                    id: Some(k.id),
-                    mode: None,
-                    line_size: None,
-                    load: true,
-                    force: false,
-                })
+                .start_cache_with(
+                    NewCache {
+                        device: &k.device,
+                        id: Some(k.id),
+                        mode: None,
+                        line_size: None,
+                        load: true,
+                        force: false,
+                    },
+                    &io,
+                )
                 .map(|_| ()),
             Ok("nothing") => reg
-                .start_cache(NewCache {
-                    device: &k.device,
-                    id: Some(k.id),
-                    mode: k.mode.as_deref(),
-                    line_size: k.line_size.as_deref(),
-                    load: false,
-                    force: false,
-                })
+                .start_cache_with(
+                    NewCache {
+                        device: &k.device,
+                        id: Some(k.id),
+                        mode: k.mode.as_deref(),
+                        line_size: k.line_size.as_deref(),
+                        load: false,
+                        force: false,
+                    },
+                    &io,
+                )
                 .map(|_| ()),
             Ok(_) => Err(format!(
                 "{} holds data that is not a tiercache cache; format it with `tiercache start-cache --force` if that is intended",
@@ -253,9 +289,10 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
             continue;
         }
         for x in &k.core {
+            let t = io.cores.get(&x.id).copied();
             let r = x
                 .device_string()
-                .and_then(|d| reg.add_core(k.id, &d, Some(x.id), x.export.as_deref()));
+                .and_then(|d| reg.add_core_with(k.id, &d, Some(x.id), x.export.as_deref(), t));
             if let Err(e) = r {
                 crate::log!(
                     error,
@@ -321,6 +358,19 @@ export = "vm1"
         );
         assert!(ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"ram:0\"\n").is_err());
         assert!(ConfigFile::parse("not toml [").is_err());
+        // IO timeouts, per cache device and per core.
+        let c = ConfigFile::parse(
+            "[[cache]]\nid = 1\ndevice = \"ram:1m\"\nio_timeout = \"500ms\"\n[[cache.core]]\nid = 3\ndevice = \"/x\"\nio_timeout = \"2s\"\n",
+        )
+        .unwrap();
+        let t = c.cache[0].timeouts().unwrap();
+        assert_eq!(t.cache, Some(std::time::Duration::from_millis(500)));
+        assert_eq!(t.cores[&3], std::time::Duration::from_secs(2));
+        let e = ConfigFile::parse(
+            "[[cache]]\nid = 1\ndevice = \"ram:1m\"\n[[cache.core]]\nid = 3\ndevice = \"/x\"\nio_timeout = \"soon\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("cache 1: core 3: io timeout 'soon'"), "{e}");
         // Syntax errors: one line with where and what.
         let e =
             ConfigFile::parse("[[cache]]\nid = 1\ndevice = \"ram:1m\"\nbogus = 2\n").unwrap_err();

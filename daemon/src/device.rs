@@ -3,14 +3,23 @@
 //! `rbd:POOL/IMAGE[:conf=FILE][:id=ID]` (core only: a Ceph RBD image through librbd, loaded at
 //! run time; docs/CEPH.md), and for tests `powercut:PATH` (a file
 //! whose writes not covered by a flush wait in a side log that survives the process, so a
-//! power cut can be played on it after a SIGKILL: `tiercache_io::OverlayBackend`). Opening a
-//! device also gives its identity for the core table (SPEC C18).
+//! power cut can be played on it after a SIGKILL: `tiercache_io::OverlayBackend`) and
+//! `faulty:PATH` (a file whose IOs fail while the control file `PATH.fail` exists: see
+//! [`FaultyFile`]). Opening a device also gives its identity for the core table (SPEC C18).
+//!
+//! A device may be wrapped in an IO timeout ([`with_timeout`], the `io_timeout` of the config
+//! file and `--io-timeout` of `start-cache` / `add-core`): an IO the device does not finish in
+//! time fails with `TimedOut`, which the cache handles as any device error (a client whose
+//! request needed it gets `EIO`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 use tiercache_engine::Device;
 use tiercache_format::tables::CoreIdentity;
-use tiercache_io::{FileBackend, IoErr, NbdBackend, RamBackend, RbdBackend, RbdTarget};
+use tiercache_io::{
+    Backend, FileBackend, IoErr, NbdBackend, RamBackend, RbdBackend, RbdTarget, TimeoutBackend,
+};
 
 /// What a device string names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +36,8 @@ pub enum DeviceSpec {
     Rbd(RbdTarget),
     /// A file with a process-surviving volatile write cache (tests of SIGKILL + power cut).
     PowerCut(PathBuf),
+    /// A file whose IOs fail while a control file exists (tests of device errors).
+    Faulty(PathBuf),
 }
 
 /// Parses a size with an optional `k`/`m`/`g`/`t` suffix (powers of 1024; `b` allowed after).
@@ -85,6 +96,12 @@ impl DeviceSpec {
             }
             return Ok(DeviceSpec::PowerCut(PathBuf::from(p)));
         }
+        if let Some(p) = s.strip_prefix("faulty:") {
+            if p.is_empty() {
+                return Err(format!("'{s}': want faulty:PATH"));
+            }
+            return Ok(DeviceSpec::Faulty(PathBuf::from(p)));
+        }
         if s.starts_with("rbd:") {
             return Ok(DeviceSpec::Rbd(tiercache_io::parse_rbd(s)?));
         }
@@ -99,7 +116,10 @@ impl DeviceSpec {
     /// The local file or block device under it, if any.
     pub fn path(&self) -> Option<&Path> {
         match self {
-            DeviceSpec::Path(p) | DeviceSpec::Emu(_, p) | DeviceSpec::PowerCut(p) => Some(p),
+            DeviceSpec::Path(p)
+            | DeviceSpec::Emu(_, p)
+            | DeviceSpec::PowerCut(p)
+            | DeviceSpec::Faulty(p) => Some(p),
             _ => None,
         }
     }
@@ -128,6 +148,10 @@ impl DeviceSpec {
                 tiercache_io::OverlayBackend::open(p)
                     .map_err(|e| format!("{shown}: cannot open: {e}"))?,
             ),
+            DeviceSpec::Faulty(p) => Arc::new(FaultyFile {
+                inner: FileBackend::open(p).map_err(|e| format!("{shown}: cannot open: {e}"))?,
+                ctl: control_file(p),
+            }),
             DeviceSpec::Emu(s, _) => Arc::new(tiercache_io::open_emu(s)?),
             DeviceSpec::Nbd(uri) => Arc::new(
                 NbdBackend::connect(uri).map_err(|e| format!("{shown}: cannot connect: {e}"))?,
@@ -155,7 +179,10 @@ impl DeviceSpec {
     /// The identity the core table records (SPEC C18).
     pub fn identity(&self, shown: &str) -> Result<CoreIdentity, String> {
         match self {
-            DeviceSpec::Path(p) | DeviceSpec::Emu(_, p) | DeviceSpec::PowerCut(p) => {
+            DeviceSpec::Path(p)
+            | DeviceSpec::Emu(_, p)
+            | DeviceSpec::PowerCut(p)
+            | DeviceSpec::Faulty(p) => {
                 tiercache_engine::identity::of_path(p).map_err(|e| format!("{shown}: {e}"))
             }
             DeviceSpec::Nbd(uri) => Ok(CoreIdentity::Nbd { uri: uri.clone() }),
@@ -168,6 +195,136 @@ impl DeviceSpec {
                 })
             }
         }
+    }
+}
+
+/// The control file of `faulty:PATH`: `PATH.fail`.
+pub fn control_file(path: &Path) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".fail");
+    PathBuf::from(s)
+}
+
+/// `faulty:PATH`, a test aid: the file at PATH, whose IOs fail while the control file
+/// `PATH.fail` exists. The control file's words choose which IOs fail — `read`, `write`
+/// (writes, write-zeroes, trims), `flush`; all of them when it names none — and the error:
+/// `eio` (the default), `enospc` or `timeout`. It is read at every IO, so a test switches
+/// errors on and off while the daemon runs by creating and removing it.
+pub struct FaultyFile {
+    inner: FileBackend,
+    ctl: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FaultyOp {
+    Read,
+    Write,
+    Flush,
+}
+
+impl FaultyFile {
+    fn check(&self, op: FaultyOp) -> Result<(), IoErr> {
+        let Ok(words) = std::fs::read_to_string(&self.ctl) else {
+            return Ok(());
+        };
+        let has = |w: &str| words.split_whitespace().any(|x| x.eq_ignore_ascii_case(w));
+        let named = ["read", "write", "flush"].iter().any(|w| has(w));
+        let hit = !named
+            || match op {
+                FaultyOp::Read => has("read"),
+                FaultyOp::Write => has("write"),
+                FaultyOp::Flush => has("flush"),
+            };
+        if !hit {
+            return Ok(());
+        }
+        let what = format!(
+            "{}: injected error ({} exists)",
+            self.name(),
+            self.ctl.display()
+        );
+        Err(if has("enospc") {
+            IoErr::no_space(what)
+        } else if has("timeout") {
+            IoErr::timed_out(what)
+        } else {
+            IoErr::Io {
+                kind: std::io::ErrorKind::Other,
+                msg: what,
+            }
+        })
+    }
+}
+
+impl Backend for FaultyFile {
+    fn name(&self) -> String {
+        format!("faulty:{}", self.inner.name())
+    }
+    fn blocks(&self) -> u64 {
+        self.inner.blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
+        self.check(FaultyOp::Read)?;
+        self.inner.read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
+        self.check(FaultyOp::Write)?;
+        self.inner.write(lba, buf, fua)
+    }
+    fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
+        self.check(FaultyOp::Write)?;
+        self.inner.write_zeroes(lba, blocks, fua)
+    }
+    fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
+        self.check(FaultyOp::Write)?;
+        self.inner.trim(lba, blocks)
+    }
+    fn flush(&self) -> Result<(), IoErr> {
+        self.check(FaultyOp::Flush)?;
+        self.inner.flush()
+    }
+}
+
+/// Shortest and longest IO timeout accepted.
+pub const IO_TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(3600));
+
+/// Parses an IO timeout: a number with `ms`, `s` or `m` (a bare number is seconds), from 10 ms
+/// to 1 hour.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = t.strip_suffix("min").or_else(|| t.strip_suffix('m')) {
+        (n, 60_000.0)
+    } else {
+        (t.as_str(), 1000.0)
+    };
+    let bad = || {
+        format!(
+            "io timeout '{s}': want a time from 10ms to 1h with ms, s or m (e.g. 500ms, 30s, 2m; a bare number is seconds)"
+        )
+    };
+    let n: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !n.is_finite() || n < 0.0 {
+        return Err(bad());
+    }
+    let d = Duration::from_secs_f64((n * unit_ms / 1000.0).min(1e9));
+    if d < IO_TIMEOUT_RANGE.0 || d > IO_TIMEOUT_RANGE.1 {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+/// `dev` behind an IO timeout (`None`: as it is). Each IO then runs on a helper thread with
+/// its own copy of the data (see `tiercache_io::TimeoutBackend`): a little slower, so only
+/// where asked for.
+pub fn with_timeout(dev: Device, timeout: Option<Duration>) -> Device {
+    match timeout {
+        Some(t) => Arc::new(TimeoutBackend::new(dev, t)),
+        None => dev,
     }
 }
 
@@ -300,6 +457,54 @@ mod tests {
         ));
         assert!(DeviceSpec::parse("rbd:vm1").is_err());
         assert!(DeviceSpec::parse("rbd:rbd/vm1").unwrap().path().is_none());
+        assert!(DeviceSpec::parse("faulty:").is_err());
+        assert_eq!(
+            DeviceSpec::parse("faulty:/x/c.img"),
+            Ok(DeviceSpec::Faulty("/x/c.img".into()))
+        );
+    }
+
+    #[test]
+    fn timeouts() {
+        assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_timeout("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_timeout("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
+        for bad in ["", "x", "5ms", "2h", "-1s", "nan", "1e300", "61m"] {
+            let e = parse_timeout(bad).unwrap_err();
+            assert!(e.contains("io timeout"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn faulty_file_fails_while_its_control_file_exists() {
+        let dir = std::env::temp_dir().join(format!("tc-faulty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("d.img");
+        std::fs::File::create(&p).unwrap().set_len(1 << 20).unwrap();
+        let s = format!("faulty:{}", p.display());
+        let d = DeviceSpec::parse(&s).unwrap().open(&s).unwrap();
+        let data = vec![7u8; 4096];
+        let mut buf = vec![0u8; 4096];
+        d.write(8, &data, false).unwrap();
+        let ctl = control_file(&p);
+        std::fs::write(&ctl, "").unwrap();
+        assert!(d.read(8, &mut buf).is_err());
+        assert!(d.write(8, &data, false).is_err());
+        assert!(d.flush().is_err());
+        std::fs::write(&ctl, "write enospc").unwrap();
+        d.read(8, &mut buf).unwrap();
+        assert_eq!(buf, data);
+        let e = d.write(8, &data, false).unwrap_err();
+        assert!(e.is_no_space(), "{e}");
+        d.flush().unwrap();
+        std::fs::write(&ctl, "flush timeout").unwrap();
+        assert!(d.flush().unwrap_err().is_timed_out());
+        std::fs::remove_file(&ctl).unwrap();
+        d.flush().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

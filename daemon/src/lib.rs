@@ -8,6 +8,8 @@
 //! - it answers the CLI's verbs on the admin socket ([`admin`], one JSON line per request;
 //!   the socket is 0600 and the peer's uid is checked);
 //! - it serves `/metrics` in Prometheus text format ([`stats::metrics`]);
+//! - it watches every cache's health and logs one line when a device problem starts and one
+//!   when it ends ([`health::Watch`]);
 //! - on SIGTERM/SIGINT or `shutdown`, it stops every cache cleanly (dirty data stays persisted
 //!   on the cache device) and removes its sockets.
 //!
@@ -18,6 +20,7 @@ pub mod admin;
 pub mod config;
 pub mod device;
 pub mod devlock;
+pub mod health;
 mod nbd_glue;
 pub mod registry;
 pub mod server;

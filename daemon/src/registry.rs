@@ -7,7 +7,16 @@
 //!   served until every core is there, because the cache may hold dirty data of any of them
 //!   and a bare core would be stale;
 //! - `detached`: the cache device is missing; its cores are not served (a lazy cache's core
-//!   is missing its dirty data), unless the config forces the bare cores out (`degraded`).
+//!   is missing its dirty data), unless the config forces the bare cores out (`degraded`);
+//! - `degraded` also: running, with a device problem the core reports (`Cache::health`: the
+//!   cache device failing and bypassed, a core device failing, writeback to a core failing;
+//!   [`crate::health`]), with the problems as the reason.
+//!
+//! A wait for writeback (`writeback`, `stop-cache`, `remove-core`) first ends every retry
+//! backoff (`Cache::retry_writeback_now`: the operator may just have repaired the device),
+//! then waits while writeback makes progress; when writeback to a core keeps failing and
+//! nothing has been written back for [`STALL_GRACE`], it fails with one line naming the core,
+//! since when, the error and the dirty data left, and what to do instead.
 //!
 //! The registry's lock is held only to look things up and to change the tables; long waits
 //! (writeback, stop) run outside it on the cache's engine.
@@ -20,12 +29,14 @@
 //! `stop-cache` left none of its lines dirty, after `remove-core`. An image marked by another
 //! cache is refused at attach (docs/CEPH.md).
 
-use crate::device::{DeviceSpec, preallocate};
+use crate::device::{DeviceSpec, preallocate, with_timeout};
+use crate::health::{err_name, human, utc, wall};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tiercache_core::cache::{Cache, CoreRecord, LoadReport};
+use tiercache_core::cache::{Cache, CoreRecord, LoadReport, Problem, WritebackFailure};
+use tiercache_core::event::IoError;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{CleaningPolicy, CutoffParams, CutoffPolicy, PromotionPolicy};
@@ -67,6 +78,8 @@ pub struct CoreEntry {
     pub bare: bool,
     /// The same device as `dev` when it is an RBD image (for its dirty marker).
     pub rbd: Option<Arc<RbdBackend>>,
+    /// The IO timeout `dev` runs under, if any.
+    pub io_timeout: Option<Duration>,
 }
 
 /// One cache.
@@ -85,12 +98,15 @@ pub struct CacheEntry {
     pub volatile: bool,
     /// When counters were last reset, and the writeback count then (for the ETA).
     pub wb_sample: (Instant, u64),
+    /// The IO timeout the cache device runs under, if any.
+    pub io_timeout: Option<Duration>,
 }
 
 impl CacheEntry {
     /// The state word of SPEC C19.
     pub fn state(&self) -> &'static str {
         match &self.run {
+            CacheRun::Running(e) if e.with_cache(|c| c.is_degraded()) => "degraded",
             CacheRun::Running(_) => "running",
             CacheRun::Incomplete(..) => "incomplete",
             CacheRun::Detached(_) if self.cores.values().any(|c| c.bare) => "degraded",
@@ -151,6 +167,27 @@ pub struct NewCache<'a> {
     pub load: bool,
     /// Format whatever the device holds.
     pub force: bool,
+}
+
+/// IO timeouts of a cache's devices (config `io_timeout`, `--io-timeout`): the cache device's,
+/// and the cores' by id (used when `--load` attaches the recorded cores).
+#[derive(Debug, Clone, Default)]
+pub struct IoTimeouts {
+    /// The cache device.
+    pub cache: Option<Duration>,
+    /// Core devices by core id.
+    pub cores: BTreeMap<u16, Duration>,
+}
+
+/// How long writeback may make no progress while it is failing before a wait for it gives up.
+pub const STALL_GRACE: Duration = Duration::from_secs(2);
+
+/// Who waits for writeback (for what the failure says to do instead).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WbFor {
+    Writeback,
+    Stop,
+    Remove,
 }
 
 fn engine_config() -> EngineConfig {
@@ -339,6 +376,11 @@ impl Registry {
 
     /// `start-cache`.
     pub fn start_cache(&self, p: NewCache<'_>) -> Result<Value, String> {
+        self.start_cache_with(p, &IoTimeouts::default())
+    }
+
+    /// `start-cache` with IO timeouts for the cache device and the recorded cores.
+    pub fn start_cache_with(&self, p: NewCache<'_>, io: &IoTimeouts) -> Result<Value, String> {
         let spec = DeviceSpec::parse(p.device)?;
         if matches!(spec, DeviceSpec::Nbd(_) | DeviceSpec::Rbd(_)) {
             return Err(format!(
@@ -396,7 +438,7 @@ impl Registry {
                 p.device
             ));
         }
-        let dev = spec.open(p.device)?;
+        let dev = with_timeout(spec.open(p.device)?, io.cache);
         let (run, volatile, line_size, report) = if p.load {
             let d = dev.clone();
             let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
@@ -465,6 +507,7 @@ impl Registry {
             line_size,
             volatile,
             wb_sample: (Instant::now(), 0),
+            io_timeout: io.cache,
         };
         if let CacheRun::Incomplete(_, r, _) = &entry.run {
             for e in &r.cores {
@@ -477,6 +520,7 @@ impl Registry {
                         size_blocks: e.size_blocks,
                         bare: false,
                         rbd: None,
+                        io_timeout: None,
                     },
                 );
             }
@@ -497,7 +541,8 @@ impl Registry {
         // until `add-core` attaches it.
         let mut problems = Vec::new();
         for (core, dev) in recorded {
-            if let Err(e) = self.add_core(id, &dev, Some(core), None) {
+            let t = io.cores.get(&core).copied();
+            if let Err(e) = self.add_core_with(id, &dev, Some(core), None, t) {
                 crate::log!(
                     warn,
                     "recorded core not attached",
@@ -515,7 +560,8 @@ impl Registry {
             "cache started",
             cache = id,
             device = p.device,
-            state = state
+            state = state,
+            io_timeout = io.cache.map_or("none".into(), |t| format!("{t:?}"))
         );
         Ok(
             json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report,
@@ -540,6 +586,7 @@ impl Registry {
             line_size: LineSize::K4,
             volatile: false,
             wb_sample: (Instant::now(), 0),
+            io_timeout: None,
         };
         for (cid, dev, export, bare) in cores {
             let (d, rbd) = if bare {
@@ -560,6 +607,7 @@ impl Registry {
                     size_blocks,
                     bare,
                     rbd,
+                    io_timeout: None,
                 },
             );
         }
@@ -573,6 +621,19 @@ impl Registry {
         device: &str,
         core_id: Option<u16>,
         export: Option<&str>,
+    ) -> Result<Value, String> {
+        self.add_core_with(cache_id, device, core_id, export, None)
+    }
+
+    /// `add-core`, with the core device behind an IO timeout when one is given. A core already
+    /// attached keeps the timeout it was attached with.
+    pub fn add_core_with(
+        &self,
+        cache_id: u16,
+        device: &str,
+        core_id: Option<u16>,
+        export: Option<&str>,
+        io_timeout: Option<Duration>,
     ) -> Result<Value, String> {
         let spec = DeviceSpec::parse(device)?;
         // Lock order: markers, then the registry (then an engine). Held throughout, so that a
@@ -616,7 +677,10 @@ impl Registry {
         }
         let identity = spec.identity(device)?;
         // Opened only where it is attached: a core already attached keeps its one handle.
-        let open = || spec.open_core(device);
+        let open = || {
+            spec.open_core(device)
+                .map(|(d, rbd)| (with_timeout(d, io_timeout), rbd))
+        };
         let mut caches = self.lock();
         let all_exports: Vec<String> = caches
             .values()
@@ -677,6 +741,7 @@ impl Registry {
                 ce.device = device.to_string();
                 ce.dev = Some(dev);
                 ce.rbd = rbd;
+                ce.io_timeout = io_timeout;
                 if let Some(n) = export {
                     ce.export = n.to_string();
                 }
@@ -817,6 +882,7 @@ impl Registry {
                         export: name.clone(),
                         bare: false,
                         rbd,
+                        io_timeout,
                     },
                 );
                 crate::log!(
@@ -824,7 +890,8 @@ impl Registry {
                     "core added",
                     cache = cache_id,
                     core = id,
-                    export = name
+                    export = name,
+                    io_timeout = io_timeout.map_or("none".into(), |t| format!("{t:?}"))
                 );
                 Ok(json!({"cache_id": cache_id, "core_id": id, "export": name}))
             }
@@ -852,11 +919,23 @@ impl Registry {
     }
 
     /// Writes every dirty line back; `only` waits for one core's lines only. Calls `progress`
-    /// with (lines written back, lines that were dirty) about every 200 ms.
+    /// with (lines written back, lines that were dirty) about every 200 ms. Retries failing
+    /// writeback at once, then fails with one line when it keeps failing (see the module
+    /// docs).
     pub fn writeback(
         &self,
         cache_id: u16,
         only: Option<u16>,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<Value, String> {
+        self.writeback_for(cache_id, only, WbFor::Writeback, progress)
+    }
+
+    fn writeback_for(
+        &self,
+        cache_id: u16,
+        only: Option<u16>,
+        who: WbFor,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Value, String> {
         let e = match only {
@@ -864,22 +943,46 @@ impl Registry {
             None => self.engine(cache_id)?,
         };
         if e.is_wl() {
-            return self.writeback_wl(cache_id, &e, only, progress);
+            return self.writeback_wl(cache_id, &e, only, who, progress);
         }
         let dirty = |c: &Cache| match only {
             Some(k) => c.core_lines(CoreId(k)).1 as u64,
             None => c.dirty_lines() as u64,
         };
-        let total = e.with_cache(|c| {
+        // Failed attempts so far, per core (`None`: reading the cache device).
+        let failures = |c: &Cache| -> BTreeMap<Option<u16>, u64> {
+            let mut m: BTreeMap<Option<u16>, u64> = (0..=CORE_ID_MAX)
+                .filter_map(|i| Some((Some(i), c.core_faults(CoreId(i))?.writeback.failures)))
+                .collect();
+            m.insert(None, c.faults().writeback_reads.failures);
+            m
+        };
+        let (total, failures0) = e.with_cache(|c| {
+            c.retry_writeback_now();
             c.start_writeback();
-            dirty(c)
+            (dirty(c), failures(c))
         });
         let t0 = Instant::now();
+        let (mut least, mut moved) = (total, Instant::now());
         loop {
-            let (left, running) = e.with_cache(|c| (dirty(c), c.writeback_running()));
+            let (left, running, st) =
+                e.with_cache(|c| (dirty(c), c.writeback_running(), c.writeback_status()));
             progress(total.saturating_sub(left), total.max(left));
             if left == 0 {
                 break;
+            }
+            if left < least {
+                (least, moved) = (left, Instant::now());
+            }
+            // Failing, tried again since this wait began, and nothing written back lately.
+            let failed = st.failing.iter().find(|f| {
+                (only.is_none() || f.core.is_none() || f.core == only.map(CoreId))
+                    && f.failures > failures0.get(&f.core.map(|k| k.0)).copied().unwrap_or(0)
+            });
+            if let Some(f) = failed
+                && moved.elapsed() >= STALL_GRACE
+            {
+                return Err(self.writeback_failed(cache_id, &e, f, who));
             }
             if !running {
                 e.with_cache(|c| c.start_writeback());
@@ -891,6 +994,69 @@ impl Registry {
             "seconds": t0.elapsed().as_secs_f64()}))
     }
 
+    /// What to do when a wait for writeback gives up, for each verb.
+    fn instead(cache_id: u16, core: Option<u16>, who: WbFor) -> String {
+        match (who, core) {
+            (WbFor::Writeback, _) => format!(
+                "repair it and run `tiercache writeback --cache-id {cache_id}` again (it retries at once), or `tiercache stop-cache --cache-id {cache_id} --no-writeback` to stop and keep the dirty data on the cache device"
+            ),
+            (WbFor::Stop, _) | (WbFor::Remove, None) => format!(
+                "repair it and try again, or `tiercache stop-cache --cache-id {cache_id} --no-writeback` to stop now and keep the dirty data on the cache device (written back after `start-cache --load`)"
+            ),
+            (WbFor::Remove, Some(k)) => format!(
+                "repair it and try again; or `tiercache stop-cache --cache-id {cache_id} --no-writeback` keeps the dirty data on the cache device, and `tiercache invalidate --cache-id {cache_id} --core-id {k} --force` drops it (lost)"
+            ),
+        }
+    }
+
+    /// The one line a wait for writeback fails with: which core, since when, the error, how
+    /// much dirty data, and what to do instead.
+    fn writeback_failed(
+        &self,
+        cache_id: u16,
+        e: &Engine,
+        f: &WritebackFailure,
+        who: WbFor,
+    ) -> String {
+        let now = e.now();
+        let core = f.core.map(|k| k.0);
+        let dirty_bytes = e.with_cache(|c| match f.core {
+            Some(k) => c
+                .core_health(k)
+                .and_then(|h| {
+                    h.problems.iter().find_map(|p| match p {
+                        Problem::Writeback { dirty_blocks, .. } => Some(*dirty_blocks),
+                        _ => None,
+                    })
+                })
+                .unwrap_or(0),
+            None => c.dirty_blocks(),
+        }) * 512;
+        let what = match core {
+            Some(k) => {
+                let dev = self
+                    .lock()
+                    .get(&cache_id)
+                    .and_then(|c| c.cores.get(&k).map(|x| x.device.clone()))
+                    .unwrap_or_default();
+                format!("writeback to core {k} ({dev}) of cache {cache_id}")
+            }
+            None => format!(
+                "writeback of cache {cache_id} (reading its dirty data from the cache device)"
+            ),
+        };
+        format!(
+            "{what} has been failing since {} ({:.0} s; {}; {} failed attempts): {} of dirty data ({} lines) stay on the cache device; {}",
+            utc(wall(f.since, now)),
+            now.0.saturating_sub(f.since.0) as f64 / 1e9,
+            err_name(f.last_error),
+            f.failures,
+            human(dirty_bytes),
+            f.dirty_lines,
+            Self::instead(cache_id, core, who)
+        )
+    }
+
     /// `writeback` of a write log (PWL's `persistent-cache flush`): the log is written back
     /// generation by generation all the time; this waits until nothing of the core(s) is left
     /// in it, with progress in blocks.
@@ -899,22 +1065,52 @@ impl Registry {
         cache_id: u16,
         e: &Engine,
         only: Option<u16>,
+        who: WbFor,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Value, String> {
         let left = || {
             e.with_machine(|m| {
                 let w = m.wl_mut().expect("a write log");
                 w.set_writeback_paused(false);
-                w.pending(only.map(CoreId))
+                (w.pending(only.map(CoreId)), w.counters().wb_errors)
             })
         };
-        let total = left().1;
+        let ((_, total), errors0) = left();
         let t0 = Instant::now();
+        let (mut least, mut moved) = (total, Instant::now());
         loop {
-            let (entries, blocks) = left();
+            let ((entries, blocks), errors) = left();
             progress(total.saturating_sub(blocks), total.max(blocks));
             if entries == 0 {
                 break;
+            }
+            if blocks < least {
+                (least, moved) = (blocks, Instant::now());
+            }
+            // The log is written back in order: a failing core holds back everything after it.
+            if errors > errors0 && moved.elapsed() >= STALL_GRACE {
+                let now = e.now();
+                let failing = e.with_cache(|c| {
+                    (0..=CORE_ID_MAX).find_map(|i| {
+                        let f = c.core_faults(CoreId(i))?;
+                        let since = f.failing_since?;
+                        Some((i, since, f.device.last.map_or(IoError::Io, |x| x.0)))
+                    })
+                });
+                let why = match failing {
+                    Some((k, since, err)) => format!(
+                        "core {k} has been failing since {} ({})",
+                        utc(wall(since, now)),
+                        err_name(err)
+                    ),
+                    None => "reading the log or writing the cores fails".to_string(),
+                };
+                return Err(format!(
+                    "writeback of the write log of cache {cache_id} is failing: {why}; {} writeback errors since this command began; {} of logged data stay in the log on the cache device; {}",
+                    errors - errors0,
+                    human(blocks * 512),
+                    Self::instead(cache_id, only, who)
+                ));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -965,7 +1161,20 @@ impl Registry {
     ) -> Result<Value, String> {
         let e = self.check_core(cache_id, core_id)?;
         if !no_writeback {
-            self.writeback(cache_id, Some(core_id), progress)?;
+            self.writeback_for(cache_id, Some(core_id), WbFor::Remove, progress)?;
+        } else if core_has_dirty(&e, core_id) {
+            let blocks = match e
+                .with_machine(|m| m.wl().map(|w| w.pending(Some(CoreId(core_id))).1))
+            {
+                Some(b) => b,
+                None => e.with_cache(|c| {
+                    c.core_lines(CoreId(core_id)).1 as u64 * c.config().line_size.blocks() as u64
+                }),
+            };
+            return Err(format!(
+                "core {core_id} of cache {cache_id} has dirty data (up to {}) and --no-writeback removes a core only when it has none: write it back with `tiercache writeback --cache-id {cache_id} --core-id {core_id}`, keep it on the cache device with `tiercache stop-cache --cache-id {cache_id} --no-writeback`, or drop it with `tiercache invalidate --cache-id {cache_id} --core-id {core_id} --force` (lost)",
+                human(blocks * 512)
+            ));
         }
         let mut tries = 0;
         loop {
@@ -1019,7 +1228,7 @@ impl Registry {
         let mut dirty_b = 0;
         if running {
             if !no_writeback {
-                self.writeback(cache_id, None, progress)?;
+                self.writeback_for(cache_id, None, WbFor::Stop, progress)?;
             }
             let e = self.engine(cache_id)?;
             dirty = e.with_cache(|c| c.dirty_lines());
@@ -1029,10 +1238,21 @@ impl Registry {
         let Some(entry) = entry else {
             return Err(format!("no cache {cache_id}"));
         };
+        let mut flush_failed = None;
         if let CacheRun::Running(e) = entry.run {
             // NBD connections may still hold the engine: stop it in place (final checkpoint,
-            // core flushes; their later requests fail), then let it go.
-            e.stop_shared()?;
+            // core flushes; their later requests fail), then let it go. A core whose flush
+            // fails does not keep the cache from stopping (its checkpoint is written): said
+            // in the log and the answer.
+            if let Err(why) = e.stop_shared() {
+                crate::log!(
+                    warn,
+                    "core flush failed at stop (writes no client flushed may not be durable on it)",
+                    cache = cache_id,
+                    reason = why
+                );
+                flush_failed = Some(why);
+            }
             // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
             // dirty lines of it stay on the cache device.
             let rbds: Vec<(u16, Arc<RbdBackend>)> = entry
@@ -1055,7 +1275,17 @@ impl Registry {
             for _ in 0..50 {
                 match Arc::try_unwrap(e) {
                     Ok(x) => {
-                        x.stop()?;
+                        if let Err(why) = x.stop()
+                            && flush_failed.is_none()
+                        {
+                            crate::log!(
+                                warn,
+                                "core flush failed at stop (writes no client flushed may not be durable on it)",
+                                cache = cache_id,
+                                reason = why
+                            );
+                            flush_failed = Some(why);
+                        }
                         break;
                     }
                     Err(a) => {
@@ -1074,7 +1304,7 @@ impl Registry {
         );
         Ok(
             json!({"cache_id": cache_id, "stopped": true, "dirty_lines_kept": dirty,
-            "dirty_bytes_kept": dirty_b}),
+            "dirty_bytes_kept": dirty_b, "core_flush_failed": flush_failed}),
         )
     }
 
@@ -1093,15 +1323,8 @@ impl Registry {
                 CacheRun::Running(e) => {
                     dirty_b = dirty_bytes(e);
                     let mode = mode_name(e);
-                    e.with_cache(|k| {
-                        (
-                            mode,
-                            k.config().lines,
-                            k.occupancy(),
-                            k.dirty_lines(),
-                            Value::Null,
-                        )
-                    })
+                    let why = crate::health::states(e).0.map_or(Value::Null, Value::from);
+                    e.with_cache(|k| (mode, k.config().lines, k.occupancy(), k.dirty_lines(), why))
                 }
                 CacheRun::Incomplete(_, r, _) => (
                     "-".into(),
@@ -1115,17 +1338,20 @@ impl Registry {
                 ),
                 CacheRun::Detached(w) => ("-".into(), 0, 0, 0, json!(w)),
             };
+            let states = core_states(c);
             let cores: Vec<Value> = c
                 .cores
                 .iter()
                 .map(|(i, k)| {
-                    let (state, why) = core_state(c, k);
+                    let (state, why) = states.get(i).cloned().unwrap_or_default();
                     json!({"core_id": i, "device": k.device, "export": k.export,
-                        "size_bytes": k.size_blocks * 512, "state": state, "reason": why})
+                        "size_bytes": k.size_blocks * 512, "state": state, "reason": why,
+                        "io_timeout_ms": k.io_timeout.map(|t| t.as_millis() as u64)})
                 })
                 .collect();
             out.push(
                 json!({"cache_id": c.id, "device": c.device, "state": c.state(),
+                "io_timeout_ms": c.io_timeout.map(|t| t.as_millis() as u64),
                 "mode": mode, "line_size": c.line_size.bytes(), "lines": lines,
                 "occupancy_lines": occ, "dirty_lines": dirty, "dirty_bytes": dirty_b,
                 "reason": why,
@@ -1207,8 +1433,9 @@ impl Registry {
         let caches = self.lock();
         let mut v = Vec::new();
         for c in caches.values() {
+            let states = core_states(c);
             for (i, k) in &c.cores {
-                let (state, _) = core_state(c, k);
+                let state = states.get(i).map_or("detached", |x| x.0);
                 v.push((
                     k.export.clone(),
                     format!("cache {} core {i} ({}) {state}", c.id, k.device),
@@ -1390,12 +1617,43 @@ impl Registry {
         self.lock()
             .get(&cache_id)
             .map(|c| {
+                let states = core_states(c);
                 c.cores
                     .iter()
-                    .map(|(i, k)| (*i, k.device.clone(), k.export.clone(), core_state(c, k).0))
+                    .map(|(i, k)| {
+                        let st = states.get(i).map_or("detached", |x| x.0);
+                        (*i, k.device.clone(), k.export.clone(), st)
+                    })
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The engines of the running caches (for the health watcher).
+    pub fn engines(&self) -> Vec<(u16, Arc<Engine>)> {
+        self.lock()
+            .values()
+            .filter_map(|c| match &c.run {
+                CacheRun::Running(e) => Some((c.id, e.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The IO timeouts in force: the cache device's and each core's (milliseconds).
+    pub fn io_timeouts(&self, cache_id: u16) -> (Option<u64>, BTreeMap<u16, u64>) {
+        let ms = |t: Duration| t.as_millis() as u64;
+        self.lock()
+            .get(&cache_id)
+            .map_or_else(Default::default, |c| {
+                (
+                    c.io_timeout.map(ms),
+                    c.cores
+                        .iter()
+                        .filter_map(|(i, k)| Some((*i, ms(k.io_timeout?))))
+                        .collect(),
+                )
+            })
     }
 
     /// State word of a cache.
@@ -1462,6 +1720,24 @@ fn current_blocks(device: &str) -> Option<u64> {
     } else {
         None
     }
+}
+
+/// The state word and reason of every core of a cache (one health walk for all of them).
+fn core_states(c: &CacheEntry) -> BTreeMap<u16, (&'static str, String)> {
+    let degraded = match &c.run {
+        CacheRun::Running(e) => crate::health::states(e).1,
+        _ => BTreeMap::new(),
+    };
+    c.cores
+        .iter()
+        .map(|(i, k)| {
+            let st = match degraded.get(i) {
+                Some(why) => ("degraded", why.clone()),
+                None => core_state(c, k),
+            };
+            (*i, st)
+        })
+        .collect()
 }
 
 fn core_state(c: &CacheEntry, k: &CoreEntry) -> (&'static str, String) {

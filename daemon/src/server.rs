@@ -4,7 +4,7 @@ use crate::admin::{
     Access, Progress, REQUEST_MAX, Request, default_socket, peer_cred, resolve_group, runtime_dir,
 };
 use crate::config::{ConfigFile, reassemble};
-use crate::registry::{NewCache, Registry, get_param, set_param};
+use crate::registry::{IoTimeouts, NewCache, Registry, get_param, set_param};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -216,6 +216,17 @@ pub fn run(opts: Options) -> Result<(), String> {
             Err(e) => crate::log!(warn, "metrics not served", address = metrics, error = e),
         }
     }
+    {
+        // One log line when a device problem starts and one when it ends.
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            let mut w = crate::health::Watch::default();
+            loop {
+                w.poll(&reg.engines());
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+        });
+    }
     let (tx, rx) = mpsc::channel::<&'static str>();
     {
         let tx = tx.clone();
@@ -362,20 +373,40 @@ pub fn handle(
             line_size,
             load,
             force,
-        } => reg.start_cache(NewCache {
-            device: &cache_device,
-            id: cache_id,
-            mode: mode.as_deref(),
-            line_size: line_size.as_deref(),
-            load,
-            force,
-        }),
+            io_timeout,
+        } => reg.start_cache_with(
+            NewCache {
+                device: &cache_device,
+                id: cache_id,
+                mode: mode.as_deref(),
+                line_size: line_size.as_deref(),
+                load,
+                force,
+            },
+            &IoTimeouts {
+                cache: io_timeout
+                    .as_deref()
+                    .map(crate::device::parse_timeout)
+                    .transpose()?,
+                cores: Default::default(),
+            },
+        ),
         Request::AddCore {
             cache_id,
             core_device,
             core_id,
             export,
-        } => reg.add_core(cache_id, &core_device, core_id, export.as_deref()),
+            io_timeout,
+        } => reg.add_core_with(
+            cache_id,
+            &core_device,
+            core_id,
+            export.as_deref(),
+            io_timeout
+                .as_deref()
+                .map(crate::device::parse_timeout)
+                .transpose()?,
+        ),
         Request::RemoveCore {
             cache_id,
             core_id,

@@ -1,5 +1,6 @@
 //! Statistics like `casadm -P` (usage, requests, blocks, errors per cache, core and IO class)
-//! plus the dirty-data risk of SPEC C20, as JSON; and the same numbers as Prometheus metrics.
+//! plus the dirty-data risk of SPEC C20 and the fault state of SPEC C19 (`health`, per cache
+//! and per core: [`crate::health`]), as JSON; and the same numbers as Prometheus metrics.
 
 use crate::registry::{CORE_ID_MAX, Registry};
 use serde_json::{Value, json};
@@ -49,15 +50,19 @@ pub fn cache_stats(
     let e = reg.engine(cache_id)?;
     let es = e.stats();
     let (lsz, _, device) = reg.geometry(cache_id).ok_or("gone")?;
+    let (cache_timeout, core_timeouts) = reg.io_timeouts(cache_id);
+    let now = e.now();
     let mut v = e.with_cache(|c: &mut Cache| -> Result<Value, String> {
         let cfg = c.config();
         let k = c.counters();
         let line = cfg.line_size.bytes();
         let dirty_blocks = c.dirty_blocks();
+        let health = crate::health::cache_health_json(c, now);
         let mut out = json!({
             "cache_id": cache_id,
             "device": device,
-            "state": "running",
+            "state": health["state"].clone(),
+            "io_timeout_ms": cache_timeout,
             "mode": c.mode().to_string(),
             "switching_to": c.target_mode().map(|m| m.to_string()),
             "line_size": line,
@@ -89,6 +94,7 @@ pub fn cache_stats(
                 "eviction": c.policy_names().0, "promotion": c.policy_names().1,
                 "cleaning": c.policy_names().2,
             },
+            "health": health,
         });
         if let Some((used, cap)) = c.journal_fill() {
             out["metadata"] = json!({"journal_bytes_used": used, "journal_bytes": cap,
@@ -112,6 +118,8 @@ pub fn cache_stats(
                 "dirty_bytes_max": dirty as u64 * line,
                 "requests": requests(&s.counters),
                 "blocks": blocks(&s.counters),
+                "io_timeout_ms": core_timeouts.get(&id.0),
+                "health": crate::health::core_health_json(c, id, now),
             }));
         }
         if let Some(x) = core_id
@@ -153,6 +161,13 @@ pub fn cache_stats(
         v["mode"] = json!("wl");
         v["usage"]["dirty_bytes"] = w["dirty_bytes"].clone();
         v["writeback"]["bytes"] = w["written_back_bytes"].clone();
+        // What is at risk while degraded: everything the log holds (the read cache's health
+        // does not know the log).
+        if v["health"]["state"] == "degraded" {
+            v["health"]["dirty_at_risk_bytes"] = w["dirty_bytes"].clone();
+        }
+        v["health"]["write_log"] = json!({"log_errors": w["log_errors"].clone(),
+            "writeback_errors": w["writeback_errors"].clone()});
         v["write_log"] = w;
     }
     // Dirty-data risk (SPEC C20): bytes at risk if the cache device dies, and how long the
@@ -196,6 +211,117 @@ fn wl_block(w: &tiercache_core::wl::WriteLog) -> Value {
         "log_errors": k.log_errors,
         "writeback_errors": k.wb_errors,
     })
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(
+        out,
+        "# HELP tiercache_{name} {help}\n# TYPE tiercache_{name} {kind}"
+    );
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64()
+        .or_else(|| v.as_bool().map(|b| f64::from(u8::from(b))))
+        .unwrap_or(0.0)
+}
+
+/// The fault metrics (SPEC C19, R3) from each cache's `health` blocks.
+fn fault_metrics(out: &mut String, stats: &[Value]) {
+    let kinds = ["io", "no_space", "timed_out"];
+    family(
+        out,
+        "cache_bypass",
+        "gauge",
+        "1 while the cache device is failing and the cache acts as pass-through (no new dirty data).",
+    );
+    for s in stats {
+        let _ = writeln!(
+            out,
+            "tiercache_cache_bypass{{cache=\"{}\"}} {}",
+            s["cache_id"],
+            num(&s["health"]["cache_device"]["bypass"])
+        );
+    }
+    family(
+        out,
+        "cache_device_errors_total",
+        "counter",
+        "Cache device errors by kind (io, no_space, timed_out).",
+    );
+    for s in stats {
+        for k in kinds {
+            let _ = writeln!(
+                out,
+                "tiercache_cache_device_errors_total{{cache=\"{}\",kind=\"{k}\"}} {}",
+                s["cache_id"],
+                num(&s["health"]["cache_device"]["errors"][k])
+            );
+        }
+    }
+    let per_core: &[(&str, &str, &str, &[&str])] = &[
+        (
+            "writeback_failing",
+            "gauge",
+            "1 while writeback to the core keeps failing (its dirty data stays on the cache device and is retried).",
+            &["writeback", "failing"],
+        ),
+        (
+            "writeback_failing_seconds",
+            "gauge",
+            "How long writeback to the core has been failing (0 when it works).",
+            &["writeback", "failing_for_s"],
+        ),
+        (
+            "writeback_failures_total",
+            "counter",
+            "Failed writeback attempts to the core.",
+            &["writeback", "failures"],
+        ),
+        (
+            "writeback_retries_total",
+            "counter",
+            "Writeback attempts to the core that were retries after a failure.",
+            &["writeback", "retries"],
+        ),
+    ];
+    for (name, kind, help, path) in per_core {
+        family(out, name, kind, help);
+        for s in stats {
+            for c in s["cores"].as_array().into_iter().flatten() {
+                let mut x = &c["health"];
+                for p in *path {
+                    x = &x[*p];
+                }
+                let _ = writeln!(
+                    out,
+                    "tiercache_{name}{{cache=\"{}\",core=\"{}\"}} {}",
+                    s["cache_id"],
+                    c["core_id"],
+                    num(x)
+                );
+            }
+        }
+    }
+    family(
+        out,
+        "core_device_errors_total",
+        "counter",
+        "Core device errors by kind (io, no_space, timed_out), client IO and writeback.",
+    );
+    for s in stats {
+        for c in s["cores"].as_array().into_iter().flatten() {
+            for k in kinds {
+                let _ = writeln!(
+                    out,
+                    "tiercache_core_device_errors_total{{cache=\"{}\",core=\"{}\",kind=\"{k}\"}} {}",
+                    s["cache_id"],
+                    c["core_id"],
+                    num(&c["health"]["errors"][k])
+                );
+            }
+        }
+    }
 }
 
 fn add(a: &mut ReqCounters, b: &ReqCounters) {
@@ -287,6 +413,11 @@ pub fn metrics(reg: &Registry) -> String {
             &["engine", "in_flight"],
         ),
         (
+            "dirty_at_risk_bytes",
+            "Dirty bytes held on the cache device while a fault keeps them from the core (writeback failing) or threatens them (cache device failing).",
+            &["health", "dirty_at_risk_bytes"],
+        ),
+        (
             "wl_log_fill_ratio",
             "Mode wl: share of the log ring in use (0-100).",
             &["write_log", "log_fill_pct"],
@@ -339,6 +470,16 @@ pub fn metrics(reg: &Registry) -> String {
             &["writeback", "bytes"],
         ),
         ("evictions_total", "Lines evicted.", &["evictions"]),
+        (
+            "bypassed_requests_total",
+            "Requests served as pass-through because the cache device was failing.",
+            &["health", "cache_device", "bypassed_requests"],
+        ),
+        (
+            "cache_probes_total",
+            "Probes (flushes) of a failing cache device.",
+            &["health", "cache_device", "probes"],
+        ),
     ];
     let stats: Vec<Value> = reg
         .ids()
@@ -405,6 +546,7 @@ pub fn metrics(reg: &Registry) -> String {
             );
         }
     }
+    fault_metrics(&mut out, &stats);
     let _ = writeln!(
         out,
         "# HELP tiercache_ioclass_occupancy_lines Lines per IO class.\n# TYPE tiercache_ioclass_occupancy_lines gauge"
