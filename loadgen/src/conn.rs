@@ -32,6 +32,8 @@ pub(crate) const CMD_FLUSH: u16 = 3;
 const CMD_TRIM: u16 = 4;
 /// `NBD_CMD_CACHE`.
 const CMD_CACHE: u16 = 5;
+/// `NBD_CMD_WRITE_ZEROES`.
+const CMD_WRITE_ZEROES: u16 = 6;
 /// `NBD_CMD_FLAG_FUA`.
 pub(crate) const CMD_FLAG_FUA: u16 = 1;
 
@@ -47,6 +49,8 @@ pub mod flags {
     pub const SEND_FUA: u16 = 1 << 3;
     /// `NBD_CMD_TRIM` is supported.
     pub const SEND_TRIM: u16 = 1 << 5;
+    /// `NBD_CMD_WRITE_ZEROES` is supported.
+    pub const SEND_WRITE_ZEROES: u16 = 1 << 6;
     /// Several connections see each other's writes (`NBD_FLAG_CAN_MULTI_CONN`).
     pub const CAN_MULTI_CONN: u16 = 1 << 8;
     /// `NBD_CMD_CACHE` is supported.
@@ -63,6 +67,12 @@ impl Stream {
         match self {
             Stream::Unix(s) => s.set_nonblocking(nb),
             Stream::Tcp(s) => s.set_nonblocking(nb),
+        }
+    }
+    fn set_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t).and(s.set_write_timeout(t)),
+            Stream::Tcp(s) => s.set_read_timeout(t).and(s.set_write_timeout(t)),
         }
     }
     fn shutdown(&self) {
@@ -317,6 +327,24 @@ impl Connection {
             0 => Ok(()),
             e => Err(Error::Nbd(e)),
         }
+    }
+
+    /// Sends `NBD_CMD_WRITE_ZEROES` for `len` bytes at `offset`, with `NBD_CMD_FLAG_FUA` when
+    /// `fua`.
+    pub fn write_zeroes(&mut self, offset: u64, len: u32, fua: bool) -> Result<(), Error> {
+        let fl = if fua { CMD_FLAG_FUA } else { 0 };
+        self.call(CMD_WRITE_ZEROES, fl, offset, len, &[])?;
+        match self.reply()? {
+            0 => Ok(()),
+            e => Err(Error::Nbd(e)),
+        }
+    }
+
+    /// A limit for each send and each wait for a reply (`None`: wait for ever, the default). A
+    /// call that exceeds it fails with an [`Error::Io`] of kind `WouldBlock` or `TimedOut`, and
+    /// the connection is then out of step: close it.
+    pub fn set_timeout(&self, t: Option<std::time::Duration>) -> Result<(), Error> {
+        Ok(self.stream.set_timeout(t)?)
     }
 
     /// Sends `NBD_CMD_CACHE` (a prefetch hint, e.g. to warm a cache) for `len` bytes at

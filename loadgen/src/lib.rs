@@ -33,8 +33,8 @@
 //! `number_ios` is per job); MB/s are 10^6 bytes per second. Flushes (`flush_every`, like
 //! fio's `fsync=N`) are not counted as IOs.
 //!
-//! [`Connection`] is a plain blocking client (read, write, flush, trim, cache) for setup,
-//! warm-up and checks.
+//! [`Connection`] is a plain blocking client (read, write, flush, trim, write-zeroes, cache;
+//! an optional time limit per call) for setup, warm-up and checks.
 //!
 //! ```no_run
 //! use tiercache_loadgen::{run, JobSpec, Target};
