@@ -106,4 +106,7 @@ pub struct CacheCounters {
     pub deferred: u64,
     /// Allocation attempts that found no line (request went pass-through).
     pub alloc_failures: u64,
+    /// Reads whose core blocks came in pieces, read from the core as one span with the
+    /// cache's blocks laid over it afterwards.
+    pub merged_core_reads: u64,
 }

@@ -88,6 +88,7 @@ pub fn cache_stats(
                 "ios": k.writeback_ios, "running": c.writeback_running()},
             "throttle": {"writes": k.throttled_writes, "seconds": k.throttle_ns as f64 / 1e9},
             "evictions": k.evictions, "deferred": k.deferred, "alloc_failures": k.alloc_failures,
+            "merged_core_reads": k.merged_core_reads,
             "engine": {"in_flight": es.in_flight, "in_flight_max": es.in_flight_max,
                 "requests": es.requests},
             "policies": {
@@ -207,6 +208,7 @@ fn wl_block(w: &tiercache_core::wl::WriteLog) -> Value {
         "entries_written_back": k.entries_written_back,
         "written_back_bytes": k.blocks_written_back * 512,
         "generations_retired": k.gens_retired,
+        "prefix_retires": k.prefix_retires,
         "writes_waited_for_space": k.waited_for_space,
         "log_errors": k.log_errors,
         "writeback_errors": k.wb_errors,

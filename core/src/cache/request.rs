@@ -125,6 +125,9 @@ pub struct Request {
     pub(crate) outcome: Outcome,
     /// A lazy write whose cache write failed, re-planned as a write to the core.
     pub(crate) fallback: bool,
+    /// A read whose core blocks were not contiguous reads the whole core span in one IO
+    /// first; these cache reads then lay the cache's blocks over it (a second step).
+    pub(crate) overlay: Vec<Run>,
 }
 
 /// A contiguous device IO being assembled from parts.
@@ -295,6 +298,7 @@ impl Cache {
             parts: self.parts_pool.pop().unwrap_or_default(),
             outcome: Outcome::Miss,
             fallback: false,
+            overlay: Vec::new(),
         };
         if op == Op::Flush {
             self.start_flush(r, actions);
@@ -689,7 +693,28 @@ impl Cache {
         }
         r.plan = Plan::Read { backfill };
         r.phase = Phase::Io;
-        let runs = runs.finish();
+        let mut runs = runs.finish();
+        // Core blocks in pieces (cached blocks between them, e.g. a sequential read over a
+        // partly dirty range): one core read of the whole span instead, then the cache's blocks
+        // over it. A disk streams the span; the pieces would each cost a seek or a rotation.
+        if runs.iter().filter(|x| x.dev != Dev::Cache).count() > 1 {
+            let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
+                runs.drain(..).partition(|x| x.dev != Dev::Cache);
+            let lo = core_runs.iter().map(|x| x.lba).min().expect("core runs");
+            let hi = core_runs
+                .iter()
+                .map(|x| x.lba + x.blocks as u64)
+                .max()
+                .expect("core runs");
+            runs.push(Run {
+                dev: Dev::Core(r.core),
+                lba: lo,
+                buf_off: (lo - r.lba) as u32,
+                blocks: (hi - lo) as u32,
+            });
+            self.counters.merged_core_reads += 1;
+            r.overlay = cache_runs;
+        }
         self.issue_reads(&mut r, runs, actions);
         self.reqs.insert(r.id, r);
     }
@@ -698,8 +723,16 @@ impl Cache {
         match r.phase {
             Phase::Io => {
                 if let Some(e) = r.core_err {
+                    r.overlay.clear();
                     self.unmap_new(&mut r);
                     return self.finish(r, Err(ReqError::Io(e)), actions);
+                }
+                if !r.overlay.is_empty() {
+                    // The merged core read is in: now the cache's blocks over it.
+                    let overlay = std::mem::take(&mut r.overlay);
+                    self.issue_reads(&mut r, overlay, actions);
+                    self.reqs.insert(r.id, r);
+                    return;
                 }
                 if let Some(e) = r.cache_err {
                     // Clean blocks can be read again from the core; dirty ones exist nowhere
