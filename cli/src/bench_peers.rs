@@ -273,7 +273,7 @@ pub fn run(a: Args) -> Result<(), String> {
     res.map(|_| ())
 }
 
-fn tool_version(tool: &str) -> Option<String> {
+pub(crate) fn tool_version(tool: &str) -> Option<String> {
     let o = Command::new(tool).arg("--version").output().ok()?;
     o.status.success().then(|| {
         String::from_utf8_lossy(&o.stdout)
@@ -291,17 +291,17 @@ fn tool_version(tool: &str) -> Option<String> {
 /// Every child process this run started; dropping it stops them all (SIGTERM, then SIGKILL
 /// after a grace period), so errors and Ctrl-C leave nothing behind.
 #[derive(Default)]
-struct Procs {
+pub(crate) struct Procs {
     list: Vec<(String, Child, PathBuf)>,
 }
 
 impl Procs {
-    /// Starts `prog args` pinned to `cpu`, in its own process group (Ctrl-C is ours to
-    /// handle), dying with this process, stderr (and stdout) into `log`.
-    fn spawn(
+    /// Starts `prog args` (pinned to `cpu` if given), in its own process group (Ctrl-C is
+    /// ours to handle), dying with this process, stderr (and stdout) into `log`.
+    pub(crate) fn spawn(
         &mut self,
         name: &str,
-        cpu: usize,
+        cpu: Option<usize>,
         prog: &Path,
         args: &[String],
         env: &[(&str, &Path)],
@@ -309,11 +309,15 @@ impl Procs {
     ) -> Result<u32, String> {
         let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let f2 = f.try_clone().map_err(|e| e.to_string())?;
-        let mut cmd = Command::new("taskset");
-        cmd.arg("-c")
-            .arg(cpu.to_string())
-            .arg(prog)
-            .args(args)
+        let mut cmd = match cpu {
+            Some(cpu) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(cpu.to_string()).arg(prog);
+                c
+            }
+            None => Command::new(prog),
+        };
+        cmd.args(args)
             .stdin(Stdio::null())
             .stdout(f)
             .stderr(f2)
@@ -345,7 +349,7 @@ impl Procs {
     }
 
     /// Fails with the end of the child's log if it has exited.
-    fn check(&mut self, pid: u32) -> Result<(), String> {
+    pub(crate) fn check(&mut self, pid: u32) -> Result<(), String> {
         for (name, c, log) in &mut self.list {
             if c.id() == pid
                 && let Ok(Some(st)) = c.try_wait()
@@ -357,7 +361,7 @@ impl Procs {
     }
 
     /// Waits until `sock` accepts connections (the child `pid` must stay up meanwhile).
-    fn wait_socket(&mut self, pid: u32, sock: &Path) -> Result<(), String> {
+    pub(crate) fn wait_socket(&mut self, pid: u32, sock: &Path) -> Result<(), String> {
         let t = Instant::now();
         while std::os::unix::net::UnixStream::connect(sock).is_err() {
             self.check(pid)?;
@@ -377,7 +381,7 @@ impl Procs {
         }
     }
 
-    fn stop_all(&mut self) {
+    pub(crate) fn stop_all(&mut self) {
         while let Some((_, mut c, _)) = self.list.pop() {
             terminate(&mut c, Duration::from_secs(3));
         }
@@ -495,7 +499,7 @@ impl Daemon {
         ];
         let pid = procs.spawn(
             "tiercache daemon",
-            plan.server_cpu,
+            Some(plan.server_cpu),
             &exe,
             &args,
             &[],
@@ -1075,7 +1079,7 @@ fn p1_and_conns(
     ];
     let mem_pid = procs.spawn(
         "nbdkit memory",
-        plan.server_cpu,
+        Some(plan.server_cpu),
         nbdkit,
         &mem_args,
         &[],
@@ -1260,7 +1264,7 @@ fn p2(
     core_args.extend(delay.iter().cloned());
     let core_pid = procs.spawn(
         "nbdkit delay core",
-        plan.server_cpu,
+        Some(plan.server_cpu),
         nbdkit,
         &core_args,
         &[],
@@ -1297,7 +1301,7 @@ fn p2(
     ]);
     let nc_pid = procs.spawn(
         "nbdkit cache",
-        plan.server_cpu,
+        Some(plan.server_cpu),
         nbdkit,
         &nc_args,
         &[("TMPDIR", nc_tmp.as_path())],

@@ -67,7 +67,19 @@ pub struct Args {
     /// Skip the SPEC P4/P5 procedures after the matrix (they are skipped with --only too).
     #[arg(long)]
     pub no_studies: bool,
+    /// Peers measured beside tiercache, each over its own copy of the same emulated core:
+    /// `auto` (nbdkit's cache filter when nbdkit is installed), `none`, or `nbdkit-cache`.
+    #[arg(long, default_value = "auto")]
+    pub peers: String,
+    /// Sequential cutoff policy of the cached configuration during the runs and beside the
+    /// P4 reader: always, full or never (the warm-up runs with it off).
+    #[arg(long, default_value = "always")]
+    pub seq_cutoff: String,
 }
+
+/// The peer: nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as our cache)
+/// over the nbd plugin, connected to a bare emulated core exported by the bench's server.
+const NBDKIT_CACHE: &str = "nbdkit-cache";
 
 /// One workload of the matrix.
 struct Workload {
@@ -398,6 +410,30 @@ pub fn run(a: Args) -> Result<(), String> {
         ));
     }
     tiercache_io::parse_emu(&format!("emu:{}:/x", a.core_preset))?;
+    if !["always", "full", "never"].contains(&a.seq_cutoff.as_str()) {
+        return Err(format!(
+            "--seq-cutoff {}: want always, full or never",
+            a.seq_cutoff
+        ));
+    }
+    let nbdkit = crate::bench_peers::tool_version("nbdkit");
+    let peers: Vec<&str> = match a.peers.as_str() {
+        "auto" if nbdkit.is_some() => vec![NBDKIT_CACHE],
+        "auto" => {
+            println!(
+                "peers: nbdkit is not installed (apt-get install nbdkit): no nbdkit-cache runs"
+            );
+            vec![]
+        }
+        "none" => vec![],
+        NBDKIT_CACHE if nbdkit.is_some() => vec![NBDKIT_CACHE],
+        NBDKIT_CACHE => {
+            return Err(
+                "--peers nbdkit-cache: nbdkit is not installed (apt-get install nbdkit)".into(),
+            );
+        }
+        p => return Err(format!("--peers {p}: want auto, none or nbdkit-cache")),
+    };
     std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
     let scratch = a
         .scratch
@@ -405,7 +441,16 @@ pub fn run(a: Args) -> Result<(), String> {
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("tiercache-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    let res = run_in(&a, &scratch, runtime, cache_bytes, ws, fio, &selected);
+    let res = run_in(
+        &a,
+        &scratch,
+        runtime,
+        cache_bytes,
+        ws,
+        fio,
+        &selected,
+        &peers,
+    );
     let _ = std::fs::remove_dir_all(&scratch);
     res
 }
@@ -419,6 +464,7 @@ fn run_in(
     ws: u64,
     fio: &str,
     selected: &[&Workload],
+    peers: &[&str],
 ) -> Result<(), String> {
     install_sigint();
     let core_bytes = (ws * 8).max(4 << 30);
@@ -456,18 +502,66 @@ fn run_in(
         "the emulated core through the cache",
         Arc::new(EngineExport::new(engine.clone(), CoreId(0))),
     );
+    let nbdkit_peer = peers.contains(&NBDKIT_CACHE);
+    if nbdkit_peer {
+        let peer_core = file("core-peer.img", core_bytes)?;
+        let bare = tiercache_io::open_emu(&format!("emu:{}:{peer_core}", a.core_preset))?;
+        exports.insert(
+            "peer-core",
+            "the bare emulated core under nbdkit's cache filter",
+            Arc::new(BackendExport::new(Arc::new(bare))),
+        );
+    }
     let sock = scratch.join("nbd.sock");
     let server = Server::new(exports, Default::default());
     server.listen(&ListenAddr::Unix(sock.clone()))?;
-    let uri = |name: &str| format!("nbd+unix:///{name}?socket={}", sock.display());
+    // Every child this run starts; dropping it stops them (errors and Ctrl-C included).
+    let mut procs = crate::bench_peers::Procs::default();
+    let peer_sock = scratch.join("nbdkit-cache.sock");
+    if nbdkit_peer {
+        let tmp = scratch.join("nbdkit-tmp");
+        std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let args = vec![
+            "-f".to_string(),
+            "--exit-with-parent".into(),
+            "-U".into(),
+            peer_sock.display().to_string(),
+            "--filter=cache".into(),
+            "nbd".into(),
+            format!("socket={}", sock.display()),
+            "export=peer-core".into(),
+            "cache=writeback".into(),
+            "cache-min-block-size=4K".into(),
+            "cache-on-read=true".into(),
+            format!("cache-max-size={cache_bytes}"),
+        ];
+        let pid = procs.spawn(
+            "nbdkit cache",
+            None,
+            Path::new("nbdkit"),
+            &args,
+            &[("TMPDIR", &tmp)],
+            scratch.join("nbdkit-cache.log"),
+        )?;
+        procs.wait_socket(pid, &peer_sock)?;
+    }
+    let uri = |name: &str| {
+        if name == NBDKIT_CACHE {
+            format!("nbd+unix:///?socket={}", peer_sock.display())
+        } else {
+            format!("nbd+unix:///{name}?socket={}", sock.display())
+        }
+    };
     let bar = Bar {
         tty: std::io::stderr().is_terminal(),
     };
     println!(
-        "tiercache bench{}: {} workloads x (baseline, cached {}), QD {}, {} s each; core {} (emulated), cache {} file ({}); {}",
+        "tiercache bench{}: {} workloads x (baseline, cached {}, seq-cutoff {}{}), QD {}, {} s each; core {} (emulated), cache {} file ({}); {}",
         if a.quick { " --quick" } else { "" },
         selected.len(),
         a.mode,
+        a.seq_cutoff,
+        peers.iter().map(|p| format!(", {p}")).collect::<String>(),
         a.iodepth,
         runtime,
         a.core_preset,
@@ -499,20 +593,18 @@ fn run_in(
     };
     let warm_secs = 600;
     let mut cmd_ok = true;
-    {
-        let before = engine.with_cache(|c| c.occupancy());
-        let _ = before;
+    // The peers are warmed the same way (nbdkit's cache filter caches what it reads).
+    for config in std::iter::once("cached").chain(peers.iter().copied()) {
+        let label = format!("warm-up {config}");
         let v = if fio.is_empty() {
-            warm_own(&uri("cached"), ws).map(|_| Value::Null)
+            warm_own(&uri(config), ws).map(|_| Value::Null)
         } else {
-            run_fio_size(&uri("cached"), &warm, ws, warm_secs, &|f| {
-                bar.show("warm-up", f)
-            })
+            run_fio_size(&uri(config), &warm, ws, warm_secs, &|f| bar.show(&label, f))
         };
         bar.end();
         if let Err(e) = v {
             cmd_ok = false;
-            eprintln!("warm-up failed: {e}");
+            eprintln!("{label} failed: {e}");
         }
     }
     set_param(
@@ -520,7 +612,7 @@ fn run_in(
         1,
         None,
         "seq-cutoff",
-        &[("policy".into(), "full".into())],
+        &[("policy".into(), a.seq_cutoff.clone())],
     )?;
     let warmed = engine.with_cache(|c| c.occupancy() as u64 * c.config().line_size.bytes());
     println!(
@@ -534,10 +626,14 @@ fn run_in(
     }
 
     let mut results: Vec<RunResult> = Vec::new();
-    let total = selected.len() * 2;
+    let configs: Vec<&str> = ["baseline", "cached"]
+        .into_iter()
+        .chain(peers.iter().copied())
+        .collect();
+    let total = selected.len() * configs.len();
     let mut k = 0;
     'outer: for w in selected {
-        for config in ["baseline", "cached"] {
+        for &config in &configs {
             if STOP.load(Ordering::Relaxed) {
                 break 'outer;
             }
@@ -637,6 +733,7 @@ fn run_in(
             results.push(r);
         }
     }
+    procs.stop_all();
     server.shutdown();
     drop(engine);
     let _ = reg.stop_cache(1, true, |_, _| {});
@@ -647,7 +744,13 @@ fn run_in(
         print!("{t}");
     }
     if a.only.is_none() && !a.no_studies && !STOP.load(Ordering::Relaxed) {
-        let plan = crate::bench_studies::Plan::new(a.quick, a.full, a.iodepth, &a.core_preset);
+        let plan = crate::bench_studies::Plan::new(
+            a.quick,
+            a.full,
+            a.iodepth,
+            &a.core_preset,
+            &a.seq_cutoff,
+        );
         let show = |l: &str, f: f64| bar.show(l, f);
         let end = || bar.end();
         let ui = crate::bench_studies::Ui {
@@ -672,7 +775,9 @@ fn run_in(
     } else {
         format!("{fio} (nbd engine)")
     };
-    write_report(&generator, a, runtime, &results, &table, &targets, stopped)?;
+    write_report(
+        &generator, a, runtime, &results, &table, &targets, stopped, peers,
+    )?;
     println!("report: {}", a.out.join("report.html").display());
     if stopped {
         println!("(stopped by Ctrl-C: the report holds what was measured)");
@@ -880,6 +985,7 @@ fn write_report(
     table: &str,
     targets: &(Value, Option<String>),
     stopped: bool,
+    peers: &[&str],
 ) -> Result<(), String> {
     let w = |name: &str, body: &str| -> Result<(), String> {
         let p = a.out.join(name);
@@ -907,6 +1013,7 @@ fn write_report(
             "quick": a.quick, "runtime_s": runtime, "iodepth": a.iodepth, "mode": a.mode,
             "core": format!("emu:{}", a.core_preset), "cache_size": a.cache_size,
             "working_set": a.working_set, "load_generator": generator,
+            "seq_cutoff": a.seq_cutoff, "peers": peers,
         },
         "stopped_early": stopped,
         "runs": runs,
@@ -935,24 +1042,25 @@ fn write_report(
             })
             .collect()
     };
+    let configs: Vec<&str> = ["baseline", "cached"]
+        .into_iter()
+        .chain(peers.iter().copied())
+        .collect();
+    let series = |f: &dyn Fn(&RunResult) -> f64| -> Vec<(&str, Vec<f64>)> {
+        configs.iter().map(|c| (*c, val(c, f))).collect()
+    };
     let iops = svg::bars(
         "IOPS per workload (log scale)",
         "IOPS",
         &cats,
-        &[
-            ("baseline", val("baseline", &|r| r.iops)),
-            ("cached", val("cached", &|r| r.iops)),
-        ],
+        &series(&|r| r.iops),
         true,
     );
     let p99 = svg::bars(
         "p99 latency per workload (log scale)",
         "µs",
         &cats,
-        &[
-            ("baseline", val("baseline", &|r| r.lat_p99_us)),
-            ("cached", val("cached", &|r| r.lat_p99_us)),
-        ],
+        &series(&|r| r.lat_p99_us),
         true,
     );
     let rw = results
@@ -1002,11 +1110,12 @@ fn write_report(
     }
 
     let md = format!(
-        "# tiercache bench\n\ncommit {}, {} s per run, QD {}, cache mode {}, core emu:{} (emulated), cache {} file, working set {}.{}\n\n```\n{}```\n\nPlots: iops.svg, p99.svg, latency-cdf.svg{}; raw numbers: results.json.\n\nHit ratio and dirty % are the server's own counters, reset before each cached run. The baseline is the same emulated device model on its own file, served bare by the same NBD server.\n",
+        "# tiercache bench\n\ncommit {}, {} s per run, QD {}, cache mode {} (sequential cutoff {}), core emu:{} (emulated), cache {} file, working set {}.{}\n\n```\n{}```\n\nPlots: iops.svg, p99.svg, latency-cdf.svg{}; raw numbers: results.json.\n\nHit ratio and dirty % are the server's own counters, reset before each cached run. The baseline is the same emulated device model on its own file, served bare by the same NBD server.{}\n",
         git_commit(),
         runtime,
         a.iodepth,
         a.mode,
+        a.seq_cutoff,
         a.core_preset,
         a.cache_size,
         a.working_set,
@@ -1018,6 +1127,11 @@ fn write_report(
         table,
         if over_time.is_some() {
             ", randwrite-over-time.svg"
+        } else {
+            ""
+        },
+        if peers.contains(&NBDKIT_CACHE) {
+            " `nbdkit-cache` is nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as tiercache's cache, its cache file in the scratch directory) over its own copy of the emulated core, reached through nbdkit's nbd plugin; warmed the same way; its hit ratio is not known."
         } else {
             ""
         }

@@ -41,11 +41,13 @@ pub struct Plan {
     pub iodepth: u32,
     /// Emulated core preset.
     pub preset: String,
+    /// Sequential cutoff policy while the stream runs beside the reader (P4).
+    pub seq_cutoff: String,
 }
 
 impl Plan {
     /// `--quick` (about 2 minutes), default, or `--full` (SPEC's ≥ 5 minutes per P5 run).
-    pub fn new(quick: bool, full: bool, iodepth: u32, preset: &str) -> Plan {
+    pub fn new(quick: bool, full: bool, iodepth: u32, preset: &str, seq_cutoff: &str) -> Plan {
         let (cache_bytes, b, c, r) = if full {
             (512 << 20, 30, 300, 30)
         } else if quick {
@@ -60,6 +62,7 @@ impl Plan {
             reader_s: r,
             iodepth,
             preset: preset.to_string(),
+            seq_cutoff: seq_cutoff.to_string(),
         }
     }
 }
@@ -253,7 +256,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         }
         conn.close();
     }
-    rig.param("seq-cutoff", &[("policy", "full")])?;
+    rig.param("seq-cutoff", &[("policy", &plan.seq_cutoff)])?;
     let mut reader = spec("randread", 4096, 8, 0, ws);
     reader.distribution = Distribution::Zipf { theta: 0.9 };
     secs(&mut reader, plan.reader_s);

@@ -6,8 +6,8 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
 
-fn have_fio() -> bool {
-    Command::new("fio")
+fn have(prog: &str) -> bool {
+    Command::new(prog)
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success())
@@ -20,6 +20,8 @@ fn bench(out: &std::path::Path, generator: &str) -> serde_json::Value {
         .args(["--load-generator", generator])
         .arg("--out")
         .arg(out)
+        .arg("--scratch")
+        .arg(out.with_extension("scratch"))
         .output()
         .expect("run tiercache bench");
     assert!(
@@ -71,8 +73,27 @@ fn report_keys_and_fio_vs_own_generator() {
     let hits = run_of(&own, "cached")["hit_ratio"].as_f64().unwrap();
     assert!(hits > 0.99, "hit ratio {hits}");
     assert!(own["commit"].is_string() && own["host"]["cpus"].as_u64().unwrap() >= 1);
+    // The peer: nbdkit's cache filter over its own copy of the core, where nbdkit is installed
+    // (`--peers auto`); its hit ratio is unknown (null), and nbdkit is gone after the run.
+    if have("nbdkit") {
+        let r = run_of(&own, "nbdkit-cache");
+        assert!(r["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["hit_ratio"].is_null(), "{r}");
+        assert_eq!(own["config"]["peers"][0], "nbdkit-cache");
+        let left = Command::new("pgrep")
+            .args([
+                "-f",
+                &format!("nbdkit.*{}", dir.join("own.scratch").display()),
+            ])
+            .output()
+            .unwrap();
+        assert!(left.stdout.is_empty(), "an nbdkit outlived the bench");
+    } else {
+        println!("skipped: nbdkit not installed (the nbdkit-cache peer)");
+    }
+    assert_eq!(own["config"]["seq_cutoff"], "always");
 
-    if !have_fio() {
+    if !have("fio") {
         println!("skipped: fio not installed (the fio half of the cross-check)");
         let _ = std::fs::remove_dir_all(&dir);
         return;
