@@ -715,7 +715,7 @@ fn run_in(
                 cut_short: STOP.load(Ordering::Relaxed),
             };
             println!(
-                "  {:<14} {:<9} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}",
+                "  {:<14} {:<12} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}",
                 r.workload,
                 r.config,
                 r.iops,
@@ -904,7 +904,7 @@ fn run_fio_size(
 fn table(results: &[RunResult]) -> String {
     let mut t = String::new();
     t.push_str(&format!(
-        "{:<14} {:<9} {:>10} {:>9} {:>10} {:>10} {:>11} {:>9} {:>6} {:>7}\n",
+        "{:<14} {:<12} {:>10} {:>9} {:>10} {:>10} {:>11} {:>9} {:>6} {:>7}\n",
         "workload",
         "config",
         "IOPS",
@@ -923,7 +923,7 @@ fn table(results: &[RunResult]) -> String {
             .map(|b| b.iops)
             .unwrap_or(0.0);
         t.push_str(&format!(
-            "{:<14} {:<9} {:>10.0} {:>9.1} {:>10.1} {:>10.1} {:>11.1} {:>8.2}x {:>6} {:>7}\n",
+            "{:<14} {:<12} {:>10.0} {:>9.1} {:>10.1} {:>10.1} {:>11.1} {:>8.2}x {:>6} {:>7}\n",
             r.workload,
             r.config,
             r.iops,
