@@ -703,8 +703,17 @@ fn write_log_writeback_to_a_failing_core_fails_in_one_line_and_recovers() {
     dm.fails(&["stop-cache", "--cache-id", "1"], "--no-writeback");
     let s = dm.json(&["stats", "--cache-id", "1"]);
     assert_eq!(s["state"], "degraded", "{s}");
-    assert!(s["health"]["dirty_at_risk_bytes"].as_u64().unwrap() >= 50 * 4096, "{s}");
-    assert!(s["health"]["write_log"]["writeback_errors"].as_u64().unwrap() > 0, "{s}");
+    assert!(
+        s["health"]["dirty_at_risk_bytes"].as_u64().unwrap() >= 50 * 4096,
+        "{s}"
+    );
+    assert!(
+        s["health"]["write_log"]["writeback_errors"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{s}"
+    );
 
     std::fs::remove_file(&err).unwrap();
     drop(vm);
