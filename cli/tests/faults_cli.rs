@@ -722,3 +722,35 @@ fn write_log_writeback_to_a_failing_core_fails_in_one_line_and_recovers() {
     check_file(&core_file, 0..50, 1);
     dm.shutdown();
 }
+
+#[test]
+fn a_core_flush_failing_at_stop_is_reported_once_and_the_cache_stops() {
+    let d = Dir::new("faults-stopflush");
+    let core_file = d.sparse("core.img", 16 << 20);
+    let cache = d.sparse("cache.img", 16 << 20);
+    let ctl = format!("{core_file}.fail");
+    let (dm, _) = daemon(&d, &cache, "wt", &format!("faulty:{core_file}"), "");
+    let vm = dm.nbd("vm").unwrap();
+    write_set(&vm, 0..16, 1);
+    drop(vm);
+    // Only flushes fail: the stop's core flushes (while NBD connections may still hold the
+    // engine, and when the last one lets go) fail, the cache stops anyway.
+    std::fs::write(&ctl, "flush").unwrap();
+    let v = dm.json(&["stop-cache", "--cache-id", "1"]);
+    assert_eq!(v["stopped"], true, "{v}");
+    let why = v["core_flush_failed"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("core 0") && why.contains("injected error"),
+        "{v}"
+    );
+    assert_eq!(dm.json(&["list"]), serde_json::json!([]));
+    assert_eq!(
+        log_lines(&dm, "core flush failed at stop"),
+        1,
+        "{}",
+        dm.log_tail(20)
+    );
+    std::fs::remove_file(&ctl).unwrap();
+    check_file(&core_file, 0..16, 1);
+    dm.shutdown();
+}

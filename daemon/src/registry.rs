@@ -1244,15 +1244,7 @@ impl Registry {
             // core flushes; their later requests fail), then let it go. A core whose flush
             // fails does not keep the cache from stopping (its checkpoint is written): said
             // in the log and the answer.
-            if let Err(why) = e.stop_shared() {
-                crate::log!(
-                    warn,
-                    "core flush failed at stop (writes no client flushed may not be durable on it)",
-                    cache = cache_id,
-                    reason = why
-                );
-                flush_failed = Some(why);
-            }
+            note_flush_failure(cache_id, e.stop_shared(), &mut flush_failed);
             // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
             // dirty lines of it stay on the cache device.
             let rbds: Vec<(u16, Arc<RbdBackend>)> = entry
@@ -1275,17 +1267,7 @@ impl Registry {
             for _ in 0..50 {
                 match Arc::try_unwrap(e) {
                     Ok(x) => {
-                        if let Err(why) = x.stop()
-                            && flush_failed.is_none()
-                        {
-                            crate::log!(
-                                warn,
-                                "core flush failed at stop (writes no client flushed may not be durable on it)",
-                                cache = cache_id,
-                                reason = why
-                            );
-                            flush_failed = Some(why);
-                        }
+                        note_flush_failure(cache_id, x.stop(), &mut flush_failed);
                         break;
                     }
                     Err(a) => {
@@ -1659,6 +1641,22 @@ impl Registry {
     /// State word of a cache.
     pub fn state(&self, cache_id: u16) -> Option<&'static str> {
         self.lock().get(&cache_id).map(|c| c.state())
+    }
+}
+
+/// A stop step's core flush result: the first failure is logged (one warning) and kept for
+/// the answer's `core_flush_failed`; later ones of the same stop add nothing.
+fn note_flush_failure(cache_id: u16, r: Result<(), String>, failed: &mut Option<String>) {
+    if let Err(why) = r
+        && failed.is_none()
+    {
+        crate::log!(
+            warn,
+            "core flush failed at stop (writes no client flushed may not be durable on it)",
+            cache = cache_id,
+            reason = why
+        );
+        *failed = Some(why);
     }
 }
 
