@@ -849,3 +849,52 @@ fn load_refuses_a_core_that_was_replaced_or_shrank() {
     assert_eq!(buf, vec![3u8; 4096]);
     dm.shutdown();
 }
+
+#[test]
+fn mode_names_are_taken_in_any_case_on_the_command_line_and_in_the_config() {
+    let d = Dir::new("bad-modecase");
+    let a = d.sparse("a.img", 64 << 20);
+    let b = d.sparse("b.img", 64 << 20);
+    let c = d.sparse("c.img", 64 << 20);
+    let cfg = d.path("tc.toml");
+    std::fs::write(
+        &cfg,
+        format!("[[cache]]\nid = 3\ndevice = \"{c}\"\nmode = \"WL\"\n"),
+    )
+    .unwrap();
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
+    dm.ok(&["start-cache", "--cache-device", &a, "--mode", "WL"]);
+    dm.ok(&["start-cache", "--cache-device", &b, "--mode", "Wb"]);
+    let modes = |dm: &Daemon| -> Vec<String> {
+        dm.json(&["list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| format!("{}:{}", c["cache_id"], c["mode"].as_str().unwrap()))
+            .collect()
+    };
+    assert_eq!(modes(&dm), ["1:wl", "2:wb", "3:wl"]);
+    let v = dm.json(&["set-mode", "--cache-id", "2", "--mode", "WT"]);
+    assert_eq!(v["mode"], "wt", "{v}");
+    // Refusals are the same whatever the case.
+    refused(
+        &dm.socket,
+        &["set-mode", "--cache-id", "2", "--mode", "Wl"],
+        1,
+        &["cannot switch to or from mode wl"],
+    );
+    refused(
+        &dm.socket,
+        &["set-mode", "--cache-id", "1", "--mode", "WB"],
+        1,
+        &["cannot switch to or from mode wl"],
+    );
+    refused(
+        &dm.socket,
+        &["start-cache", "--cache-device", "ram:64m", "--mode", "WL"],
+        1,
+        &["ram: device loses"],
+    );
+    assert_eq!(modes(&dm), ["1:wl", "2:wt", "3:wl"]);
+    dm.shutdown();
+}

@@ -295,6 +295,11 @@ pub fn plan_wl_cache(bytes: u64, ls: LineSize) -> Result<(WlConfig, Value), Stri
     Ok((cfg, space))
 }
 
+/// A mode name as given (any case, spaces around it) in the form modes are compared in.
+fn mode_word(m: &str) -> String {
+    m.trim().to_ascii_lowercase()
+}
+
 /// The mode a running cache serves in (`wl` for a write log).
 fn mode_name(e: &Engine) -> String {
     if e.is_wl() {
@@ -391,9 +396,10 @@ impl Registry {
         if p.load && p.force {
             return Err("--load and --force contradict each other: pick one".into());
         }
-        let wl = p.mode == Some("wl");
+        // Mode names in any case (`WB`, `Wl`).
+        let wl = p.mode.is_some_and(|m| mode_word(m) == "wl");
         let mode = match p.mode {
-            Some("wl") => None,
+            _ if wl => None,
             Some(m) => Some(CacheMode::parse(m).ok_or_else(|| {
                 format!("unknown mode '{m}' (want wt, wb, wa, wi, pt, wo or wl)")
             })?),
@@ -1439,7 +1445,7 @@ impl Registry {
     /// `set-mode`.
     pub fn set_mode(&self, cache_id: u16, mode: &str) -> Result<Value, String> {
         let wl_refusal = "a cache cannot switch to or from mode wl (the log and the read cache have their own layout): stop the cache (it writes back first) and start-cache --force --mode ... on the device";
-        if mode == "wl" {
+        if mode_word(mode) == "wl" {
             return Err(wl_refusal.into());
         }
         let m = CacheMode::parse(mode)
