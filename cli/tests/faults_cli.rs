@@ -754,3 +754,89 @@ fn a_core_flush_failing_at_stop_is_reported_once_and_the_cache_stops() {
     check_file(&core_file, 0..16, 1);
     dm.shutdown();
 }
+
+/// A miss on the slow core (reads take 10 s) fails with EIO after about `want`: the core's IO
+/// timeout is in force.
+fn times_out_after(vm: &NbdBackend, block: u64, want: Duration) {
+    let mut buf = vec![0u8; 4096];
+    let t = Instant::now();
+    let e = vm.read(block * 8, &mut buf).unwrap_err();
+    let took = t.elapsed();
+    assert!(e.to_string().contains("EIO"), "{e}");
+    assert!(
+        took >= want.mul_f64(0.8) && took < want + Duration::from_secs(6),
+        "timed out after {took:?}, want about {want:?}"
+    );
+}
+
+#[test]
+fn cores_attached_again_by_load_keep_their_io_timeout_and_add_core_can_set_it() {
+    if !have("nbdkit") {
+        return;
+    }
+    let d = Dir::new("faults-loadtimeout");
+    let core_file = d.sparse("core.img", 64 << 20);
+    let core = Nbdkit::start(
+        &d,
+        "core",
+        &["--filter=delay"],
+        &core_file,
+        &["delay-read=10".into()],
+    );
+    let cache = d.sparse("cache.img", 32 << 20);
+    let dm = Daemon::start(Opts::new(&d));
+    dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wt"]);
+    let dev = core.device();
+    let add = |dm: &Daemon, t: &str| {
+        dm.json(&[
+            "add-core",
+            "--cache-id",
+            "1",
+            "--core-id",
+            "0",
+            "--core-device",
+            &dev,
+            "--export",
+            "vm",
+            "--io-timeout",
+            t,
+        ])
+    };
+    add(&dm, "500ms");
+    let timeout_ms = |dm: &Daemon| dm.json(&["list"])[0]["cores"][0]["io_timeout_ms"].clone();
+    assert_eq!(timeout_ms(&dm), 500);
+
+    // Stopped and loaded again: the recorded core comes back with its timeout, in force.
+    dm.ok(&["stop-cache", "--cache-id", "1"]);
+    let v = dm.json(&["start-cache", "--cache-device", &cache, "--load"]);
+    assert_eq!(v["state"], "running", "{v}");
+    assert_eq!(timeout_ms(&dm), 500);
+    let vm = dm.nbd("vm").unwrap();
+    times_out_after(&vm, 1000, Duration::from_millis(500));
+
+    // add-core --io-timeout on the attached core changes it (it said "already attached" and
+    // kept the old one).
+    let v = add(&dm, "2s");
+    assert_eq!(v["already_attached"], true, "{v}");
+    assert_eq!(v["io_timeout_ms"], 2000, "{v}");
+    assert_eq!(timeout_ms(&dm), 2000);
+    times_out_after(&vm, 1001, Duration::from_secs(2));
+    drop(vm);
+    dm.shutdown();
+
+    // A new daemon knows no timeout of that core: --load attaches it without one, and
+    // add-core --io-timeout puts it behind one.
+    let dm = Daemon::start(Opts::new(&d));
+    dm.json(&["start-cache", "--cache-device", &cache, "--load"]);
+    assert_eq!(timeout_ms(&dm), serde_json::Value::Null);
+    let v = add(&dm, "500ms");
+    assert_eq!(v["io_timeout_ms"], 500, "{v}");
+    assert_eq!(timeout_ms(&dm), 500);
+    let vm = dm.nbd("vm").unwrap();
+    times_out_after(&vm, 1002, Duration::from_millis(500));
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    assert_eq!(s["cores"][0]["io_timeout_ms"], 500, "{s}");
+    dm.wait_log("core io timeout set");
+    drop(vm);
+    dm.shutdown();
+}

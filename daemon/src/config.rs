@@ -219,6 +219,10 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
                 continue;
             }
         };
+        // Checked when the file was parsed. Remembered for a later `start-cache --load` of
+        // this device too (a cache detached now may be loaded once its device is back).
+        let io = k.timeouts().unwrap_or_default();
+        reg.remember_core_timeouts(&k.device, io.cores.clone());
         let cores = || {
             k.core
                 .iter()
@@ -247,8 +251,6 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
         } else {
             crate::registry::probe(&k.device)
         };
-        // Checked when the file was parsed.
-        let io = k.timeouts().unwrap_or_default();
         let started = match what {
             Ok("cache") => reg
                 .start_cache_with(

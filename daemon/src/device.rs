@@ -322,9 +322,21 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
 /// its own copy of the data (see `tiercache_io::TimeoutBackend`): a little slower, so only
 /// where asked for.
 pub fn with_timeout(dev: Device, timeout: Option<Duration>) -> Device {
+    timed(dev, timeout).0
+}
+
+/// The timeout wrapper of a device, kept to change its limit later (`add-core --io-timeout`
+/// on a core already attached).
+pub type Timed = Arc<TimeoutBackend<Device>>;
+
+/// [`with_timeout`], also handing back the wrapper (`None` without a timeout).
+pub fn timed(dev: Device, timeout: Option<Duration>) -> (Device, Option<Timed>) {
     match timeout {
-        Some(t) => Arc::new(TimeoutBackend::new(dev, t)),
-        None => dev,
+        Some(t) => {
+            let w = Arc::new(TimeoutBackend::new(dev, t));
+            (w.clone(), Some(w))
+        }
+        None => (dev, None),
     }
 }
 

@@ -29,7 +29,7 @@
 //! `stop-cache` left none of its lines dirty, after `remove-core`. An image marked by another
 //! cache is refused at attach (docs/CEPH.md).
 
-use crate::device::{DeviceSpec, preallocate, with_timeout};
+use crate::device::{DeviceSpec, Timed, preallocate, timed, with_timeout};
 use crate::health::{err_name, human, utc, wall};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -80,6 +80,8 @@ pub struct CoreEntry {
     pub rbd: Option<Arc<RbdBackend>>,
     /// The IO timeout `dev` runs under, if any.
     pub io_timeout: Option<Duration>,
+    /// The timeout wrapper `dev` is, if it has one (its limit can change).
+    pub timer: Option<Timed>,
 }
 
 /// One cache.
@@ -151,6 +153,10 @@ pub struct Registry {
     /// across `add-core`, so that a marker is never removed, or left unset, after another
     /// thread made the core dirtiable. Taken before `caches`, never while holding it.
     markers: Mutex<()>,
+    /// The cores' IO timeouts by cache device string: those of the config file, and those a
+    /// cache's cores had when it stopped. `start-cache --load` gives the recorded cores these
+    /// (the on-disk core table does not hold timeouts). Taken after `caches`, never before.
+    core_timeouts: Mutex<BTreeMap<String, BTreeMap<u16, Duration>>>,
 }
 
 /// Creation parameters of a cache.
@@ -527,6 +533,7 @@ impl Registry {
                         bare: false,
                         rbd: None,
                         io_timeout: None,
+                        timer: None,
                     },
                 );
             }
@@ -543,11 +550,13 @@ impl Registry {
         caches.insert(id, entry);
         drop(caches);
         // `--load` brings the cores back by the device strings they were attached with (each
-        // checked against its recorded identity and size); a core not found stays detached
-        // until `add-core` attaches it.
+        // checked against its recorded identity and size), with the IO timeouts given, or else
+        // those they had (config file, last stop); a core not found stays detached until
+        // `add-core` attaches it.
+        let known = self.known_core_timeouts(p.device);
         let mut problems = Vec::new();
         for (core, dev) in recorded {
-            let t = io.cores.get(&core).copied();
+            let t = io.cores.get(&core).or(known.get(&core)).copied();
             if let Err(e) = self.add_core_with(id, &dev, Some(core), None, t) {
                 crate::log!(
                     warn,
@@ -573,6 +582,24 @@ impl Registry {
             json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report,
             "cores_not_attached": problems}),
         )
+    }
+
+    /// Remembers the IO timeouts of the cores of the cache on `device` (the config file's, or
+    /// what the cores had when the cache stopped), for `start-cache --load`.
+    pub fn remember_core_timeouts(&self, device: &str, t: BTreeMap<u16, Duration>) {
+        self.core_timeouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(device.to_string(), t);
+    }
+
+    fn known_core_timeouts(&self, device: &str) -> BTreeMap<u16, Duration> {
+        self.core_timeouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(device)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Registers a cache whose device is missing (reassembly from the config).
@@ -614,6 +641,7 @@ impl Registry {
                     bare,
                     rbd,
                     io_timeout: None,
+                    timer: None,
                 },
             );
         }
@@ -632,7 +660,8 @@ impl Registry {
     }
 
     /// `add-core`, with the core device behind an IO timeout when one is given. A core already
-    /// attached keeps the timeout it was attached with.
+    /// attached (by `--load`, or the same `add-core` again) gets the timeout when one is given
+    /// and keeps its own otherwise.
     pub fn add_core_with(
         &self,
         cache_id: u16,
@@ -684,8 +713,10 @@ impl Registry {
         let identity = spec.identity(device)?;
         // Opened only where it is attached: a core already attached keeps its one handle.
         let open = || {
-            spec.open_core(device)
-                .map(|(d, rbd)| (with_timeout(d, io_timeout), rbd))
+            spec.open_core(device).map(|(d, rbd)| {
+                let (d, timer) = timed(d, io_timeout);
+                (d, timer, rbd)
+            })
         };
         let mut caches = self.lock();
         let all_exports: Vec<String> = caches
@@ -717,13 +748,16 @@ impl Registry {
                         e.id, e.identity, identity
                     ));
                 }
-                if let Some(k) = c.cores.get(&(e.id as u16))
+                if let Some(k) = c.cores.get_mut(&(e.id as u16))
                     && k.dev.is_some()
                 {
+                    if let Some(t) = io_timeout {
+                        retime(cache_id, e.id as u16, k, t, None)?;
+                    }
                     return Ok(json!({"cache_id": cache_id, "core_id": e.id,
                         "export": k.export, "already_attached": true, "state": "incomplete"}));
                 }
-                let (dev, rbd) = open()?;
+                let (dev, timer, rbd) = open()?;
                 if let Some(r) = &rbd {
                     check_marker(device, r, &hex(&report.superblock.cache_id))?;
                 }
@@ -748,6 +782,7 @@ impl Registry {
                 ce.dev = Some(dev);
                 ce.rbd = rbd;
                 ce.io_timeout = io_timeout;
+                ce.timer = timer;
                 if let Some(n) = export {
                     ce.export = n.to_string();
                 }
@@ -841,8 +876,15 @@ impl Registry {
                             ce.export = n.to_string();
                             ce.device = device.to_string();
                         }
+                        // A new IO timeout applies to the core as attached (e.g. by `--load`).
+                        if let Some(t) = io_timeout {
+                            let engine = engine.clone();
+                            let k = c.cores.get_mut(&i).expect("checked");
+                            retime(cache_id, i, k, t, Some(&engine))?;
+                        }
                         return Ok(json!({"cache_id": cache_id, "core_id": i,
-                            "export": c.cores[&i].export, "already_attached": true}));
+                            "export": c.cores[&i].export, "already_attached": true,
+                            "io_timeout_ms": c.cores[&i].io_timeout.map(|t| t.as_millis() as u64)}));
                     }
                 }
                 let id = match core_id {
@@ -860,7 +902,7 @@ impl Registry {
                 if all_exports.contains(&name) {
                     return Err(format!("export name '{name}' is taken"));
                 }
-                let (dev, rbd) = open()?;
+                let (dev, timer, rbd) = open()?;
                 if let Some(r) = &rbd {
                     // Marked (in a lazy mode) before the core can get dirty data; set-mode
                     // waits for the marker lock, held here until the core is listed.
@@ -889,6 +931,7 @@ impl Registry {
                         bare: false,
                         rbd,
                         io_timeout,
+                        timer,
                     },
                 );
                 crate::log!(
@@ -1244,6 +1287,15 @@ impl Registry {
         let Some(entry) = entry else {
             return Err(format!("no cache {cache_id}"));
         };
+        // For a later `start-cache --load`: the cores' IO timeouts as they were.
+        if matches!(entry.run, CacheRun::Running(_)) {
+            let t = entry
+                .cores
+                .iter()
+                .filter_map(|(i, k)| Some((*i, k.io_timeout?)))
+                .collect();
+            self.remember_core_timeouts(&entry.device, t);
+        }
         let mut flush_failed = None;
         if let CacheRun::Running(e) = entry.run {
             // NBD connections may still hold the engine: stop it in place (final checkpoint,
@@ -1384,9 +1436,10 @@ impl Registry {
             && now != k.size_blocks
         {
             // An RBD image is held open (and locked) once: its handle sees the new size.
-            let dev = match (&k.rbd, &k.dev) {
-                (Some(_), Some(d)) => d.clone(),
-                _ => DeviceSpec::parse(&k.device)?.open(&k.device)?,
+            // Reopened (not an RBD image) behind the core's IO timeout, if it has one.
+            let (dev, timer) = match (&k.rbd, &k.dev) {
+                (Some(_), Some(d)) => (d.clone(), k.timer.clone()),
+                _ => timed(DeviceSpec::parse(&k.device)?.open(&k.device)?, k.io_timeout),
             };
             match engine.resize_core(CoreId(i), dev.clone()) {
                 Ok(()) => {
@@ -1400,6 +1453,7 @@ impl Registry {
                     );
                     k.size_blocks = now;
                     k.dev = Some(dev);
+                    k.timer = timer;
                 }
                 Err(why) => {
                     crate::log!(
@@ -1664,6 +1718,45 @@ fn note_flush_failure(cache_id: u16, r: Result<(), String>, failed: &mut Option<
         );
         *failed = Some(why);
     }
+}
+
+/// Gives attached core `core` the IO timeout `t`: a device already behind a timeout gets the
+/// new limit (IOs started afterwards use it); one without is wrapped, and `engine`, when the
+/// cache runs, serves the core from the wrapped handle from now on.
+fn retime(
+    cache_id: u16,
+    core: u16,
+    k: &mut CoreEntry,
+    t: Duration,
+    engine: Option<&Engine>,
+) -> Result<(), String> {
+    if k.io_timeout == Some(t) {
+        return Ok(());
+    }
+    match &k.timer {
+        Some(w) => w.set_timeout(t),
+        None => {
+            let dev = k
+                .dev
+                .clone()
+                .ok_or_else(|| format!("core {core} of cache {cache_id} is not attached"))?;
+            let (d, w) = timed(dev, Some(t));
+            if let Some(e) = engine {
+                e.replace_core_device(CoreId(core), d.clone())?;
+            }
+            k.dev = Some(d);
+            k.timer = w;
+        }
+    }
+    k.io_timeout = Some(t);
+    crate::log!(
+        info,
+        "core io timeout set",
+        cache = cache_id,
+        core = core,
+        io_timeout = format!("{t:?}")
+    );
+    Ok(())
 }
 
 fn lock_markers(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {

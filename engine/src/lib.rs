@@ -759,6 +759,28 @@ impl Engine {
         Ok(())
     }
 
+    /// Serves core `id` from `dev` from now on: the same device behind another handle (e.g.
+    /// wrapped in an IO timeout). IOs already running finish on the old handle. Refused when
+    /// the core is not attached or `dev` has another size.
+    pub fn replace_core_device(&self, id: CoreId, dev: Device) -> Result<(), String> {
+        let mut g = self.sh.lock();
+        let slot = g
+            .cores
+            .get_mut(id.0 as usize)
+            .and_then(|d| d.as_mut())
+            .ok_or_else(|| format!("core {} is not attached", id.0))?;
+        if slot.blocks() != dev.blocks() {
+            return Err(format!(
+                "core {}: the new handle has {} blocks, the device {}",
+                id.0,
+                dev.blocks(),
+                slot.blocks()
+            ));
+        }
+        *slot = dev;
+        Ok(())
+    }
+
     /// The device of core `id`, if attached.
     pub fn core_device(&self, id: CoreId) -> Option<Device> {
         self.sh.lock().cores.get(id.0 as usize).cloned().flatten()
