@@ -157,6 +157,9 @@ pub struct Registry {
     /// cache's cores had when it stopped. `start-cache --load` gives the recorded cores these
     /// (the on-disk core table does not hold timeouts). Taken after `caches`, never before.
     core_timeouts: Mutex<BTreeMap<String, BTreeMap<u16, Duration>>>,
+    /// The health watcher's view (one log line per problem start and end). Taken before
+    /// `caches`, never while holding it.
+    watch: Mutex<crate::health::Watch>,
 }
 
 /// Creation parameters of a cache.
@@ -1283,6 +1286,9 @@ impl Registry {
             dirty = e.with_cache(|c| c.dirty_lines());
             dirty_b = dirty_bytes(&e);
         }
+        // Problems that ended (the writeback above) are logged as ended before the cache
+        // leaves the watcher's view (between two polls they would go without a line).
+        self.poll_health();
         let entry = self.lock().remove(&cache_id);
         let Some(entry) = entry else {
             return Err(format!("no cache {cache_id}"));
@@ -1669,6 +1675,16 @@ impl Registry {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Compares every running cache's health with what was seen last and logs the problems
+    /// that started and ended ([`crate::health::Watch`]); the daemon calls it every 250 ms.
+    pub fn poll_health(&self) {
+        let engines = self.engines();
+        self.watch
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .poll(&engines);
     }
 
     /// The engines of the running caches (for the health watcher).

@@ -220,9 +220,8 @@ pub fn run(opts: Options) -> Result<(), String> {
         // One log line when a device problem starts and one when it ends.
         let reg = reg.clone();
         std::thread::spawn(move || {
-            let mut w = crate::health::Watch::default();
             loop {
-                w.poll(&reg.engines());
+                reg.poll_health();
                 std::thread::sleep(std::time::Duration::from_millis(250));
             }
         });
