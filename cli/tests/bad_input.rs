@@ -898,3 +898,120 @@ fn mode_names_are_taken_in_any_case_on_the_command_line_and_in_the_config() {
     assert_eq!(modes(&dm), ["1:wl", "2:wt", "3:wl"]);
     dm.shutdown();
 }
+
+#[test]
+fn config_cores_that_do_not_attach_at_start_are_listed_with_their_error() {
+    let d = Dir::new("bad-cfgcore");
+    let c1 = d.sparse("c1.img", 64 << 20);
+    let here = d.sparse("here.img", 16 << 20);
+    let gone = d.path("gone.img");
+    let gone2 = d.path("gone2.img");
+    let junk = d.path("junk.img");
+    std::fs::write(&junk, vec![0x5au8; 1 << 20]).unwrap();
+    let j0 = d.sparse("j0.img", 16 << 20);
+    // Cache 4: loaded from its device, its recorded core missing now (incomplete).
+    let c4 = d.sparse("c4.img", 64 << 20);
+    let c4core = d.sparse("c4core.img", 16 << 20);
+    {
+        let dm = Daemon::start(Opts::new(&d));
+        dm.ok(&["start-cache", "--cache-device", &c4, "--cache-id", "4"]);
+        dm.ok(&["add-core", "--cache-id", "4", "--core-device", &c4core]);
+        dm.ok(&["stop-cache", "--cache-id", "4"]);
+        dm.shutdown();
+    }
+    std::fs::remove_file(&c4core).unwrap();
+    let cfg = d.path("tc.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[cache]]\nid = 1\ndevice = \"{c1}\"\n\
+             [[cache.core]]\nid = 0\ndevice = \"{gone}\"\nexport = \"gone\"\n\
+             [[cache.core]]\nid = 1\ndevice = \"{here}\"\nexport = \"here\"\n\
+             [[cache.core]]\nid = 2\ndevice = \"{gone2}\"\nexport = \"gone2\"\n\
+             [[cache]]\nid = 3\ndevice = \"{junk}\"\n\
+             [[cache.core]]\nid = 0\ndevice = \"{j0}\"\nexport = \"j0\"\n\
+             [[cache]]\nid = 4\ndevice = \"{c4}\"\n\
+             [[cache.core]]\nid = 0\ndevice = \"{c4core}\"\nexport = \"c4\"\n"
+        ),
+    )
+    .unwrap();
+    let dm = Daemon::start(Opts::new(&d).config(&cfg));
+    let l = dm.json(&["list"]);
+    let core = |cache: usize, core: usize| l[cache]["cores"][core].clone();
+    // A running cache lists the configured core that did not attach, with the error.
+    assert_eq!(l[0]["state"], "running", "{l}");
+    let k = core(0, 0);
+    assert_eq!(k["core_id"], 0, "{l}");
+    assert_eq!(k["state"], "detached", "{l}");
+    assert_eq!(k["device"], gone.as_str(), "{l}");
+    assert_eq!(k["export"], "gone", "{l}");
+    let why = k["reason"].as_str().unwrap();
+    assert!(
+        why.contains("not attached at start")
+            && why.contains(&format!("{gone}: no such file or device"))
+            && why.contains(&format!(
+                "`tiercache add-core --cache-id 1 --core-device {gone}`"
+            )),
+        "{why}"
+    );
+    assert_eq!(core(0, 1)["state"], "running", "{l}");
+    assert_eq!(core(0, 2)["state"], "detached", "{l}");
+    // A cache that did not start lists its cores, not served.
+    assert_eq!(l[1]["state"], "detached", "{l}");
+    let k = core(1, 0);
+    assert_eq!(k["state"], "detached", "{l}");
+    assert!(
+        k["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the cache did not start: not served"),
+        "{l}"
+    );
+    // An incomplete cache's recorded core says why it is not attached.
+    assert_eq!(l[2]["state"], "incomplete", "{l}");
+    let why = core(2, 0)["reason"].as_str().unwrap().to_string();
+    assert!(why.contains("no such file or device"), "{l}");
+    // The table says it too.
+    let (ok, text, _) = dm.tc(&["list"]);
+    assert!(ok, "{text}");
+    let line = text.lines().find(|x| x.contains("gone.img")).unwrap();
+    assert!(
+        line.contains("detached") && line.contains("no such file or device"),
+        "{text}"
+    );
+    // Not served, and verbs on it say why in one line; stats shows the attached cores.
+    let e = dm.nbd("gone").unwrap_err();
+    assert!(!e.is_empty());
+    dm.fails(
+        &["writeback", "--cache-id", "1", "--core-id", "0"],
+        "core 0 of cache 1 is not attached at start",
+    );
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    assert_eq!(s["cores"].as_array().unwrap().len(), 1, "{s}");
+    // Fixed: add-core by its device attaches it in its place, with its export name.
+    sparse(&gone, 16 << 20);
+    let v = dm.json(&["add-core", "--cache-id", "1", "--core-device", &gone]);
+    assert_eq!(v["core_id"], 0, "{v}");
+    assert_eq!(v["export"], "gone", "{v}");
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["cores"][0]["state"], "running", "{l}");
+    assert!(
+        l[0]["cores"][0]["reason"].as_str().unwrap().is_empty(),
+        "{l}"
+    );
+    let e = dm.nbd("gone").unwrap();
+    e.write(0, &[7u8; 4096], false).unwrap();
+    e.flush().unwrap();
+    drop(e);
+    // remove-core drops one that never attached.
+    dm.json(&["remove-core", "--cache-id", "1", "--core-id", "2"]);
+    let l = dm.json(&["list"]);
+    let ids: Vec<u64> = l[0]["cores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["core_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [0, 1], "{l}");
+    dm.shutdown();
+}

@@ -287,10 +287,18 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
         if let Err(e) = started {
             crate::log!(error, "cache not started", cache = k.id, reason = e);
             problems.push(format!("cache {}: {e}", k.id));
-            reg.add_detached(k.id, &k.device, e, vec![]);
+            // Its cores are listed (never served: the cache did not start).
+            let cores: Vec<_> = cores()
+                .into_iter()
+                .map(|(i, d, x, _)| (i, d, x, false))
+                .collect();
+            reg.add_detached(k.id, &k.device, e, cores.clone());
+            for (i, d, x, _) in cores {
+                reg.note_unattached(k.id, i, &d, &x, "the cache did not start");
+            }
             continue;
         }
-        for x in &k.core {
+        for (x, (_, device, export, _)) in k.core.iter().zip(cores()) {
             let t = io.cores.get(&x.id).copied();
             let r = x
                 .device_string()
@@ -303,6 +311,7 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
                     core = x.id,
                     reason = e
                 );
+                reg.note_unattached(k.id, x.id, &device, &export, &e);
                 problems.push(format!("cache {} core {}: {e}", k.id, x.id));
             }
         }

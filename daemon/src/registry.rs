@@ -82,6 +82,16 @@ pub struct CoreEntry {
     pub io_timeout: Option<Duration>,
     /// The timeout wrapper `dev` is, if it has one (its limit can change).
     pub timer: Option<Timed>,
+    /// Why the config file's core could not be attached (while `dev` is `None`).
+    pub error: Option<String>,
+}
+
+impl CoreEntry {
+    /// A core the config file names that did not attach to a running cache: listed, with its
+    /// error, until `add-core` attaches it or `remove-core` drops it.
+    fn unattached(&self, c: &CacheEntry) -> bool {
+        self.dev.is_none() && matches!(c.run, CacheRun::Running(_))
+    }
 }
 
 /// One cache.
@@ -537,6 +547,7 @@ impl Registry {
                         rbd: None,
                         io_timeout: None,
                         timer: None,
+                        error: None,
                     },
                 );
             }
@@ -605,6 +616,51 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// A core of the config file that could not be attached to cache `cache_id` (`error`):
+    /// listed as `detached` with the error (a recorded core of an incomplete cache gets the
+    /// error as its reason), until `add-core` attaches it. Its export name is kept unless
+    /// another core has it (the error may be just that).
+    pub fn note_unattached(
+        &self,
+        cache_id: u16,
+        core_id: u16,
+        device: &str,
+        export: &str,
+        error: &str,
+    ) {
+        let mut caches = self.lock();
+        let taken = caches
+            .values()
+            .any(|c| c.cores.values().any(|k| k.export == export));
+        let Some(c) = caches.get_mut(&cache_id) else {
+            return;
+        };
+        if let Some(k) = c.cores.get_mut(&core_id) {
+            if k.dev.is_none() {
+                k.error = Some(error.to_string());
+            }
+            return;
+        }
+        c.cores.insert(
+            core_id,
+            CoreEntry {
+                device: device.to_string(),
+                dev: None,
+                export: if taken {
+                    String::new()
+                } else {
+                    export.to_string()
+                },
+                size_blocks: 0,
+                bare: false,
+                rbd: None,
+                io_timeout: None,
+                timer: None,
+                error: Some(error.to_string()),
+            },
+        );
+    }
+
     /// Registers a cache whose device is missing (reassembly from the config).
     pub fn add_detached(
         &self,
@@ -645,6 +701,7 @@ impl Registry {
                     rbd,
                     io_timeout: None,
                     timer: None,
+                    error: None,
                 },
             );
         }
@@ -696,7 +753,8 @@ impl Registry {
             }
             for other in caches.values() {
                 if let Some((i, _)) = other.cores.iter().find(|(i, x)| {
-                    x.device == device && !(other.id == cache_id && core_id == Some(**i))
+                    x.device == device
+                        && !(other.id == cache_id && (core_id == Some(**i) || x.unattached(other)))
                 }) {
                     return Err(format!(
                         "{device} is already core {i} of cache {}",
@@ -786,6 +844,7 @@ impl Registry {
                 ce.rbd = rbd;
                 ce.io_timeout = io_timeout;
                 ce.timer = timer;
+                ce.error = None;
                 if let Some(n) = export {
                     ce.export = n.to_string();
                 }
@@ -890,19 +949,35 @@ impl Registry {
                             "io_timeout_ms": c.cores[&i].io_timeout.map(|t| t.as_millis() as u64)}));
                     }
                 }
+                // A core of the config file that did not attach at start (listed with its
+                // error) is this one when the id, or else the device, is its: it takes its
+                // place and, unless another is given, its export name.
+                let waiting = match core_id {
+                    Some(i) => c.cores.get(&i).filter(|k| k.dev.is_none()).map(|_| i),
+                    None => c
+                        .cores
+                        .iter()
+                        .find(|(_, k)| k.dev.is_none() && k.device == device)
+                        .map(|(i, _)| *i),
+                };
                 let id = match core_id {
-                    Some(i) if c.cores.contains_key(&i) => {
+                    Some(i) if c.cores.contains_key(&i) && waiting != Some(i) => {
                         return Err(format!("core {i} of cache {cache_id} already exists"));
                     }
                     Some(i) => i,
-                    None => (0..=CORE_ID_MAX)
-                        .find(|i| !c.cores.contains_key(i))
-                        .ok_or("no free core id")?,
+                    None => match waiting {
+                        Some(i) => i,
+                        None => (0..=CORE_ID_MAX)
+                            .find(|i| !c.cores.contains_key(i))
+                            .ok_or("no free core id")?,
+                    },
                 };
+                let own = waiting.map(|i| c.cores[&i].export.clone());
                 let name = export
                     .map(str::to_string)
+                    .or_else(|| own.clone().filter(|n| !n.is_empty()))
                     .unwrap_or_else(|| format!("cache{cache_id}-core{id}"));
-                if all_exports.contains(&name) {
+                if all_exports.contains(&name) && own.as_ref() != Some(&name) {
                     return Err(format!("export name '{name}' is taken"));
                 }
                 let (dev, timer, rbd) = open()?;
@@ -935,6 +1010,7 @@ impl Registry {
                         rbd,
                         io_timeout,
                         timer,
+                        error: None,
                     },
                 );
                 crate::log!(
@@ -964,8 +1040,15 @@ impl Registry {
         let c = caches
             .get(&cache_id)
             .ok_or_else(|| format!("no cache {cache_id}"))?;
-        if !c.cores.contains_key(&core_id) {
-            return Err(format!("cache {cache_id} has no core {core_id}"));
+        match c.cores.get(&core_id) {
+            None => return Err(format!("cache {cache_id} has no core {core_id}")),
+            Some(k) if k.unattached(c) => {
+                return Err(format!(
+                    "core {core_id} of cache {cache_id} is {}",
+                    core_state(c, k).1
+                ));
+            }
+            Some(_) => {}
         }
         c.engine()
     }
@@ -1211,6 +1294,17 @@ impl Registry {
         no_writeback: bool,
         progress: impl FnMut(u64, u64),
     ) -> Result<Value, String> {
+        {
+            // A core of the config file that never attached: nothing of it is in the cache.
+            let mut caches = self.lock();
+            if let Some(c) = caches.get_mut(&cache_id)
+                && c.cores.get(&core_id).is_some_and(|k| k.unattached(c))
+            {
+                c.cores.remove(&core_id);
+                crate::log!(info, "core removed", cache = cache_id, core = core_id);
+                return Ok(json!({"cache_id": cache_id, "core_id": core_id, "removed": true}));
+            }
+        }
         let e = self.check_core(cache_id, core_id)?;
         if !no_writeback {
             self.writeback_for(cache_id, Some(core_id), WbFor::Remove, progress)?;
@@ -1295,11 +1389,13 @@ impl Registry {
         };
         // For a later `start-cache --load`: the cores' IO timeouts as they were.
         if matches!(entry.run, CacheRun::Running(_)) {
-            let t = entry
-                .cores
-                .iter()
-                .filter_map(|(i, k)| Some((*i, k.io_timeout?)))
-                .collect();
+            let mut t = self.known_core_timeouts(&entry.device);
+            t.extend(
+                entry
+                    .cores
+                    .iter()
+                    .filter_map(|(i, k)| Some((*i, k.io_timeout?))),
+            );
             self.remember_core_timeouts(&entry.device, t);
         }
         let mut flush_failed = None;
@@ -1413,7 +1509,7 @@ impl Registry {
         let found = caches.values().find_map(|c| {
             c.cores
                 .iter()
-                .find(|(_, k)| k.export == name)
+                .find(|(_, k)| k.export == name && !name.is_empty())
                 .map(|(i, _)| (c.id, *i))
         });
         let Some((cid, i)) = found else {
@@ -1421,6 +1517,9 @@ impl Registry {
         };
         let c = caches.get_mut(&cid).expect("found above");
         let engine = match &c.run {
+            CacheRun::Running(_) if c.cores[&i].unattached(c) => {
+                return Err(format!("not served: {}", core_state(c, &c.cores[&i]).1));
+            }
             CacheRun::Running(e) => e.clone(),
             CacheRun::Detached(_) if c.cores[&i].bare => {
                 let k = &c.cores[&i];
@@ -1482,7 +1581,7 @@ impl Registry {
         let mut v = Vec::new();
         for c in caches.values() {
             let states = core_states(c);
-            for (i, k) in &c.cores {
+            for (i, k) in c.cores.iter().filter(|(_, k)| !k.export.is_empty()) {
                 let state = states.get(i).map_or("detached", |x| x.0);
                 v.push((
                     k.export.clone(),
@@ -1854,13 +1953,28 @@ fn core_states(c: &CacheEntry) -> BTreeMap<u16, (&'static str, String)> {
 }
 
 fn core_state(c: &CacheEntry, k: &CoreEntry) -> (&'static str, String) {
+    let why = k.error.as_deref().unwrap_or("not attached");
     match &c.run {
-        CacheRun::Running(_) => ("running", String::new()),
-        CacheRun::Incomplete(..) if k.dev.is_none() => (
+        CacheRun::Running(_) if k.dev.is_none() => (
             "detached",
-            "core device not attached yet (add-core it)".into(),
+            format!(
+                "not attached at start: {why}; `tiercache add-core --cache-id {} --core-device {}` attaches it once fixed",
+                c.id, k.device
+            ),
         ),
+        CacheRun::Running(_) => ("running", String::new()),
+        CacheRun::Incomplete(..) if k.dev.is_none() => match &k.error {
+            Some(e) => (
+                "detached",
+                format!("core device not attached: {e}; add-core it"),
+            ),
+            None => (
+                "detached",
+                "core device not attached yet (add-core it)".into(),
+            ),
+        },
         CacheRun::Incomplete(..) => ("incomplete", "waiting for the cache's other cores".into()),
+        CacheRun::Detached(_) if k.error.is_some() => ("detached", format!("{why}: not served")),
         CacheRun::Detached(why) if k.bare => (
             "degraded",
             format!(
