@@ -840,3 +840,131 @@ fn cores_attached_again_by_load_keep_their_io_timeout_and_add_core_can_set_it() 
     drop(vm);
     dm.shutdown();
 }
+
+#[test]
+fn a_failing_write_log_device_is_degraded_with_the_logged_data_at_risk() {
+    let d = Dir::new("faults-wllog");
+    let cache_file = d.sparse("cache.img", 64 << 20);
+    let core_file = d.sparse("core.img", 64 << 20);
+    let cache_ctl = format!("{cache_file}.fail");
+    let core_ctl = format!("{core_file}.fail");
+    // The core fails first, so what is logged stays in the log (writeback cannot move it).
+    std::fs::write(&core_ctl, "").unwrap();
+    let (dm, port) = daemon(
+        &d,
+        &format!("faulty:{cache_file}"),
+        "wl",
+        &format!("faulty:{core_file}"),
+        "",
+    );
+    let vm = dm.nbd("vm").unwrap();
+    write_set(&vm, 0..50, 1);
+
+    // The cache device fails: writes cannot be logged and fail with EIO.
+    std::fs::write(&cache_ctl, "").unwrap();
+    for b in 100..110 {
+        let e = vm.write(b * 8, &pattern(b, 1), false).unwrap_err();
+        assert!(e.to_string().contains("EIO"), "{e}");
+    }
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "degraded", "{l}");
+    let why = l[0]["reason"].as_str().unwrap();
+    assert!(
+        why.contains("write log on the cache device failing")
+            && why.contains("writes that cannot be logged fail")
+            && why.contains("of dirty data at risk"),
+        "{why}"
+    );
+    assert_eq!(l[0]["cores"][0]["state"], "degraded", "{l}");
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let h = &s["health"];
+    assert_eq!(s["state"], "degraded", "{s}");
+    let p = h["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["kind"] == "log_device")
+        .unwrap_or_else(|| panic!("a log_device problem: {h}"))
+        .clone();
+    assert_eq!(p["error"], "IO error", "{p}");
+    assert!(p["errors"].as_u64().unwrap() >= 10, "{p}");
+    assert!(p["since"].as_str().unwrap().ends_with("UTC"), "{p}");
+    assert!(
+        h["dirty_at_risk_bytes"].as_u64().unwrap() >= 50 * 4096,
+        "{h}"
+    );
+    let w = &h["write_log"];
+    assert_eq!(w["failing"], true, "{w}");
+    assert_eq!(w["episodes"], 1, "{w}");
+    assert!(w["device_errors"]["writes"].as_u64().unwrap() >= 10, "{w}");
+    assert!(
+        h["cache_device"]["errors"]["io"].as_u64().unwrap() >= 10,
+        "{h}"
+    );
+    assert!(
+        s["cores"][0]["health"]["dirty_at_risk_bytes"]
+            .as_u64()
+            .unwrap()
+            >= 50 * 4096,
+        "{s}"
+    );
+    let m = metrics(port);
+    assert_eq!(
+        metric(&m, r#"tiercache_cache_state{cache="1",state="degraded"}"#),
+        1.0
+    );
+    assert_eq!(metric(&m, r#"tiercache_wl_log_failing{cache="1"}"#), 1.0);
+    assert!(
+        metric(
+            &m,
+            r#"tiercache_cache_device_errors_total{cache="1",kind="io"}"#
+        ) >= 10.0
+    );
+    assert!(metric(&m, r#"tiercache_dirty_at_risk_bytes{cache="1"}"#) >= (50 * 4096) as f64);
+    let log = dm.wait_log("problem=log_device");
+    let line = log
+        .lines()
+        .find(|l| l.contains("problem=log_device"))
+        .unwrap();
+    assert!(
+        line.contains("msg=\"cache degraded\"") && line.contains("error=\"IO error\""),
+        "{line}"
+    );
+    // More failed writes, still one line.
+    for b in 110..120 {
+        assert!(vm.write(b * 8, &pattern(b, 1), false).is_err());
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        log_lines(&dm, "problem=log_device"),
+        1,
+        "{}",
+        dm.log_tail(20)
+    );
+
+    // The device works again: the log's next write succeeds (its retries of the failed
+    // entries), the problem ends with one line; the core still fails, so the cache stays
+    // degraded for that alone.
+    std::fs::remove_file(&cache_ctl).unwrap();
+    wait_until("the log device problem ends", 10, || {
+        let s = dm.json(&["stats", "--cache-id", "1"]);
+        s["health"]["write_log"]["failing"] == false
+    });
+    dm.wait_log("msg=\"problem cleared\" cache=1 core=- problem=log_device");
+    assert_eq!(
+        metric(&metrics(port), r#"tiercache_wl_log_failing{cache="1"}"#),
+        0.0
+    );
+    write_set(&vm, 200..210, 2);
+    check_set(&vm, 0..50, 1);
+    check_set(&vm, 200..210, 2);
+
+    // The core works again: everything logged is written back.
+    std::fs::remove_file(&core_ctl).unwrap();
+    drop(vm);
+    let v = dm.json(&["stop-cache", "--cache-id", "1"]);
+    assert_eq!(v["dirty_bytes_kept"], 0, "{v}");
+    check_file(&core_file, 0..50, 1);
+    check_file(&core_file, 200..210, 2);
+    dm.shutdown();
+}

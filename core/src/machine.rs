@@ -2,7 +2,7 @@
 //! `wa`, `wi`, `pt`, `wo`) or the [`WriteLog`] (mode `wl`) — behind one driver contract, so
 //! that the engine, the simulator and the daemon drive either the same way.
 
-use crate::cache::{Cache, CoreRecord};
+use crate::cache::{Cache, CoreRecord, Health};
 use crate::event::{Action, Event};
 use crate::units::{CoreId, Nanos, ReqId};
 use crate::wl::WriteLog;
@@ -134,6 +134,31 @@ impl Machine {
         match self {
             Machine::Cache(c) => c,
             Machine::Wl(w) => w.read_cache_mut(),
+        }
+    }
+
+    /// The health of the cache (see [`Cache::health`] and, for `wl`, [`WriteLog::health`]:
+    /// the log device too).
+    pub fn health(&self) -> Health {
+        match self {
+            Machine::Cache(c) => c.health(),
+            Machine::Wl(w) => w.health(),
+        }
+    }
+
+    /// The health of one core (`None`: no such core).
+    pub fn core_health(&self, core: CoreId) -> Option<Health> {
+        match self {
+            Machine::Cache(c) => c.core_health(core),
+            Machine::Wl(w) => w.core_health(core),
+        }
+    }
+
+    /// Whether any problem is open (cheap).
+    pub fn is_degraded(&self) -> bool {
+        match self {
+            Machine::Cache(c) => c.is_degraded(),
+            Machine::Wl(w) => w.is_degraded(),
         }
     }
 

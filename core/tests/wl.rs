@@ -172,6 +172,9 @@ struct Sim {
     /// Per block, its value at the start of this history (recovered values after a crash).
     base: Vec<Vec<Content>>,
     last_buf: Option<Vec<u8>>,
+    /// What the log's health must say: `None` healthy, `Some(write_failed)` failing (an own
+    /// IO failed and none of the kinds that failed succeeded since).
+    log_failing: Option<bool>,
 }
 
 #[derive(Default, Debug)]
@@ -186,6 +189,9 @@ struct Stats {
     gens_retired: u64,
     prefix_retires: u64,
     device_writes: u64,
+    /// Log IOs after which the log's health was checked, and episodes it reported.
+    log_health_checks: u64,
+    log_episodes: u64,
 }
 
 fn config(seed: u64) -> WlConfig {
@@ -263,6 +269,7 @@ impl Sim {
             err_rate: 0.0,
             cache_errors: false,
             stats: Stats::default(),
+            log_failing: None,
             base: vec![vec![Content::Zero; CORE_BLOCKS as usize]; ncores as usize],
             last_buf: None,
         }
@@ -432,8 +439,42 @@ impl Sim {
             _ => unreachable!(),
         }
         let result = if fail { Err(IoError::Io) } else { Ok(()) };
+        let reads = matches!(a, Action::Read { .. });
         self.apply(Event::IoDone { io, result });
+        if io.0 & 1 == 1 {
+            self.check_log_health(fail, reads);
+        }
         true
+    }
+
+    /// After an IO of the log itself (odd ids): the log device is reported failing from a
+    /// failed IO until an IO of the kinds that failed succeeds (a write or flush once one of
+    /// those failed), and while it is, the cache is degraded with every logged block not yet
+    /// written back at risk.
+    fn check_log_health(&mut self, failed: bool, read: bool) {
+        self.log_failing = match (failed, self.log_failing) {
+            (true, prev) => Some(prev.unwrap_or(false) || !read),
+            (false, Some(true)) if read => Some(true),
+            (false, _) => None,
+        };
+        self.stats.log_health_checks += 1;
+        let p = self.wl.log_problem();
+        if p.is_some() != self.log_failing.is_some() {
+            self.fail(&format!(
+                "LOG HEALTH: after a {} log {} the log reports {p:?}, want failing = {}",
+                if failed { "failed" } else { "good" },
+                if read { "read" } else { "write or flush" },
+                self.log_failing.is_some()
+            ));
+        }
+        let h = self.wl.health();
+        if p.is_some()
+            && (h.state != tiercache_core::cache::HealthState::Degraded
+                || h.dirty_at_risk_blocks != self.wl.pending(None).1)
+        {
+            self.fail(&format!("LOG HEALTH: failing log, but health {h:?}"));
+        }
+        self.stats.log_episodes = self.wl.log_episodes();
     }
 
     fn legal_now(&self, core: u16, b: u64) -> HashSet<Content> {
@@ -1052,7 +1093,13 @@ fn write_log_against_the_oracle() {
         total.waits_for_space += st.waits_for_space;
         total.gens_retired += st.gens_retired;
         total.prefix_retires += st.prefix_retires;
+        total.log_health_checks += st.log_health_checks;
+        total.log_episodes += st.log_episodes;
     }
     println!("wl oracle: {total:?}");
     assert!(total.crashes > 0 && total.loss_checks > 0 && total.reads_checked > 0);
+    assert!(
+        total.log_episodes > 0,
+        "no log device error episode was checked"
+    );
 }

@@ -9,7 +9,7 @@
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tiercache_core::Cache;
+use tiercache_core::Machine;
 use tiercache_core::cache::{DeviceErrors, HealthState, Problem};
 use tiercache_core::event::IoError;
 use tiercache_core::units::{CoreId, Nanos};
@@ -78,6 +78,7 @@ pub fn kind(p: &Problem) -> &'static str {
         Problem::CoreDevice { .. } => "core_device",
         Problem::Writeback { .. } => "writeback",
         Problem::WritebackRead { .. } => "writeback_read",
+        Problem::LogDevice { .. } => "log_device",
     }
 }
 
@@ -86,7 +87,8 @@ fn since_of(p: &Problem) -> Nanos {
         Problem::CacheDevice { since, .. }
         | Problem::CoreDevice { since, .. }
         | Problem::Writeback { since, .. }
-        | Problem::WritebackRead { since, .. } => since,
+        | Problem::WritebackRead { since, .. }
+        | Problem::LogDevice { since, .. } => since,
     }
 }
 
@@ -95,7 +97,8 @@ fn error_of(p: &Problem) -> IoError {
         Problem::CacheDevice { last_error, .. }
         | Problem::CoreDevice { last_error, .. }
         | Problem::Writeback { last_error, .. }
-        | Problem::WritebackRead { last_error, .. } => last_error,
+        | Problem::WritebackRead { last_error, .. }
+        | Problem::LogDevice { last_error, .. } => last_error,
     }
 }
 
@@ -118,6 +121,7 @@ pub fn problem_json(p: &Problem, now: Nanos) -> Value {
             v["errors"] = json!(errors);
             v["next_probe_in_s"] = json!(ms3(secs(next_probe, now)));
         }
+        Problem::LogDevice { errors, .. } => v["errors"] = json!(errors),
         Problem::CoreDevice { .. } => {}
         Problem::Writeback {
             failures,
@@ -148,10 +152,29 @@ fn device_errors(d: &DeviceErrors) -> Value {
         "io": d.io, "no_space": d.no_space, "timed_out": d.timed_out})
 }
 
+/// Two counts of errors of the same device (a `wl` cache device: the read cache's and the
+/// log's) as one.
+fn sum_errors(a: &DeviceErrors, b: &DeviceErrors) -> DeviceErrors {
+    DeviceErrors {
+        reads: a.reads + b.reads,
+        writes: a.writes + b.writes,
+        flushes: a.flushes + b.flushes,
+        io: a.io + b.io,
+        no_space: a.no_space + b.no_space,
+        timed_out: a.timed_out + b.timed_out,
+        last: match (a.last, b.last) {
+            (Some(x), Some(y)) => Some(if y.1 > x.1 { y } else { x }),
+            (x, y) => x.or(y),
+        },
+    }
+}
+
 /// The `health` block of a cache in `stats`: state, problems, dirty data at risk, writeback
-/// retries and failing cores, the cache device's errors and what the cache did about them.
-pub fn cache_health_json(c: &Cache, now: Nanos) -> Value {
-    let h = c.health();
+/// retries and failing cores, the cache device's errors and what the cache did about them;
+/// for `wl` also the log's (`write_log`: its errors are the cache device's too).
+pub fn cache_health_json(m: &Machine, now: Nanos) -> Value {
+    let c = m.cache();
+    let h = m.health();
     let f = c.faults();
     let mut failing = Vec::new();
     let (mut failures, mut retries) = (0, 0);
@@ -166,7 +189,11 @@ pub fn cache_health_json(c: &Cache, now: Nanos) -> Value {
             retries += k.writeback.retries;
         }
     }
-    json!({
+    let cache_errors = match m.wl() {
+        Some(w) => sum_errors(&f.cache_device, w.log_device_errors()),
+        None => f.cache_device,
+    };
+    let mut v = json!({
         "state": h.state.as_str(),
         "problems": h.problems.iter().map(|p| problem_json(p, now)).collect::<Vec<_>>(),
         "dirty_at_risk_bytes": h.dirty_at_risk_blocks * 512,
@@ -178,7 +205,7 @@ pub fn cache_health_json(c: &Cache, now: Nanos) -> Value {
         },
         "cache_device": {
             "bypass": h.problems.iter().any(|p| matches!(p, Problem::CacheDevice { .. })),
-            "errors": device_errors(&f.cache_device),
+            "errors": device_errors(&cache_errors),
             "episodes": f.cache_episodes,
             "probes": f.probes,
             "probes_ok": f.probes_ok,
@@ -189,15 +216,26 @@ pub fn cache_health_json(c: &Cache, now: Nanos) -> Value {
             "dirty_read_errors": f.dirty_read_errors,
             "backfill_failures": f.backfill_failures,
         },
-    })
+    });
+    if let Some(w) = m.wl() {
+        let k = w.counters();
+        v["write_log"] = json!({
+            "failing": w.log_problem().is_some(),
+            "episodes": w.log_episodes(),
+            "device_errors": device_errors(w.log_device_errors()),
+            "log_errors": k.log_errors,
+            "writeback_errors": k.wb_errors,
+        });
+    }
+    v
 }
 
 /// The `health` block of a core in `stats`.
-pub fn core_health_json(c: &Cache, core: CoreId, now: Nanos) -> Value {
-    let Some(h) = c.core_health(core) else {
+pub fn core_health_json(m: &Machine, core: CoreId, now: Nanos) -> Value {
+    let Some(h) = m.core_health(core) else {
         return Value::Null;
     };
-    let k = c.core_faults(core).copied().unwrap_or_default();
+    let k = m.cache().core_faults(core).copied().unwrap_or_default();
     let w = &k.writeback;
     json!({
         "state": h.state.as_str(),
@@ -220,11 +258,12 @@ pub fn core_health_json(c: &Cache, core: CoreId, now: Nanos) -> Value {
 /// `degraded` with the problems' one-line descriptions joined by `; `, or `running`.
 pub fn states(e: &Engine) -> (Option<String>, BTreeMap<u16, String>) {
     let now = e.now();
-    e.with_cache(|c| {
-        if !c.is_degraded() {
+    e.with_machine(|m| {
+        if !m.is_degraded() {
             return (None, BTreeMap::new());
         }
-        let h = c.health();
+        let h = m.health();
+        let c = m.cache();
         let mut cores: BTreeMap<u16, Vec<String>> = BTreeMap::new();
         let mut all = Vec::new();
         let mut wide = Vec::new();
@@ -280,9 +319,9 @@ impl Watch {
         for (id, e) in caches {
             let seen = self.seen.entry(*id).or_default();
             let now = e.now();
-            let problems = e.with_cache(|c| {
-                if c.is_degraded() {
-                    c.health().problems
+            let problems = e.with_machine(|m| {
+                if m.is_degraded() {
+                    m.health().problems
                 } else {
                     Vec::new()
                 }

@@ -118,7 +118,7 @@ impl CacheEntry {
     /// The state word of SPEC C19.
     pub fn state(&self) -> &'static str {
         match &self.run {
-            CacheRun::Running(e) if e.with_cache(|c| c.is_degraded()) => "degraded",
+            CacheRun::Running(e) if e.with_machine(|m| m.is_degraded()) => "degraded",
             CacheRun::Running(_) => "running",
             CacheRun::Incomplete(..) => "incomplete",
             CacheRun::Detached(_) if self.cores.values().any(|c| c.bare) => "degraded",
@@ -1225,21 +1225,32 @@ impl Registry {
             // The log is written back in order: a failing core holds back everything after it.
             if errors > errors0 && moved.elapsed() >= STALL_GRACE {
                 let now = e.now();
-                let failing = e.with_cache(|c| {
-                    (0..=CORE_ID_MAX).find_map(|i| {
+                let why = e.with_machine(|m| {
+                    if let Some(Problem::LogDevice {
+                        since, last_error, ..
+                    }) = m.wl().and_then(|w| w.log_problem())
+                    {
+                        return format!(
+                            "the log on the cache device has been failing since {} ({})",
+                            utc(wall(since, now)),
+                            err_name(last_error)
+                        );
+                    }
+                    let c = m.cache();
+                    let failing = (0..=CORE_ID_MAX).find_map(|i| {
                         let f = c.core_faults(CoreId(i))?;
                         let since = f.failing_since?;
                         Some((i, since, f.device.last.map_or(IoError::Io, |x| x.0)))
-                    })
+                    });
+                    match failing {
+                        Some((k, since, err)) => format!(
+                            "core {k} has been failing since {} ({})",
+                            utc(wall(since, now)),
+                            err_name(err)
+                        ),
+                        None => "reading the log or writing the cores fails".to_string(),
+                    }
                 });
-                let why = match failing {
-                    Some((k, since, err)) => format!(
-                        "core {k} has been failing since {} ({})",
-                        utc(wall(since, now)),
-                        err_name(err)
-                    ),
-                    None => "reading the log or writing the cores fails".to_string(),
-                };
                 return Err(format!(
                     "writeback of the write log of cache {cache_id} is failing: {why}; {} writeback errors since this command began; {} of logged data stay in the log on the cache device; {}",
                     errors - errors0,

@@ -5,7 +5,7 @@
 use crate::registry::{CORE_ID_MAX, Registry};
 use serde_json::{Value, json};
 use std::fmt::Write;
-use tiercache_core::Cache;
+use tiercache_core::Machine;
 use tiercache_core::stats::ReqCounters;
 use tiercache_core::units::CoreId;
 
@@ -52,12 +52,14 @@ pub fn cache_stats(
     let (lsz, _, device) = reg.geometry(cache_id).ok_or("gone")?;
     let (cache_timeout, core_timeouts) = reg.io_timeouts(cache_id);
     let now = e.now();
-    let mut v = e.with_cache(|c: &mut Cache| -> Result<Value, String> {
+    let mut v = e.with_machine(|m: &mut Machine| -> Result<Value, String> {
+        let m: &Machine = m;
+        let c = m.cache();
         let cfg = c.config();
         let k = c.counters();
         let line = cfg.line_size.bytes();
         let dirty_blocks = c.dirty_blocks();
-        let health = crate::health::cache_health_json(c, now);
+        let health = crate::health::cache_health_json(m, now);
         let mut out = json!({
             "cache_id": cache_id,
             "device": device,
@@ -120,7 +122,7 @@ pub fn cache_stats(
                 "requests": requests(&s.counters),
                 "blocks": blocks(&s.counters),
                 "io_timeout_ms": core_timeouts.get(&id.0),
-                "health": crate::health::core_health_json(c, id, now),
+                "health": crate::health::core_health_json(m, id, now),
             }));
         }
         if let Some(x) = core_id
@@ -162,13 +164,8 @@ pub fn cache_stats(
         v["mode"] = json!("wl");
         v["usage"]["dirty_bytes"] = w["dirty_bytes"].clone();
         v["writeback"]["bytes"] = w["written_back_bytes"].clone();
-        // What is at risk while degraded: everything the log holds (the read cache's health
-        // does not know the log).
-        if v["health"]["state"] == "degraded" {
-            v["health"]["dirty_at_risk_bytes"] = w["dirty_bytes"].clone();
-        }
-        v["health"]["write_log"] = json!({"log_errors": w["log_errors"].clone(),
-            "writeback_errors": w["writeback_errors"].clone()});
+        // The health block has the log's problem and what is at risk while degraded (every
+        // logged byte not yet written back): `crate::health::cache_health_json`.
         v["write_log"] = w;
     }
     // Dirty-data risk (SPEC C20): bytes at risk if the cache device dies, and how long the
@@ -244,6 +241,23 @@ fn fault_metrics(out: &mut String, stats: &[Value]) {
             s["cache_id"],
             num(&s["health"]["cache_device"]["bypass"])
         );
+    }
+    family(
+        out,
+        "wl_log_failing",
+        "gauge",
+        "Mode wl: 1 while IOs of the write log on the cache device fail (writes that cannot be logged fail; logged data not yet written back is at risk).",
+    );
+    for s in stats {
+        let w = &s["health"]["write_log"];
+        if w.is_object() {
+            let _ = writeln!(
+                out,
+                "tiercache_wl_log_failing{{cache=\"{}\"}} {}",
+                s["cache_id"],
+                num(&w["failing"])
+            );
+        }
     }
     family(
         out,

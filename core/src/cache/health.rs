@@ -87,7 +87,7 @@ impl DeviceErrors {
         self.reads + self.writes + self.flushes
     }
 
-    fn count(&mut self, class: IoClass, e: IoError, now: Nanos) {
+    pub(crate) fn count(&mut self, class: IoClass, e: IoError, now: Nanos) {
         match class {
             IoClass::Read => self.reads += 1,
             IoClass::Write => self.writes += 1,
@@ -330,6 +330,18 @@ pub enum Problem {
         /// Dirty blocks of the core (their only copy is on the cache device).
         dirty_blocks: u64,
     },
+    /// Mode `wl`: an IO of the write log on the cache device failed (a log write, a read of
+    /// logged data, a flush or a log superblock) and none of the kinds that failed has
+    /// succeeded since. Writes that cannot be logged fail with the device's error; logged data
+    /// not yet written back (its only copy is in the log) is at risk.
+    LogDevice {
+        /// First error of the episode.
+        since: Nanos,
+        /// The last error.
+        last_error: IoError,
+        /// Errors in this episode.
+        errors: u64,
+    },
     /// Dirty data could not be read from the cache device for writeback (it is retried).
     WritebackRead {
         /// First failure of the episode.
@@ -407,6 +419,15 @@ impl Problem {
                 err_name(last_error),
                 secs(next_retry.since(now))
             ),
+            Problem::LogDevice {
+                since,
+                last_error,
+                errors,
+            } => format!(
+                "write log on the cache device failing for {} ({errors} errors, last: {}): writes that cannot be logged fail, logged data not yet written back at risk",
+                secs(now.since(since)),
+                err_name(last_error)
+            ),
         }
     }
 
@@ -414,7 +435,9 @@ impl Problem {
     pub fn core(&self) -> Option<CoreId> {
         match *self {
             Problem::CoreDevice { core, .. } | Problem::Writeback { core, .. } => Some(core),
-            Problem::CacheDevice { .. } | Problem::WritebackRead { .. } => None,
+            Problem::CacheDevice { .. }
+            | Problem::WritebackRead { .. }
+            | Problem::LogDevice { .. } => None,
         }
     }
 }
