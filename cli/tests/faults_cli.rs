@@ -968,3 +968,51 @@ fn a_failing_write_log_device_is_degraded_with_the_logged_data_at_risk() {
     check_file(&core_file, 200..210, 2);
     dm.shutdown();
 }
+
+#[test]
+fn an_nbd_core_whose_server_restarts_is_reconnected_and_written_back() {
+    if !have("nbdkit") {
+        return;
+    }
+    let d = Dir::new("faults-nbdrestart");
+    let core_file = d.sparse("core.img", 64 << 20);
+    let core = Nbdkit::start(&d, "core", &[], &core_file, &[]);
+    let sock = core.sock.clone();
+    let cache = d.sparse("cache.img", 32 << 20);
+    let (dm, _) = daemon(&d, &cache, "wb", &core.device(), "");
+    let vm = dm.nbd("vm").unwrap();
+    write_set(&vm, 0..100, 1);
+
+    // The server goes away: the core's connections are lost (one line), requests that need
+    // the core fail with EIO, the cache's data is still served, writeback fails in one line.
+    drop(core);
+    dm.wait_log("nbd device lost its server");
+    let mut buf = vec![0u8; 4096];
+    let e = vm.read(5000 * 8, &mut buf).unwrap_err();
+    assert!(e.to_string().contains("EIO"), "{e}");
+    check_set(&vm, 0..100, 1);
+    dm.fails(&["writeback", "--cache-id", "1"], "writeback to core 0");
+    assert_eq!(dm.json(&["list"])[0]["state"], "degraded");
+
+    // It comes back on the same socket: the backend reconnects by itself (one line), the
+    // retried writeback puts the dirty data on nbdkit's file, and IO goes through again.
+    let _ = std::fs::remove_file(&sock);
+    let _core = Nbdkit::start(&d, "core", &[], &core_file, &[]);
+    dm.wait_log("nbd device reconnected");
+    let v = dm.json(&["writeback", "--cache-id", "1"]);
+    assert_eq!(v["lines_written_back"], 100, "{v}");
+    check_file(&core_file, 0..100, 1);
+    vm.read(5000 * 8, &mut buf).unwrap();
+    write_set(&vm, 100..120, 2);
+    check_set(&vm, 0..100, 1);
+    check_set(&vm, 100..120, 2);
+    dm.json(&["writeback", "--cache-id", "1"]);
+    check_file(&core_file, 100..120, 2);
+    wait_until("the cache is running again", 10, || {
+        dm.json(&["list"])[0]["state"] == "running"
+    });
+    assert_eq!(log_lines(&dm, "nbd device lost its server"), 1);
+    assert_eq!(log_lines(&dm, "nbd device reconnected"), 1);
+    drop(vm);
+    dm.shutdown();
+}

@@ -18,7 +18,8 @@ use std::time::Duration;
 use tiercache_engine::Device;
 use tiercache_format::tables::CoreIdentity;
 use tiercache_io::{
-    Backend, FileBackend, IoErr, NbdBackend, RamBackend, RbdBackend, RbdTarget, TimeoutBackend,
+    Backend, FileBackend, IoErr, NbdBackend, NbdEvent, RamBackend, RbdBackend, RbdTarget,
+    TimeoutBackend,
 };
 
 /// What a device string names.
@@ -153,9 +154,12 @@ impl DeviceSpec {
                 ctl: control_file(p),
             }),
             DeviceSpec::Emu(s, _) => Arc::new(tiercache_io::open_emu(s)?),
-            DeviceSpec::Nbd(uri) => Arc::new(
-                NbdBackend::connect(uri).map_err(|e| format!("{shown}: cannot connect: {e}"))?,
-            ),
+            DeviceSpec::Nbd(uri) => {
+                let b = NbdBackend::connect(uri)
+                    .map_err(|e| format!("{shown}: cannot connect: {e}"))?;
+                log_nbd_events(&b, shown);
+                Arc::new(b)
+            }
             DeviceSpec::Rbd(_) => self.open_core(shown)?.0,
         };
         Ok(match lock {
@@ -323,6 +327,38 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
 /// where asked for.
 pub fn with_timeout(dev: Device, timeout: Option<Duration>) -> Device {
     timed(dev, timeout).0
+}
+
+/// One log line when an `nbd:` device loses its server and one when it is connected again
+/// (the backend reconnects by itself; requests meanwhile fail, and writeback retries).
+fn log_nbd_events(b: &NbdBackend, shown: &str) {
+    let shown = shown.to_string();
+    b.on_event(move |ev| match ev {
+        NbdEvent::Lost { why } => crate::log!(
+            warn,
+            "nbd device lost its server; reconnecting",
+            device = shown,
+            reason = why
+        ),
+        NbdEvent::Mismatch { why } => crate::log!(
+            error,
+            "nbd device: the server that answers offers another export; not used",
+            device = shown,
+            reason = why
+        ),
+        NbdEvent::Reconnected {
+            down,
+            attempts,
+            connections,
+        } => crate::log!(
+            info,
+            "nbd device reconnected",
+            device = shown,
+            down_s = format!("{:.1}", down.as_secs_f64()),
+            attempts = attempts,
+            connections = connections
+        ),
+    });
 }
 
 /// The timeout wrapper of a device, kept to change its limit later (`add-core --io-timeout`

@@ -37,7 +37,7 @@ pub use fault::{
     FaultBackend, FaultConfig, InjectedError, OpKind, PowerCutPattern, PowerCutReport,
 };
 pub use file::{FileBackend, FileOptions, IoPath};
-pub use nbd::{NbdBackend, NbdExportInfo, NbdOptions};
+pub use nbd::{NbdBackend, NbdEvent, NbdExportInfo, NbdOptions};
 pub use overlay::OverlayBackend;
 pub use ram::RamBackend;
 pub use rbd::{

@@ -6,12 +6,12 @@ mod proto;
 mod uri;
 
 use crate::{BLOCK, Backend, IoErr, Req, check_blocks, check_bytes};
-use conn::{Conn, Ticket};
+use conn::{Conn, OnDeath, Ticket};
 use proto::{Export, Sock, cmd, tflag};
 use std::io::ErrorKind;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 /// Largest READ/WRITE sent, whatever larger maximum the server advertises (32 MiB).
 const MAX_CHUNK: u64 = 32 << 20;
@@ -34,6 +34,12 @@ pub struct NbdOptions {
     /// `None` (the default) waits for ever on a server that is up but silent; a server that
     /// goes away is detected either way.
     pub request_timeout: Option<Duration>,
+    /// When the server has ended every connection (it was restarted, the network dropped), a
+    /// background thread connects again: at once, then after 100 ms, doubling up to this
+    /// bound, until it succeeds or the backend is dropped. `None`: never (requests fail for
+    /// good). Default 5 s. Connections this side closed (a request timeout, a protocol error)
+    /// are not replaced: the server may still carry out what was sent on them.
+    pub reconnect_max: Option<Duration>,
 }
 
 impl Default for NbdOptions {
@@ -42,7 +48,254 @@ impl Default for NbdOptions {
             connections: 4,
             connect_timeout: Duration::from_secs(10),
             request_timeout: None,
+            reconnect_max: Some(Duration::from_secs(5)),
         }
+    }
+}
+
+/// What an [`NbdBackend`] says about its connections ([`NbdBackend::on_event`]): one event
+/// when every connection is lost, one when they are back, and one per outage when the server
+/// that answers offers another export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NbdEvent {
+    /// The server ended every connection; requests fail until a reconnection succeeds.
+    Lost {
+        /// Why the first connection ended.
+        why: String,
+    },
+    /// A server answered a reconnection attempt but its export differs (size, flags or block
+    /// sizes) from the one first connected to: it is not used, attempts go on.
+    Mismatch {
+        /// What differs.
+        why: String,
+    },
+    /// Connected again; requests go to the new connections.
+    Reconnected {
+        /// How long no connection worked.
+        down: Duration,
+        /// Attempts it took.
+        attempts: u32,
+        /// Connections opened.
+        connections: usize,
+    },
+}
+
+type Hook = Arc<dyn Fn(&NbdEvent) + Send + Sync>;
+
+/// The connections of a backend and what reconnects them (shared with the reconnection
+/// thread and, weakly, with each connection's death notice).
+struct Link {
+    /// `nbd:URI`, for messages.
+    label: String,
+    target: uri::Target,
+    export: String,
+    opts: NbdOptions,
+    /// The export as first negotiated: a reconnection must find the same.
+    expect: Export,
+    /// Connections to open (as many as the first connect got).
+    want: usize,
+    conns: RwLock<Vec<Arc<Conn>>>,
+    st: Mutex<LinkState>,
+    cv: Condvar,
+    /// Writes without FUA the server acknowledged, and how many of them a completed flush
+    /// covers.
+    acked: AtomicU64,
+    flushed: AtomicU64,
+    /// Reconnected while acknowledged writes were not covered by a flush (the old server may
+    /// have lost them with its volatile cache): the next flush reports it.
+    unsure: AtomicBool,
+    reconnects: AtomicU64,
+    hook: Mutex<Option<Hook>>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// The backend was dropped.
+    closed: bool,
+    /// A reconnection thread runs.
+    reconnecting: bool,
+}
+
+fn rd<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn wr<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn lk<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Why a reconnection attempt did not give connections.
+enum Reopen {
+    Failed,
+    Mismatch(String),
+}
+
+impl Link {
+    fn emit(&self, ev: &NbdEvent) {
+        let h = lk(&self.hook).clone();
+        if let Some(h) = h {
+            h(ev);
+        }
+    }
+
+    /// The death notice each connection gets.
+    fn notice(weak: Weak<Link>) -> OnDeath {
+        Box::new(move || {
+            if let Some(l) = weak.upgrade() {
+                l.lost();
+            }
+        })
+    }
+
+    /// A connection died: when the server has ended every one, start reconnecting.
+    fn lost(self: &Arc<Self>) {
+        if self.opts.reconnect_max.is_none() {
+            return;
+        }
+        let mut st = lk(&self.st);
+        if st.closed || st.reconnecting {
+            return;
+        }
+        let all_gone = {
+            let conns = rd(&self.conns);
+            !conns.is_empty() && conns.iter().all(|c| c.server_ended())
+        };
+        if !all_gone {
+            return;
+        }
+        st.reconnecting = true;
+        drop(st);
+        let l = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("nbd-reconnect".into())
+            .spawn(move || l.reconnect());
+        if spawned.is_err() {
+            lk(&self.st).reconnecting = false;
+        }
+    }
+
+    /// The reconnection thread: attempts with backoff until connections are back or the
+    /// backend is dropped.
+    fn reconnect(self: Arc<Self>) {
+        let t0 = Instant::now();
+        let why = rd(&self.conns)
+            .iter()
+            .find_map(|c| c.why_dead())
+            .unwrap_or_default();
+        self.emit(&NbdEvent::Lost { why });
+        let max = self.opts.reconnect_max.unwrap_or(Duration::from_secs(5));
+        let mut wait = Duration::from_millis(100).min(max);
+        let mut attempts = 0u32;
+        let mut told_mismatch = false;
+        loop {
+            attempts += 1;
+            match self.reopen() {
+                Ok(new) => {
+                    let st = lk(&self.st);
+                    if st.closed {
+                        drop(st);
+                        for c in new {
+                            c.close();
+                        }
+                        return;
+                    }
+                    // Writes the old server acknowledged and no flush covered: counted before
+                    // this point they are seen here, after it by `finish` (the epoch).
+                    self.reconnects.fetch_add(1, Ordering::SeqCst);
+                    if self.expect.flags & tflag::SEND_FLUSH != 0
+                        && self.acked.load(Ordering::SeqCst) > self.flushed.load(Ordering::SeqCst)
+                    {
+                        self.unsure.store(true, Ordering::SeqCst);
+                    }
+                    let n = new.len();
+                    let old = std::mem::replace(&mut *wr(&self.conns), new);
+                    let mut st = st;
+                    st.reconnecting = false;
+                    drop(st);
+                    for c in old {
+                        c.close();
+                    }
+                    self.emit(&NbdEvent::Reconnected {
+                        down: t0.elapsed(),
+                        attempts,
+                        connections: n,
+                    });
+                    return;
+                }
+                Err(Reopen::Mismatch(why)) if !told_mismatch => {
+                    told_mismatch = true;
+                    self.emit(&NbdEvent::Mismatch { why });
+                }
+                Err(_) => {}
+            }
+            let st = lk(&self.st);
+            let (st, _) = self
+                .cv
+                .wait_timeout_while(st, wait, |s| !s.closed)
+                .unwrap_or_else(|e| e.into_inner());
+            if st.closed {
+                return;
+            }
+            wait = (wait * 2).min(max);
+        }
+    }
+
+    /// Opens as many connections as the backend had, to the same export.
+    fn reopen(self: &Arc<Self>) -> Result<Vec<Arc<Conn>>, Reopen> {
+        let timeout = self.opts.connect_timeout.max(Duration::from_millis(1));
+        let (sock, x) =
+            open_one(&self.target, &self.export, timeout).map_err(|_| Reopen::Failed)?;
+        if x != self.expect {
+            let _ = sock.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+            let (a, b) = (&self.expect, &x);
+            return Err(Reopen::Mismatch(format!(
+                "the server now offers {} bytes, flags {:#06x}, block sizes {}/{}/{} (was {} bytes, {:#06x}, {}/{}/{}); not used",
+                b.size,
+                b.flags,
+                b.min_block,
+                b.pref_block,
+                b.max_block,
+                a.size,
+                a.flags,
+                a.min_block,
+                a.pref_block,
+                a.max_block
+            )));
+        }
+        let mut socks = vec![sock];
+        while socks.len() < self.want {
+            match open_one(&self.target, &self.export, timeout) {
+                Ok((s, y)) if y == x => socks.push(s),
+                Ok((s, _)) => {
+                    let _ = s.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let mut conns: Vec<Arc<Conn>> = Vec::with_capacity(socks.len());
+        for s in socks {
+            let notice = Link::notice(Arc::downgrade(self));
+            match Conn::start(
+                self.label.clone(),
+                s,
+                self.opts.request_timeout,
+                Some(notice),
+            ) {
+                Ok(c) => conns.push(c),
+                Err(_) => {
+                    for c in &conns {
+                        c.close();
+                    }
+                    return Err(Reopen::Failed);
+                }
+            }
+        }
+        Ok(conns)
     }
 }
 
@@ -120,13 +373,22 @@ impl NbdExportInfo {
 ///   `ENOTSUP` → `Unsupported`, `ENOMEM` → `OutOfMemory`, `EIO` and others → `Other`). A
 ///   connection that drops fails every request waiting on it and every later one with
 ///   `ConnectionAborted` — never a hang (a server that is up but silent needs
-///   [`NbdOptions::request_timeout`]). There is no reconnection: open a new backend.
+///   [`NbdOptions::request_timeout`]).
+/// - Reconnection ([`NbdOptions::reconnect_max`]): when the server has ended every connection
+///   (killed and restarted, a network drop), a background thread connects again with bounded
+///   backoff (at once, then 100 ms doubling to 5 s by default) to a server that offers the same
+///   export (size, flags and block sizes; another one is not used); requests meanwhile fail at
+///   once with `ConnectionAborted`, and requests after it go to the new connections.
+///   [`NbdBackend::on_event`] hears of each loss and reconnection. Writes acknowledged before
+///   the loss that no flush covered may be gone with the old server's volatile cache: the first
+///   flush after a reconnection then fails (it still flushes), so a caller relying on them
+///   knows, the way a later fsync reports an earlier writeback error.
 /// - Dropping the backend sends `NBD_CMD_DISC` on each connection.
 pub struct NbdBackend {
     /// The URI without the `nbd:` prefix.
     uri: String,
     info: NbdExportInfo,
-    conns: Vec<Arc<Conn>>,
+    link: Arc<Link>,
     next: AtomicUsize,
     blocks: u64,
     /// Alignment of every request sent, in bytes: the minimum block size, at least 512.
@@ -157,6 +419,11 @@ struct InFlight<'b> {
     parts: Vec<(Ticket, Option<&'b mut [u8]>)>,
     /// Flush once the parts succeeded (FUA on a server without FUA).
     flush_after: bool,
+    /// Writes sent without FUA: once acknowledged they wait for a flush to be durable.
+    unflushed: bool,
+    /// Reconnections before they were sent (a reply read after a reconnection came from the
+    /// old server).
+    epoch: u64,
 }
 
 impl InFlight<'_> {
@@ -165,6 +432,8 @@ impl InFlight<'_> {
             early: r,
             parts: Vec::new(),
             flush_after: false,
+            unflushed: false,
+            epoch: 0,
         }
     }
 }
@@ -184,7 +453,7 @@ fn human(bytes: u64) -> String {
 }
 
 fn lock(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    lk(m)
 }
 
 /// Opens one connection and runs the handshake.
@@ -254,11 +523,29 @@ impl NbdBackend {
                 }
             }
         }
+        let link = Arc::new(Link {
+            label: label.clone(),
+            target: parsed.target.clone(),
+            export: parsed.export.clone(),
+            opts: opts.clone(),
+            expect: x,
+            want: socks.len(),
+            conns: RwLock::new(Vec::new()),
+            st: Mutex::new(LinkState::default()),
+            cv: Condvar::new(),
+            acked: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            unsure: AtomicBool::new(false),
+            reconnects: AtomicU64::new(0),
+            hook: Mutex::new(None),
+        });
         let mut conns: Vec<Arc<Conn>> = Vec::with_capacity(socks.len());
         for s in socks {
-            match Conn::start(label.clone(), s, opts.request_timeout) {
+            let notice = Link::notice(Arc::downgrade(&link));
+            match Conn::start(label.clone(), s, opts.request_timeout, Some(notice)) {
                 Ok(c) => conns.push(c),
                 Err(msg) => {
+                    lk(&link.st).closed = true;
                     for c in &conns {
                         c.close();
                     }
@@ -269,11 +556,15 @@ impl NbdBackend {
                 }
             }
         }
+        *wr(&link.conns) = conns;
+        // A connection that died before it was listed (the server went at once) is noticed
+        // here.
+        link.lost();
         let usable = x.size - x.size % align;
         Ok(NbdBackend {
             uri: uri.to_string(),
             info,
-            conns,
+            link,
             next: AtomicUsize::new(0),
             blocks: usable / BLOCK as u64,
             align,
@@ -294,22 +585,37 @@ impl NbdBackend {
 
     /// Number of connections opened (more than one only with `NBD_FLAG_CAN_MULTI_CONN`).
     pub fn connections(&self) -> usize {
-        self.conns.len()
+        rd(&self.link.conns).len()
     }
 
-    /// False once every connection has failed or been closed; requests then fail at once.
+    /// False once every connection has failed or been closed (until a reconnection); requests
+    /// then fail at once.
     pub fn is_connected(&self) -> bool {
-        self.conns.iter().any(|c| !c.is_dead())
+        rd(&self.link.conns).iter().any(|c| !c.is_dead())
+    }
+
+    /// Reconnections so far.
+    pub fn reconnects(&self) -> u64 {
+        self.link.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Calls `f` on each [`NbdEvent`] (from the thread that notices it; keep it short).
+    /// Replaces an earlier one.
+    pub fn on_event(&self, f: impl Fn(&NbdEvent) + Send + Sync + 'static) {
+        *lk(&self.link.hook) = Some(Arc::new(f));
     }
 
     /// The next live connection, in turn (a dead one when all are dead: it fails the request).
-    fn conn(&self) -> &Arc<Conn> {
-        let n = self.conns.len();
+    fn conn(&self) -> Arc<Conn> {
+        let conns = rd(&self.link.conns);
+        let n = conns.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        (0..n)
-            .map(|i| &self.conns[(start + i) % n])
-            .find(|c| !c.is_dead())
-            .unwrap_or(&self.conns[start % n])
+        Arc::clone(
+            (0..n)
+                .map(|i| &conns[(start + i) % n])
+                .find(|c| !c.is_dead())
+                .unwrap_or(&conns[start % n]),
+        )
     }
 
     fn read_only_err(&self) -> IoErr {
@@ -361,6 +667,14 @@ impl NbdBackend {
                 res = r;
             }
         }
+        if res.is_ok() && f.unflushed {
+            self.link.acked.fetch_add(1, Ordering::SeqCst);
+            // Acknowledged by a server the backend has since reconnected away from: its
+            // flush is not coming (the reconnection checks the writes counted before it).
+            if self.link.reconnects.load(Ordering::SeqCst) != f.epoch {
+                self.link.unsure.store(true, Ordering::SeqCst);
+            }
+        }
         if res.is_ok() && f.flush_after {
             res = self.flush();
         }
@@ -381,6 +695,7 @@ impl NbdBackend {
     /// Sends aligned writes of `buf` at byte offset `off`, split into chunks.
     fn write_aligned(&self, off: u64, buf: &[u8], fua: bool) -> InFlight<'static> {
         let mut f = InFlight::done(Ok(()));
+        f.epoch = self.link.reconnects.load(Ordering::SeqCst);
         let flags = self.fua_flag(fua);
         for (i, d) in buf.chunks(self.chunk as usize).enumerate() {
             let o = off + i as u64 * self.chunk;
@@ -388,6 +703,7 @@ impl NbdBackend {
             f.parts.push((t, None));
         }
         f.flush_after = self.flush_after(fua);
+        f.unflushed = flags & cmd::FLAG_FUA == 0;
         f
     }
 
@@ -497,6 +813,8 @@ impl NbdBackend {
             return f;
         }
         let flags = self.fua_flag(fua);
+        f.unflushed = flags & cmd::FLAG_FUA == 0;
+        f.epoch = self.link.reconnects.load(Ordering::SeqCst);
         if self.info.write_zeroes {
             let mut o = mid0;
             while o < mid1 {
@@ -526,7 +844,7 @@ impl Backend for NbdBackend {
     fn name(&self) -> String {
         let i = &self.info;
         let mut parts = vec![format!("export {}", human(i.size))];
-        parts.push(match self.conns.len() {
+        parts.push(match self.connections() {
             1 if i.multi_conn => "multi-conn x1".to_string(),
             1 => "1 connection".to_string(),
             n => format!("multi-conn x{n}"),
@@ -584,7 +902,19 @@ impl Backend for NbdBackend {
         }
         // One flush covers every connection: multi-conn promises it, and without multi-conn
         // there is one connection.
-        self.conn().send(cmd::FLUSH, 0, 0, 0, &[]).wait().map(drop)
+        let acked = self.link.acked.load(Ordering::SeqCst);
+        self.conn().send(cmd::FLUSH, 0, 0, 0, &[]).wait()?;
+        self.link.flushed.fetch_max(acked, Ordering::SeqCst);
+        if self.link.unsure.swap(false, Ordering::SeqCst) {
+            return Err(IoErr::Io {
+                kind: ErrorKind::Other,
+                msg: format!(
+                    "nbd:{}: the connection to the server was lost and made again: writes it had acknowledged before that, which no flush covered, may not be durable (this flush covers the later ones)",
+                    self.uri
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Sends every request of the batch before waiting for any (they do not overlap); a flush
@@ -617,7 +947,10 @@ impl Backend for NbdBackend {
 
 impl Drop for NbdBackend {
     fn drop(&mut self) {
-        for c in &self.conns {
+        lk(&self.link.st).closed = true;
+        self.link.cv.notify_all();
+        let conns = std::mem::take(&mut *wr(&self.link.conns));
+        for c in conns {
             c.close();
         }
     }

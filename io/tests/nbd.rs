@@ -883,3 +883,141 @@ fn export_name_fallback_and_protocol_errors() {
     assert!(b.flush().is_err() && !b.is_connected());
     assert_eq!(srv.join().unwrap(), b"my disk");
 }
+
+/// nbdkit serving `args` (plugin and parameters) on the unix socket `sock`, which the caller
+/// keeps across restarts; `None` when nbdkit is not installed.
+fn nbdkit_at(sock: &Path, args: &[&str]) -> Option<Server> {
+    if !installed("nbdkit") {
+        println!("skipped: nbdkit not installed");
+        return None;
+    }
+    // A killed nbdkit leaves its socket file behind.
+    let _ = std::fs::remove_file(sock);
+    let mut cmd = Command::new("nbdkit");
+    cmd.arg("-U")
+        .arg(sock)
+        .args(["-f", "--exit-with-parent"])
+        .args(args);
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    Some(start("nbdkit", cmd, socket_dir(), uri).expect("nbdkit failed to start"))
+}
+
+/// Waits (up to 15 s) until `f` holds.
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "not within 15 s: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn reconnects_when_the_server_comes_back() {
+    let dir = socket_dir();
+    let sock = dir.0.join("s");
+    let img = dir.0.join("disk.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(SIZE_MIB << 20)
+        .unwrap();
+    let file = format!("file={}", img.display());
+    let Some(mut srv) = nbdkit_at(&sock, &["file", &file]) else {
+        return;
+    };
+    let b = srv.connect();
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let events = events.clone();
+        b.on_event(move |e| events.lock().unwrap().push(e.clone()));
+    }
+    let a = pattern(1, 0, 8 * BLOCK);
+    b.write(0, &a, false).unwrap();
+    b.flush().unwrap();
+    // Acknowledged, not flushed when the server goes.
+    b.write(64, &pattern(2, 0, 8 * BLOCK), false).unwrap();
+
+    srv.kill();
+    let mut buf = vec![0u8; 8 * BLOCK];
+    wait_for("the backend notices", || !b.is_connected());
+    // While the server is away requests fail at once, with one line.
+    let t = Instant::now();
+    match b.read(0, &mut buf) {
+        Err(IoErr::Io { kind, msg }) => {
+            assert_eq!(kind, ErrorKind::ConnectionAborted, "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+        other => panic!("while the server is away: {other:?}"),
+    }
+    assert!(b.write(128, &a, false).is_err());
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    std::thread::sleep(Duration::from_millis(700));
+
+    // Another export on the socket (another size): not used.
+    let other = nbdkit_at(&sock, &["memory", "1M"]).unwrap();
+    wait_for("the other export is noticed", || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, tiercache_io::NbdEvent::Mismatch { .. }))
+    });
+    assert!(!b.is_connected());
+    assert!(b.read(0, &mut buf).is_err());
+    drop(other);
+
+    // The same export again: the backend reconnects by itself.
+    let srv2 = nbdkit_at(&sock, &["file", &file]).unwrap();
+    wait_for("the backend reconnects", || b.is_connected());
+    assert_eq!(b.reconnects(), 1);
+    b.read(0, &mut buf).unwrap();
+    assert_eq!(buf, a);
+    let c = pattern(3, 0, 8 * BLOCK);
+    b.write(256, &c, false).unwrap();
+    // The first flush says the write acknowledged before the loss may not be durable; it
+    // flushes the later ones all the same, and the next flush succeeds.
+    let e = b.flush().unwrap_err().to_string();
+    assert!(e.contains("may not be durable") && !e.contains('\n'), "{e}");
+    b.flush().unwrap();
+    b.read(256, &mut buf).unwrap();
+    assert_eq!(buf, c);
+    let ev = events.lock().unwrap().clone();
+    println!("events: {ev:?}");
+    assert!(
+        matches!(ev[0], tiercache_io::NbdEvent::Lost { .. }),
+        "{ev:?}"
+    );
+    assert!(
+        matches!(ev.last(), Some(tiercache_io::NbdEvent::Reconnected { attempts, .. }) if *attempts > 1),
+        "{ev:?}"
+    );
+    assert_eq!(ev.len(), 3, "one event each: {ev:?}");
+    drop(b);
+    drop(srv2);
+    // On nbdkit's file: everything flushed after the reconnection.
+    let f = std::fs::read(&img).unwrap();
+    assert_eq!(&f[256 * BLOCK..][..8 * BLOCK], &c[..]);
+}
+
+#[test]
+fn no_reconnection_when_turned_off() {
+    let dir = socket_dir();
+    let sock = dir.0.join("s");
+    let Some(mut srv) = nbdkit_at(&sock, &["memory", "64M"]) else {
+        return;
+    };
+    let b = srv.connect_with(&NbdOptions {
+        reconnect_max: None,
+        ..NbdOptions::default()
+    });
+    b.write(0, &pattern(1, 0, BLOCK), false).unwrap();
+    srv.kill();
+    wait_for("the backend notices", || !b.is_connected());
+    let _srv2 = nbdkit_at(&sock, &["memory", "64M"]).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!b.is_connected());
+    assert_eq!(b.reconnects(), 0);
+    assert!(b.flush().is_err());
+}

@@ -3,7 +3,10 @@
 //!
 //! A connection that fails (EOF, a socket error, a protocol error, a timed-out request, a send
 //! that failed halfway) is dead for good: every request waiting on it and every later one gets
-//! an error carrying the first reason.
+//! an error carrying the first reason. Whether the *server* ended it (EOF, a reset, a broken
+//! pipe: it can no longer carry out anything sent on it) or this side did (a timeout, a protocol
+//! error, a close) is kept too: only the first kind may be replaced by a new connection
+//! (`NbdBackend`'s reconnection).
 
 use super::proto::{self, Sock, cmd};
 use crate::IoErr;
@@ -32,7 +35,12 @@ struct State {
     pending: HashMap<u64, Waiter>,
     /// Why the connection is dead, once it is.
     dead: Option<String>,
+    /// The server ended it (see the module docs).
+    server_ended: bool,
 }
+
+/// Called once when a connection dies (after its waiters were failed).
+pub(crate) type OnDeath = Box<dyn Fn() + Send + Sync>;
 
 /// A connection in the transmission phase.
 pub(crate) struct Conn {
@@ -44,18 +52,20 @@ pub(crate) struct Conn {
     dead: AtomicBool,
     reader: Mutex<Option<JoinHandle<()>>>,
     timeout: Option<Duration>,
+    on_death: Option<OnDeath>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Marks the connection dead when the reader thread ends, however it ends (also by panic).
-struct DieOnExit(Arc<Conn>, String);
+/// Marks the connection dead when the reader thread ends, however it ends (also by panic),
+/// with the reason and whether the server ended it.
+struct DieOnExit(Arc<Conn>, String, bool);
 
 impl Drop for DieOnExit {
     fn drop(&mut self) {
-        self.0.die(std::mem::take(&mut self.1));
+        self.0.die_as(std::mem::take(&mut self.1), self.2);
     }
 }
 
@@ -93,6 +103,7 @@ impl Conn {
         label: String,
         sock: Sock,
         timeout: Option<Duration>,
+        on_death: Option<OnDeath>,
     ) -> Result<Arc<Conn>, String> {
         sock.set_timeouts(None)
             .and_then(|()| sock.set_write_timeout(timeout))
@@ -106,6 +117,7 @@ impl Conn {
             dead: AtomicBool::new(false),
             reader: Mutex::new(None),
             timeout,
+            on_death,
         });
         let c = Arc::clone(&conn);
         let h = std::thread::Builder::new()
@@ -121,6 +133,16 @@ impl Conn {
         self.dead.load(Ordering::Acquire)
     }
 
+    /// Dead because the server ended it (not by a timeout, a protocol error or a close).
+    pub fn server_ended(&self) -> bool {
+        self.is_dead() && lock(&self.state).server_ended
+    }
+
+    /// Why it died (`None` while alive).
+    pub fn why_dead(&self) -> Option<String> {
+        lock(&self.state).dead.clone()
+    }
+
     /// The error of a request on a dead connection.
     fn lost(&self) -> IoErr {
         let why = lock(&self.state)
@@ -133,20 +155,31 @@ impl Conn {
         }
     }
 
-    /// Marks the connection dead (keeping the first reason), fails every waiting request and
-    /// shuts the socket down so that the reader thread and any blocked sender return.
+    /// Marks the connection dead by this side (keeping the first reason), fails every waiting
+    /// request and shuts the socket down so that the reader thread and any blocked sender
+    /// return.
     pub fn die(&self, why: String) {
-        let drained = {
+        self.die_as(why, false);
+    }
+
+    /// [`Conn::die`], saying whether the server ended the connection.
+    fn die_as(&self, why: String, server_ended: bool) {
+        let (drained, first) = {
             let mut st = lock(&self.state);
-            if st.dead.is_none() {
+            let first = st.dead.is_none();
+            if first {
                 st.dead = Some(why);
+                st.server_ended = server_ended;
             }
             self.dead.store(true, Ordering::Release);
-            std::mem::take(&mut st.pending)
+            (std::mem::take(&mut st.pending), first)
         };
         // Dropping the senders wakes their callers, who then read the reason.
         drop(drained);
         self.sock.shutdown();
+        if first && let Some(f) = &self.on_death {
+            f();
+        }
     }
 
     /// Sends one request (`payload` for writes) and returns the ticket to wait on.
@@ -188,13 +221,12 @@ impl Conn {
         }
         if let Err(e) = self.sock.send_all(&[&hdr, payload]) {
             // A partly sent request leaves the stream unusable.
-            let why = match e.kind() {
+            match e.kind() {
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                    "sending timed out (server not reading)".to_string()
+                    self.die("sending timed out (server not reading)".to_string())
                 }
-                _ => format!("send failed: {e}"),
-            };
-            self.die(why);
+                _ => self.die_as(format!("send failed: {e}"), true),
+            }
         }
         ticket
     }
@@ -229,8 +261,12 @@ impl Conn {
 
 /// The reader thread: receives replies until the connection ends.
 fn reader(conn: Arc<Conn>, sock: Sock) {
-    let mut guard = DieOnExit(Arc::clone(&conn), "reader thread ended".into());
-    guard.1 = receive(&conn, &mut BufReader::with_capacity(256 << 10, sock));
+    let mut guard = DieOnExit(Arc::clone(&conn), "reader thread ended".into(), false);
+    let why = receive(&conn, &mut BufReader::with_capacity(256 << 10, sock));
+    // A socket error or EOF: the server ended it (or the socket was shut down here, after
+    // which the first reason, this side's, stands).
+    guard.2 = why.starts_with("server closed") || why.starts_with("receive failed");
+    guard.1 = why;
 }
 
 /// Receives replies; returns why it stopped.
