@@ -1,17 +1,22 @@
 //! `tiercache bench`: the Ceph caching studies' workload matrix, baseline vs cached, over NBD
 //! (SPEC C15, issue 6).
 //!
-//! Everything runs in this process except the load generator: a cache file and two emulated
-//! HDD cores (`emu:PRESET:FILE`, one per configuration so the baseline never sees cached
-//! writes) in a scratch directory, the daemon's registry holding the cache, and an NBD server
-//! on a unix socket exporting `baseline` (the bare emulated core) and `cached` (the other
-//! core through the cache). fio's `nbd` engine drives each workload. The cached export is
-//! warmed first with a sequential read pass over the random working set (sequential cutoff
-//! off, then back to its default). Hit ratio and dirty % come from the server's own counters,
-//! reset before each cached run; during cached runs a sampler records IOPS and dirty % per
-//! second. Results: a table on stdout, and in `--out`: `results.json`, `report.md`,
-//! `report.html` (self-contained, with plots) and the plots as `.svg`.
+//! Everything runs in this process except the load generator (and, with `--core rbd`, Ceph): a
+//! cache file and one core per configuration (so the baseline never sees cached writes) — two
+//! emulated HDDs (`emu:PRESET:FILE`) in a scratch directory by default, or with `--core rbd`
+//! two RBD images on a single-node cluster the bench starts (`scripts/ceph-cluster.sh`, or
+//! `--ceph-conf`'s), each written end to end first — the daemon's registry holding the cache,
+//! and an NBD server on a unix socket exporting `baseline` (the bare core) and `cached` (the
+//! other core through the cache). fio's `nbd` engine drives each workload. Peers run on a
+//! third core of the same kind: nbdkit's cache filter (emu), plain librbd and librbd's
+//! in-memory writeback cache through fio's `rbd` engine (rbd). The cached export is warmed
+//! first with a sequential read pass over the random working set (sequential cutoff off, then
+//! back to `--seq-cutoff`). Hit ratio and dirty % come from the server's own counters, reset
+//! before each cached run; during cached runs a sampler records IOPS and dirty % per second.
+//! Results: a table on stdout, and in `--out`: `results.json`, `report.md`, `report.html`
+//! (self-contained, with plots) and the plots as `.svg`.
 
+use crate::bench_ceph::{ClientConfs, Cluster, FioTarget};
 use crate::svg;
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Write};
@@ -42,9 +47,24 @@ pub struct Args {
     /// Cache mode of the cached configuration.
     #[arg(long, default_value = "wb")]
     pub mode: String,
-    /// Emulated core device preset (see `tiercache sim` presets).
+    /// Core devices: `emu` (emulated HDDs on files, `--core-preset`) or `rbd` (RBD images on a
+    /// Ceph cluster: a single-node one the bench starts with scripts/ceph-cluster.sh, or
+    /// `--ceph-conf`'s). Each configuration gets its own image, written end to end first.
+    #[arg(long, default_value = "emu")]
+    pub core: String,
+    /// Emulated core device preset (see `tiercache sim` presets), with `--core emu`.
     #[arg(long, default_value = "hdd-10k-sas")]
     pub core_preset: String,
+    /// With `--core rbd`: use this Ceph cluster instead of starting one (the images are
+    /// created in `--pool` and removed at the end).
+    #[arg(long)]
+    pub ceph_conf: Option<PathBuf>,
+    /// With `--ceph-conf`: the cephx client.
+    #[arg(long, default_value = "admin")]
+    pub ceph_id: String,
+    /// With `--core rbd`: the pool the images are created in.
+    #[arg(long, default_value = "rbd")]
+    pub pool: String,
     /// Cache size (k/m/g).
     #[arg(long, default_value = "1g")]
     pub cache_size: String,
@@ -67,8 +87,10 @@ pub struct Args {
     /// Skip the SPEC P4/P5 procedures after the matrix (they are skipped with --only too).
     #[arg(long)]
     pub no_studies: bool,
-    /// Peers measured beside tiercache, each over its own copy of the same emulated core:
-    /// `auto` (nbdkit's cache filter when nbdkit is installed), `none`, or `nbdkit-cache`.
+    /// Peers measured beside tiercache, each over its own copy of the same core, comma
+    /// separated: `nbdkit-cache` (emu cores: nbdkit's cache filter), `librbd` and `librbd-wb`
+    /// (rbd cores: fio's rbd engine without and with librbd's in-memory writeback cache);
+    /// `auto` (those whose tools are installed) or `none`.
     #[arg(long, default_value = "auto")]
     pub peers: String,
     /// Sequential cutoff policy of the cached configuration during the runs and beside the
@@ -80,6 +102,74 @@ pub struct Args {
 /// The peer: nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as our cache)
 /// over the nbd plugin, connected to a bare emulated core exported by the bench's server.
 const NBDKIT_CACHE: &str = "nbdkit-cache";
+/// The peers on an RBD core: fio's rbd engine with `rbd_cache = false` (plain librbd) and with
+/// librbd's in-memory writeback cache (`crate::bench_ceph::ClientConfs`).
+const LIBRBD: &str = "librbd";
+const LIBRBD_WB: &str = "librbd-wb";
+
+/// The peers to run: `--peers` for this core kind (`rbd`: an RBD core), given which tools are
+/// installed. `auto` leaves out (and says so) what cannot run; naming one that cannot run is
+/// an error.
+fn choose_peers(
+    want: &str,
+    rbd: bool,
+    nbdkit: bool,
+    fio: bool,
+) -> Result<(Vec<&'static str>, Vec<String>), String> {
+    let mut notes = Vec::new();
+    let possible: &[&'static str] = if rbd {
+        &[LIBRBD, LIBRBD_WB]
+    } else {
+        &[NBDKIT_CACHE]
+    };
+    let missing = |p: &str| -> Option<&'static str> {
+        match p {
+            NBDKIT_CACHE if !nbdkit => Some("nbdkit is not installed (apt-get install nbdkit)"),
+            LIBRBD | LIBRBD_WB if !fio => Some(
+                "it runs with fio's rbd engine and fio is not used (apt-get install fio; not with --load-generator own)",
+            ),
+            _ => None,
+        }
+    };
+    match want {
+        "none" => Ok((vec![], notes)),
+        "auto" => {
+            let mut v = Vec::new();
+            for &p in possible {
+                match missing(p) {
+                    Some(why) => notes.push(format!("peers: no {p} runs: {why}")),
+                    None => v.push(p),
+                }
+            }
+            Ok((v, notes))
+        }
+        list => {
+            let mut v: Vec<&'static str> = Vec::new();
+            for p in list.split(',').map(str::trim) {
+                let Some(&known) = [NBDKIT_CACHE, LIBRBD, LIBRBD_WB].iter().find(|k| **k == p)
+                else {
+                    return Err(format!(
+                        "--peers {list}: unknown peer '{p}' (want auto, none, or a list of nbdkit-cache, librbd, librbd-wb)"
+                    ));
+                };
+                if !possible.contains(&known) {
+                    return Err(format!(
+                        "--peers {p}: a peer of {} cores only (this run's core is {})",
+                        if rbd { "emu" } else { "rbd" },
+                        if rbd { "rbd" } else { "emu" }
+                    ));
+                }
+                if let Some(why) = missing(known) {
+                    return Err(format!("--peers {p}: {why}"));
+                }
+                if !v.contains(&known) {
+                    v.push(known);
+                }
+            }
+            Ok((v, notes))
+        }
+    }
+}
 
 /// One workload of the matrix.
 struct Workload {
@@ -168,11 +258,14 @@ pub(crate) fn fio_version() -> Option<String> {
         .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
+/// How the error of a run whose IO never completed begins.
+pub(crate) const STUCK: &str = "IO does not complete";
+
 pub(crate) const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
 
 /// Runs fio against `uri`; returns its JSON.
 fn run_fio(
-    uri: &str,
+    target: &FioTarget,
     w: &Workload,
     region: u64,
     qd: u32,
@@ -180,10 +273,9 @@ fn run_fio(
     progress: &(dyn Fn(f64) + Sync),
 ) -> Result<Value, String> {
     let mut cmd = Command::new("fio");
-    cmd.arg(format!("--name={}", w.name))
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
-        .arg(format!("--rw={}", w.rw))
+    cmd.arg(format!("--name={}", w.name));
+    target.apply(&mut cmd);
+    cmd.arg(format!("--rw={}", w.rw))
         .arg(format!("--bs={}", w.bs))
         .arg(format!("--iodepth={qd}"))
         .arg(format!("--size={region}"))
@@ -212,21 +304,46 @@ pub(crate) fn fio_json(
     let child = cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))?;
     let t0 = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
+    let stuck = AtomicBool::new(false);
     let pid = child.id() as i32;
     let d2 = done.clone();
+    // A run that has not ended this long after its time has IO that never completes.
+    let grace = total + 60.0;
     std::thread::scope(|s| {
         s.spawn(|| {
+            let mut interrupted: Option<Instant> = None;
             while !d2.load(Ordering::Relaxed) {
                 progress((t0.elapsed().as_secs_f64() / total).min(1.0));
-                if STOP.load(Ordering::Relaxed) {
-                    // SAFETY: signalling our own child process by its pid.
-                    unsafe { libc::kill(pid, libc::SIGINT) };
+                let overdue = t0.elapsed().as_secs_f64() > total + grace;
+                if overdue {
+                    stuck.store(true, Ordering::Relaxed);
+                }
+                if STOP.load(Ordering::Relaxed) || overdue {
+                    // Ctrl-C (or overdue): fio stops and reports; if its IO hangs it cannot,
+                    // and is killed 10 s later.
+                    let sig = match interrupted {
+                        None => {
+                            interrupted = Some(Instant::now());
+                            libc::SIGINT
+                        }
+                        Some(t) if t.elapsed() > Duration::from_secs(10) => libc::SIGKILL,
+                        Some(_) => 0,
+                    };
+                    if sig != 0 {
+                        // SAFETY: signalling our own child process by its pid.
+                        unsafe { libc::kill(pid, sig) };
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(250));
             }
         });
         let out = child.wait_with_output();
         done.store(true, Ordering::Relaxed);
+        if stuck.load(Ordering::Relaxed) {
+            return Err(format!(
+                "{STUCK}: the run had not ended {grace:.0} s after its {total:.0} s (on Ceph, `ceph -s` tells why, e.g. a full OSD)"
+            ));
+        }
         let out = out.map_err(|e| format!("fio: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout);
         // fio may print notes before the JSON.
@@ -409,6 +526,14 @@ pub fn run(a: Args) -> Result<(), String> {
             a.only.unwrap_or_default()
         ));
     }
+    let rbd = match a.core.as_str() {
+        "emu" => false,
+        "rbd" => true,
+        c => return Err(format!("--core {c}: want emu or rbd")),
+    };
+    if !rbd && a.ceph_conf.is_some() {
+        return Err("--ceph-conf applies to --core rbd only".into());
+    }
     tiercache_io::parse_emu(&format!("emu:{}:/x", a.core_preset))?;
     if !["always", "full", "never"].contains(&a.seq_cutoff.as_str()) {
         return Err(format!(
@@ -416,24 +541,11 @@ pub fn run(a: Args) -> Result<(), String> {
             a.seq_cutoff
         ));
     }
-    let nbdkit = crate::bench_peers::tool_version("nbdkit");
-    let peers: Vec<&str> = match a.peers.as_str() {
-        "auto" if nbdkit.is_some() => vec![NBDKIT_CACHE],
-        "auto" => {
-            println!(
-                "peers: nbdkit is not installed (apt-get install nbdkit): no nbdkit-cache runs"
-            );
-            vec![]
-        }
-        "none" => vec![],
-        NBDKIT_CACHE if nbdkit.is_some() => vec![NBDKIT_CACHE],
-        NBDKIT_CACHE => {
-            return Err(
-                "--peers nbdkit-cache: nbdkit is not installed (apt-get install nbdkit)".into(),
-            );
-        }
-        p => return Err(format!("--peers {p}: want auto, none or nbdkit-cache")),
-    };
+    let nbdkit = !rbd && a.peers != "none" && crate::bench_peers::tool_version("nbdkit").is_some();
+    let (peers, notes) = choose_peers(&a.peers, rbd, nbdkit, !fio.is_empty())?;
+    for n in notes {
+        println!("{n}");
+    }
     std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
     let scratch = a
         .scratch
@@ -451,7 +563,12 @@ pub fn run(a: Args) -> Result<(), String> {
         &selected,
         &peers,
     );
-    let _ = std::fs::remove_dir_all(&scratch);
+    if let Err(e) = std::fs::remove_dir_all(&scratch) {
+        eprintln!(
+            "could not remove the scratch directory {}: {e}",
+            scratch.display()
+        );
+    }
     res
 }
 
@@ -467,7 +584,18 @@ fn run_in(
     peers: &[&str],
 ) -> Result<(), String> {
     install_sigint();
-    let core_bytes = (ws * 8).max(4 << 30);
+    let bar = Bar {
+        tty: std::io::stderr().is_terminal(),
+    };
+    let rbd = a.core == "rbd";
+    let seq_region_emu = (cache_bytes * 2).min((ws * 8).max(4 << 30));
+    // An RBD image holds just the regions the workloads touch (each is written end to end
+    // first, so that no run pays for creating RADOS objects).
+    let core_bytes = if rbd {
+        seq_region_emu.max(ws).div_ceil(1 << 20) << 20
+    } else {
+        (ws * 8).max(4 << 30)
+    };
     let seq_region = (cache_bytes * 2).min(core_bytes);
     let file = |n: &str, b: u64| -> Result<String, String> {
         let p = scratch.join(n);
@@ -476,8 +604,72 @@ fn run_in(
         Ok(p.display().to_string())
     };
     let cache = file("cache.img", cache_bytes)?;
-    let base_core = file("core-baseline.img", core_bytes)?;
-    let cached_core = file("core-cached.img", core_bytes)?;
+    // The core devices of the baseline and the cached configuration, what the peers run on,
+    // and (rbd) the cluster, dropped last: it is stopped, or its images removed, on drop.
+    let mut setup = json!({});
+    let mut cluster: Option<Cluster> = None;
+    let mut rbd_peer: Option<(ClientConfs, String)> = None;
+    let (base_dev, cached_dev, core_desc) = if rbd {
+        let librbd_peers = peers.iter().any(|p| [LIBRBD, LIBRBD_WB].contains(p));
+        let images = 2 + u64::from(librbd_peers);
+        let mut c = match &a.ceph_conf {
+            Some(conf) => Cluster::given(conf, &a.ceph_id, &a.pool, &mut setup)?,
+            // Sparse: a generous size costs nothing. BlueStore needs room beyond the images
+            // (its metadata, and overwrites before space is freed); a full OSD blocks writes.
+            None => Cluster::start(
+                scratch,
+                (core_bytes * images * 2 + (4 << 30)).max(10 << 30),
+                &mut setup,
+            )?,
+        };
+        let confs = ClientConfs::write(&c, scratch, &mut setup)?;
+        let img = |c: &str| format!("tc-bench-{}-{c}", std::process::id());
+        let mut names = vec![img("baseline"), img("cached")];
+        if librbd_peers {
+            names.push(img("peer"));
+        }
+        for n in &names {
+            let label = format!("image {}/{n}: writing {} MiB", c.pool, core_bytes >> 20);
+            bar.show(&label, 0.0);
+            let secs = c.image(n, core_bytes)?;
+            bar.end();
+            println!(
+                "image {}/{n}: {} MiB, written end to end in {secs:.1} s",
+                c.pool,
+                core_bytes >> 20
+            );
+        }
+        let desc = format!(
+            "rbd:{}/tc-bench-{}-* (Ceph, {} MiB images, opened with rbd_cache=false)",
+            c.pool,
+            std::process::id(),
+            core_bytes >> 20
+        );
+        let devs = (
+            confs.core_device(&c, &names[0]),
+            confs.core_device(&c, &names[1]),
+            desc,
+        );
+        if librbd_peers {
+            rbd_peer = Some((confs, names[2].clone()));
+        }
+        cluster = Some(c);
+        devs
+    } else {
+        (
+            format!(
+                "emu:{}:{}",
+                a.core_preset,
+                file("core-baseline.img", core_bytes)?
+            ),
+            format!(
+                "emu:{}:{}",
+                a.core_preset,
+                file("core-cached.img", core_bytes)?
+            ),
+            format!("emu:{} (emulated)", a.core_preset),
+        )
+    };
     let reg = Arc::new(Registry::new());
     reg.start_cache(NewCache {
         device: &cache,
@@ -487,19 +679,26 @@ fn run_in(
         load: false,
         force: false,
     })?;
-    let core_dev = format!("emu:{}:{cached_core}", a.core_preset);
-    reg.add_core(1, &core_dev, Some(0), Some("cached"))?;
+    reg.add_core(1, &cached_dev, Some(0), Some("cached"))?;
     let engine = reg.engine(1)?;
     let exports = Arc::new(ExportMap::new());
-    let bare = tiercache_io::open_emu(&format!("emu:{}:{base_core}", a.core_preset))?;
+    let bare = tiercache_daemon::device::DeviceSpec::parse(&base_dev)?.open("the baseline core")?;
     exports.insert(
         "baseline",
-        "the bare emulated core",
-        Arc::new(BackendExport::new(Arc::new(bare))),
+        if rbd {
+            "the bare RBD image"
+        } else {
+            "the bare emulated core"
+        },
+        Arc::new(BackendExport::new(bare)),
     );
     exports.insert(
         "cached",
-        "the emulated core through the cache",
+        if rbd {
+            "the RBD image through the cache"
+        } else {
+            "the emulated core through the cache"
+        },
         Arc::new(EngineExport::new(engine.clone(), CoreId(0))),
     );
     let nbdkit_peer = peers.contains(&NBDKIT_CACHE);
@@ -552,11 +751,26 @@ fn run_in(
             format!("nbd+unix:///{name}?socket={}", sock.display())
         }
     };
-    let bar = Bar {
-        tty: std::io::stderr().is_terminal(),
+    // What fio runs against: the librbd peers through its rbd engine, the rest over NBD.
+    let target = |name: &str| -> FioTarget {
+        match (&rbd_peer, &cluster) {
+            (Some((confs, image)), Some(c)) if name == LIBRBD || name == LIBRBD_WB => {
+                FioTarget::Rbd {
+                    conf: if name == LIBRBD {
+                        confs.plain.clone()
+                    } else {
+                        confs.wb.clone()
+                    },
+                    id: c.id.clone(),
+                    pool: c.pool.clone(),
+                    image: image.clone(),
+                }
+            }
+            _ => FioTarget::Nbd { uri: uri(name) },
+        }
     };
     println!(
-        "tiercache bench{}: {} workloads x (baseline, cached {}, seq-cutoff {}{}), QD {}, {} s each; core {} (emulated), cache {} file ({}); {}",
+        "tiercache bench{}: {} workloads x (baseline, cached {}, seq-cutoff {}{}), QD {}, {} s each; core {}, cache {} file ({}); {}",
         if a.quick { " --quick" } else { "" },
         selected.len(),
         a.mode,
@@ -564,7 +778,7 @@ fn run_in(
         peers.iter().map(|p| format!(", {p}")).collect::<String>(),
         a.iodepth,
         runtime,
-        a.core_preset,
+        core_desc,
         a.cache_size,
         engine.with_cache(|c| format!("{} lines", c.config().lines)),
         if fio.is_empty() {
@@ -593,13 +807,18 @@ fn run_in(
     };
     let warm_secs = 600;
     let mut cmd_ok = true;
-    // The peers are warmed the same way (nbdkit's cache filter caches what it reads).
-    for config in std::iter::once("cached").chain(peers.iter().copied()) {
+    // nbdkit's cache filter is warmed the same way (it caches what it reads). librbd's cache
+    // lives in the fio process of each run: there is nothing to warm.
+    for config in
+        std::iter::once("cached").chain(peers.iter().copied().filter(|p| *p == NBDKIT_CACHE))
+    {
         let label = format!("warm-up {config}");
         let v = if fio.is_empty() {
             warm_own(&uri(config), ws).map(|_| Value::Null)
         } else {
-            run_fio_size(&uri(config), &warm, ws, warm_secs, &|f| bar.show(&label, f))
+            run_fio_size(&target(config), &warm, ws, warm_secs, &|f| {
+                bar.show(&label, f)
+            })
         };
         bar.end();
         if let Err(e) = v {
@@ -676,7 +895,7 @@ fn run_in(
                     bar.show(&label, f)
                 })
             } else {
-                run_fio(&uri(config), w, region, a.iodepth, runtime, &|f| {
+                run_fio(&target(config), w, region, a.iodepth, runtime, &|f| {
                     bar.show(&label, f)
                 })
                 .and_then(|v| parse_fio(&v))
@@ -689,6 +908,17 @@ fn run_in(
                 Err(e) if STOP.load(Ordering::Relaxed) => {
                     eprintln!("{label}: stopped ({e})");
                     break 'outer;
+                }
+                Err(e) if e.starts_with(STUCK) => {
+                    // Stopping the server or the cache would wait for that IO too: say so,
+                    // stop what this run started and exit.
+                    eprintln!("tiercache: {label}: {e}; stopping");
+                    procs.stop_all();
+                    if let Some(c) = cluster.as_mut() {
+                        c.stop();
+                    }
+                    let _ = std::fs::remove_dir_all(scratch);
+                    std::process::exit(1);
                 }
                 Err(e) => return Err(format!("{label}: {e}")),
             };
@@ -739,11 +969,20 @@ fn run_in(
     let _ = reg.stop_cache(1, true, |_, _| {});
     let table = table(&results);
     println!("\n{table}");
-    let mut targets = p3_summary(&results);
+    let mut targets = if rbd {
+        ceph_summary(&results)
+    } else {
+        p3_summary(&results)
+    };
     if let Some(t) = &targets.1 {
         print!("{t}");
     }
-    if a.only.is_none() && !a.no_studies && !STOP.load(Ordering::Relaxed) {
+    if rbd && !a.no_studies {
+        println!(
+            "(SPEC P3-P5 are defined on the emulated HDD: run without --core rbd for their procedures)"
+        );
+    }
+    if !rbd && a.only.is_none() && !a.no_studies && !STOP.load(Ordering::Relaxed) {
         let plan = crate::bench_studies::Plan::new(
             a.quick,
             a.full,
@@ -775,9 +1014,18 @@ fn run_in(
     } else {
         format!("{fio} (nbd engine)")
     };
-    write_report(
-        &generator, a, runtime, &results, &table, &targets, stopped, peers,
-    )?;
+    let generator = if rbd_peer.is_some() {
+        format!("{generator}; the librbd peers with its rbd engine")
+    } else {
+        generator
+    };
+    let info = ReportInfo {
+        generator: &generator,
+        core: &core_desc,
+        setup: &setup,
+        peers,
+    };
+    write_report(&info, a, runtime, &results, &table, &targets, stopped)?;
     println!("report: {}", a.out.join("report.html").display());
     if stopped {
         println!("(stopped by Ctrl-C: the report holds what was measured)");
@@ -866,16 +1114,16 @@ pub(crate) fn warm_own(uri: &str, size: u64) -> Result<(), String> {
 
 /// A sequential pass over `size` bytes, at most `max_secs`.
 fn run_fio_size(
-    uri: &str,
+    target: &FioTarget,
     w: &Workload,
     size: u64,
     max_secs: u64,
     progress: &dyn Fn(f64),
 ) -> Result<Value, String> {
-    let out = Command::new("fio")
-        .arg(format!("--name={}", w.name))
-        .arg("--ioengine=nbd")
-        .arg(format!("--uri={uri}"))
+    let mut cmd = Command::new("fio");
+    cmd.arg(format!("--name={}", w.name));
+    target.apply(&mut cmd);
+    let out = cmd
         .arg(format!("--rw={}", w.rw))
         .arg(format!("--bs={}", w.bs))
         .arg("--iodepth=4")
@@ -976,17 +1224,66 @@ fn p3_summary(results: &[RunResult]) -> (Value, Option<String>) {
     (v, (!t.is_empty()).then(|| format!("\nSPEC targets\n{t}")))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// On an RBD core: how tiercache and librbd's writeback cache compare with the bare image and
+/// with each other, per workload: (JSON, text).
+fn ceph_summary(results: &[RunResult]) -> (Value, Option<String>) {
+    let get = |w: &str, c: &str| results.iter().find(|r| r.workload == w && r.config == c);
+    let mut v = json!({});
+    let mut t = String::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for r in results {
+        if !seen.contains(&r.workload.as_str()) {
+            seen.push(&r.workload);
+        }
+    }
+    for w in seen {
+        let Some(b) = get(w, "baseline") else {
+            continue;
+        };
+        let mut parts = Vec::new();
+        let mut row = json!({});
+        for c in ["cached", LIBRBD, LIBRBD_WB] {
+            if let Some(r) = get(w, c) {
+                let x = r.iops / b.iops.max(1e-9);
+                let p99 = r.lat_p99_us / b.lat_p99_us.max(1e-9);
+                row[c] = json!({"iops_vs_baseline": x, "p99_vs_baseline": p99});
+                parts.push(format!("{c} {x:.2}x IOPS, p99 {p99:.2}x"));
+            }
+        }
+        if let (Some(c), Some(p)) = (get(w, "cached"), get(w, LIBRBD_WB)) {
+            let x = c.iops / p.iops.max(1e-9);
+            row["cached_vs_librbd_wb"] = json!(x);
+            parts.push(format!("tiercache {x:.2}x librbd-wb"));
+        }
+        v[w] = row;
+        t += &format!("{w:<14} vs the bare image: {}\n", parts.join("; "));
+    }
+    (
+        json!({ "ceph": v }),
+        (!t.is_empty()).then(|| format!("\nOn Ceph\n{t}")),
+    )
+}
+
+/// What a report says about the run besides its numbers.
+struct ReportInfo<'a> {
+    generator: &'a str,
+    /// The core devices, for people.
+    core: &'a str,
+    /// The cluster and client configurations (rbd), else `{}`.
+    setup: &'a Value,
+    peers: &'a [&'a str],
+}
+
 fn write_report(
-    generator: &str,
+    info: &ReportInfo,
     a: &Args,
     runtime: u64,
     results: &[RunResult],
     table: &str,
     targets: &(Value, Option<String>),
     stopped: bool,
-    peers: &[&str],
 ) -> Result<(), String> {
+    let (generator, peers) = (info.generator, info.peers);
     let w = |name: &str, body: &str| -> Result<(), String> {
         let p = a.out.join(name);
         std::fs::write(&p, body).map_err(|e| format!("{}: {e}", p.display()))
@@ -1011,7 +1308,7 @@ fn write_report(
         "host": host(),
         "config": {
             "quick": a.quick, "runtime_s": runtime, "iodepth": a.iodepth, "mode": a.mode,
-            "core": format!("emu:{}", a.core_preset), "cache_size": a.cache_size,
+            "core": info.core, "cache_size": a.cache_size, "ceph": info.setup,
             "working_set": a.working_set, "load_generator": generator,
             "seq_cutoff": a.seq_cutoff, "peers": peers,
         },
@@ -1110,13 +1407,13 @@ fn write_report(
     }
 
     let md = format!(
-        "# tiercache bench\n\ncommit {}, {} s per run, QD {}, cache mode {} (sequential cutoff {}), core emu:{} (emulated), cache {} file, working set {}.{}\n\n```\n{}```\n\nPlots: iops.svg, p99.svg, latency-cdf.svg{}; raw numbers: results.json.\n\nHit ratio and dirty % are the server's own counters, reset before each cached run. The baseline is the same emulated device model on its own file, served bare by the same NBD server.{}\n",
+        "# tiercache bench\n\ncommit {}, {} s per run, QD {}, cache mode {} (sequential cutoff {}), core {}, cache {} file, working set {}.{}\n\n```\n{}```\n\nPlots: iops.svg, p99.svg, latency-cdf.svg{}; raw numbers: results.json.\n\nHit ratio and dirty % are the server's own counters, reset before each cached run. The baseline is {}, served bare by the same NBD server.{}{}\n",
         git_commit(),
         runtime,
         a.iodepth,
         a.mode,
         a.seq_cutoff,
-        a.core_preset,
+        info.core,
         a.cache_size,
         a.working_set,
         if stopped {
@@ -1130,27 +1427,41 @@ fn write_report(
         } else {
             ""
         },
+        if a.core == "rbd" {
+            "another RBD image of the same size, written the same way"
+        } else {
+            "the same emulated device model on its own file"
+        },
         if peers.contains(&NBDKIT_CACHE) {
             " `nbdkit-cache` is nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as tiercache's cache, its cache file in the scratch directory) over its own copy of the emulated core, reached through nbdkit's nbd plugin; warmed the same way; its hit ratio is not known."
+        } else {
+            ""
+        },
+        if peers.contains(&LIBRBD) || peers.contains(&LIBRBD_WB) {
+            " `librbd` and `librbd-wb` are fio's rbd engine on a third image, with `rbd_cache = false` and with librbd's in-memory writeback cache (`rbd_cache = true`, policy writeback, `rbd_cache_writethrough_until_flush = false`, librbd's default 32 MiB); their cache lives in each run's fio process, so they start cold; their hit ratio is not known."
         } else {
             ""
         }
     );
     let md = match &targets.1 {
-        Some(t) => format!(
-            "{md}\n## SPEC targets\n\n```\n{}```\n",
-            t.trim_start_matches("\nSPEC targets\n")
-        ),
+        Some(t) => {
+            // The text's first line is its heading ("SPEC targets", "On Ceph").
+            let (head, body) = t
+                .trim_start_matches('\n')
+                .split_once('\n')
+                .unwrap_or(("", t));
+            format!("{md}\n## {head}\n\n```\n{body}```\n")
+        }
         None => md,
     };
     w("report.md", &md)?;
     let html = format!(
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>tiercache bench</title>\n<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head><body>\n<h1>tiercache bench</h1>\n<p>commit {}, {} s per run, QD {}, cache mode {}, core emu:{} (emulated), cache {} file, working set {}.{}</p>\n<pre>{}</pre>\n{}\n{}\n{}\n{}\n<p>Raw numbers: results.json. Hit ratio and dirty % are the server's own counters.</p>\n</body></html>\n",
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>tiercache bench</title>\n<style>body{{font-family:sans-serif;max-width:900px;margin:2em auto}}pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}</style></head><body>\n<h1>tiercache bench</h1>\n<p>commit {}, {} s per run, QD {}, cache mode {}, core {}, cache {} file, working set {}.{}</p>\n<pre>{}</pre>\n{}\n{}\n{}\n{}\n<p>Raw numbers: results.json. Hit ratio and dirty % are the server's own counters.</p>\n</body></html>\n",
         git_commit(),
         runtime,
         a.iodepth,
         a.mode,
-        a.core_preset,
+        info.core,
         a.cache_size,
         a.working_set,
         if stopped {
@@ -1168,4 +1479,44 @@ fn write_report(
     );
     w("report.html", &html)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_follow_the_core_and_the_installed_tools() {
+        let ok = |w, rbd, nbdkit, fio| choose_peers(w, rbd, nbdkit, fio).map(|(v, _)| v);
+        assert_eq!(ok("auto", false, true, true), Ok(vec![NBDKIT_CACHE]));
+        assert_eq!(ok("auto", true, true, true), Ok(vec![LIBRBD, LIBRBD_WB]));
+        // auto leaves out what cannot run, and says why.
+        let (v, notes) = choose_peers("auto", true, false, false).unwrap();
+        assert!(
+            v.is_empty() && notes.len() == 2 && notes[0].contains("fio"),
+            "{notes:?}"
+        );
+        assert_eq!(ok("none", true, true, true), Ok(vec![]));
+        assert_eq!(
+            ok("librbd-wb, librbd,librbd-wb", true, false, true),
+            Ok(vec![LIBRBD_WB, LIBRBD])
+        );
+        // Named peers that cannot run, or do not exist, are one-line errors.
+        for (w, rbd, nbdkit, fio, says) in [
+            ("librbd", false, true, true, "a peer of rbd cores only"),
+            ("nbdkit-cache", true, true, true, "a peer of emu cores only"),
+            (
+                "nbdkit-cache",
+                false,
+                false,
+                true,
+                "nbdkit is not installed",
+            ),
+            ("librbd", true, true, false, "fio"),
+            ("qemu", false, true, true, "unknown peer 'qemu'"),
+        ] {
+            let e = choose_peers(w, rbd, nbdkit, fio).unwrap_err();
+            assert!(e.contains(says) && !e.contains('\n'), "{w}: {e}");
+        }
+    }
 }

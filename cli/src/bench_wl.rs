@@ -37,6 +37,7 @@
 //! this process dies (the script's `--watch-pid`); or `--ceph-conf FILE` for an existing one,
 //! where this command creates its images in `--pool` and removes them at the end.
 
+use crate::bench_ceph::{ClientConfs, Cluster, FioTarget};
 use crate::bench_run::{STOP, fio_version, git_commit, host, install_sigint};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -363,206 +364,6 @@ pub fn run(a: Args) -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The cluster.
-
-/// The Ceph cluster the benchmark runs against: one it started (stopped on drop) or one it was
-/// given (its images removed on drop).
-struct Cluster {
-    /// The directory of a cluster this run started, and the script that started it.
-    own: Option<(PathBuf, PathBuf)>,
-    conf: PathBuf,
-    id: String,
-    pool: String,
-    images: Vec<String>,
-    stopped: bool,
-}
-
-fn cluster_script() -> Option<PathBuf> {
-    let here = PathBuf::from("scripts/ceph-cluster.sh");
-    if here.is_file() {
-        return Some(here.canonicalize().unwrap_or(here));
-    }
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ceph-cluster.sh");
-    built.is_file().then_some(built)
-}
-
-impl Cluster {
-    fn start(scratch: &Path, osd_bytes: u64, setup: &mut Value) -> Result<Cluster, String> {
-        let script = cluster_script().ok_or(
-            "scripts/ceph-cluster.sh not found (run from the repository, or pass --ceph-conf)",
-        )?;
-        let ok = Command::new("ceph-mon")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            return Err(
-                "ceph-mon is not installed (apt-get install ceph ceph-mon ceph-osd), or pass --ceph-conf"
-                    .into(),
-            );
-        }
-        let dir = scratch.join("ceph");
-        let t = Instant::now();
-        let out = Command::new(&script)
-            .arg("start")
-            .arg(&dir)
-            .args(["--watch-pid", &std::process::id().to_string()])
-            .args(["--osd-size", &format!("{}M", osd_bytes >> 20)])
-            .stdin(Stdio::null())
-            .process_group(0)
-            .output()
-            .map_err(|e| format!("{}: {e}", script.display()))?;
-        let c = Cluster {
-            own: Some((dir.clone(), script)),
-            conf: dir.join("ceph.conf"),
-            id: "admin".into(),
-            pool: "rbd".into(),
-            images: Vec::new(),
-            stopped: false,
-        };
-        let said = String::from_utf8_lossy(&out.stdout).into_owned();
-        if !out.status.success() {
-            return Err(format!(
-                "ceph-cluster.sh start failed: {}{}",
-                said,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let line = said.lines().next().unwrap_or("").to_string();
-        println!("{line}");
-        setup["cluster"] = json!({"started_by_bench": true, "script_says": line,
-            "start_s": t.elapsed().as_secs_f64(), "osd_bytes": osd_bytes, "conf": c.conf});
-        Ok(c)
-    }
-
-    fn given(conf: &Path, id: &str, pool: &str, setup: &mut Value) -> Result<Cluster, String> {
-        let conf = conf
-            .canonicalize()
-            .map_err(|e| format!("--ceph-conf {}: {e}", conf.display()))?;
-        setup["cluster"] = json!({"started_by_bench": false, "conf": conf, "id": id,
-            "pool": pool});
-        Ok(Cluster {
-            own: None,
-            conf,
-            id: id.into(),
-            pool: pool.into(),
-            images: Vec::new(),
-            stopped: false,
-        })
-    }
-
-    /// `rbd ARGS` against the cluster (bounded in time); its stdout.
-    fn rbd(&self, args: &[&str]) -> Result<String, String> {
-        let o = Command::new("timeout")
-            .args(["-k", "5", "600", "rbd", "-c"])
-            .arg(&self.conf)
-            .args(["--id", &self.id])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("rbd: {e}"))?;
-        if !o.status.success() {
-            return Err(format!(
-                "rbd {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&o.stderr).trim()
-            ));
-        }
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    }
-
-    /// Creates POOL/NAME and writes it end to end (4 MiB sequential writes).
-    fn image(&mut self, name: &str, bytes: u64) -> Result<f64, String> {
-        let spec = format!("{}/{name}", self.pool);
-        self.rbd(&["create", "--size", &format!("{}M", bytes >> 20), &spec])?;
-        self.images.push(name.to_string());
-        let t = Instant::now();
-        self.rbd(&[
-            "bench",
-            "--io-type",
-            "write",
-            "--io-pattern",
-            "seq",
-            "--io-size",
-            "4M",
-            "--io-threads",
-            "16",
-            "--io-total",
-            &format!("{}M", bytes >> 20),
-            &spec,
-        ])?;
-        Ok(t.elapsed().as_secs_f64())
-    }
-
-    /// A copy of the cluster's config with `lines` added for clients.
-    fn variant(&self, path: &Path, lines: &[(&str, &str)]) -> Result<PathBuf, String> {
-        let mut s = std::fs::read_to_string(&self.conf)
-            .map_err(|e| format!("{}: {e}", self.conf.display()))?;
-        s.push_str("\n# Added by tiercache bench wl.\n[client]\n");
-        for (k, v) in lines {
-            let _ = writeln!(s, "{k} = {v}");
-        }
-        std::fs::write(path, s).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(path.to_path_buf())
-    }
-
-    fn stop(&mut self) {
-        if self.stopped {
-            return;
-        }
-        self.stopped = true;
-        match &self.own {
-            Some((dir, script)) => {
-                let t = Instant::now();
-                match Command::new(script)
-                    .arg("stop")
-                    .arg(dir)
-                    .stdin(Stdio::null())
-                    .output()
-                {
-                    Ok(o) if o.status.success() => {
-                        println!("cluster stopped in {:.2} s", t.elapsed().as_secs_f64())
-                    }
-                    Ok(o) => eprintln!(
-                        "ceph-cluster.sh stop: {}",
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    ),
-                    Err(e) => eprintln!("ceph-cluster.sh stop: {e}"),
-                }
-            }
-            None => {
-                for i in std::mem::take(&mut self.images) {
-                    if let Err(e) =
-                        self.rbd(&["rm", "--no-progress", &format!("{}/{i}", self.pool)])
-                    {
-                        eprintln!("could not remove image {}/{i}: {e}", self.pool);
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// What `ceph-conf` says `key` is for this client in `conf` (None without ceph-conf).
-fn conf_lookup(conf: &Path, id: &str, key: &str) -> Option<String> {
-    let o = Command::new("ceph-conf")
-        .arg("-c")
-        .arg(conf)
-        .args(["-n", &format!("client.{id}"), "--lookup", key])
-        .output()
-        .ok()?;
-    Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
-// ---------------------------------------------------------------------------------------------
 // The daemon.
 
 /// A `tiercache daemon` child pinned to the server CPU, in its own process group, dying with
@@ -747,18 +548,6 @@ fn zero_file(path: &Path, bytes: u64) -> Result<(), String> {
 // ---------------------------------------------------------------------------------------------
 // fio.
 
-enum Target {
-    /// fio's rbd engine: the config file (rbd_cache settings), client, pool and image.
-    Rbd {
-        conf: PathBuf,
-        id: String,
-        pool: String,
-        image: String,
-    },
-    /// fio's nbd engine.
-    Nbd { uri: String },
-}
-
 /// One measured run.
 #[derive(Default)]
 struct Meas {
@@ -823,7 +612,7 @@ struct Report {
     drains: Vec<Value>,
 }
 
-fn fio_cmd(plan: &Plan, target: &Target, qd: u32) -> Command {
+fn fio_cmd(plan: &Plan, target: &FioTarget, qd: u32) -> Command {
     let mut cmd = Command::new("taskset");
     cmd.arg("-c")
         .arg(plan.client_cpu.to_string())
@@ -837,23 +626,7 @@ fn fio_cmd(plan: &Plan, target: &Target, qd: u32) -> Command {
         .arg("--randrepeat=0")
         .arg("--time_based")
         .stdin(Stdio::null());
-    match target {
-        Target::Rbd {
-            conf,
-            id,
-            pool,
-            image,
-        } => {
-            cmd.arg("--ioengine=rbd")
-                .arg(format!("--clientname={id}"))
-                .arg(format!("--pool={pool}"))
-                .arg(format!("--rbdname={image}"))
-                .env("CEPH_CONF", conf);
-        }
-        Target::Nbd { uri } => {
-            cmd.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
-        }
-    }
+    target.apply(&mut cmd);
     cmd
 }
 
@@ -899,7 +672,7 @@ type Sample = (f64, Option<f64>, Option<f64>, Option<Value>);
 /// Runs one measured fio job; samples CPU (and the wl log through `wl`) while it runs.
 fn measure(
     plan: &Plan,
-    target: &Target,
+    target: &FioTarget,
     qd: u32,
     ramp: u64,
     scratch: &Path,
@@ -995,7 +768,7 @@ fn measure(
 fn fill(plan: &Plan, d: &Daemon, id: u16, export: &str) -> Result<Value, String> {
     let w0 = d.wl(id)?;
     let waited0 = w0["writes_waited_for_space"].as_u64().unwrap_or(0);
-    let mut cmd = fio_cmd(plan, &Target::Nbd { uri: d.uri(export) }, plan.fill_qd);
+    let mut cmd = fio_cmd(plan, &FioTarget::Nbd { uri: d.uri(export) }, plan.fill_qd);
     cmd.arg(format!("--runtime={}", plan.fill_timeout.as_secs() + 5))
         .arg("--output-format=json")
         .stdout(Stdio::null())
@@ -1075,35 +848,8 @@ fn run_with(
     rep: &mut Report,
     t0: Instant,
 ) -> Result<(), String> {
-    let id = cluster.id.clone();
-    let plain = cluster.variant(&scratch.join("librbd.conf"), &[("rbd_cache", "false")])?;
-    let wb = cluster.variant(
-        &scratch.join("librbd-wb.conf"),
-        &[
-            ("rbd_cache", "true"),
-            ("rbd_cache_policy", "writeback"),
-            ("rbd_cache_writethrough_until_flush", "false"),
-        ],
-    )?;
-    let look = |c: &Path| {
-        json!({
-            "rbd_cache": conf_lookup(c, &id, "rbd_cache"),
-            "rbd_cache_policy": conf_lookup(c, &id, "rbd_cache_policy"),
-            "rbd_cache_writethrough_until_flush":
-                conf_lookup(c, &id, "rbd_cache_writethrough_until_flush"),
-            "rbd_cache_size": conf_lookup(c, &id, "rbd_cache_size"),
-            "rbd_cache_max_dirty": conf_lookup(c, &id, "rbd_cache_max_dirty"),
-        })
-    };
-    rep.setup["librbd_conf"] = look(&plain);
-    rep.setup["librbd_wb_conf"] = look(&wb);
-    rep.setup["ceph_version"] = json!(
-        Command::new("ceph")
-            .arg("--version")
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    );
+    let confs = ClientConfs::write(cluster, scratch, &mut rep.setup)?;
+    let (plain, wb) = (confs.plain.clone(), confs.wb.clone());
     // The images: one per configuration, same size, written end to end.
     let pid = std::process::id();
     let img = |c: &str| format!("tc-p8-{pid}-{c}");
@@ -1152,12 +898,7 @@ fn run_with(
                 force: true,
                 io_timeout: None,
             })?;
-            let dev = format!(
-                "rbd:{}/{image}:conf={}:id={}",
-                cluster.pool,
-                plain.display(),
-                cluster.id
-            );
+            let dev = confs.core_device(cluster, image);
             d.call(Request::AddCore {
                 cache_id: phase.cache_id(),
                 core_device: dev.clone(),
@@ -1217,21 +958,21 @@ fn rounds(
 ) -> Result<(), String> {
     let total_runs = plan.rounds as usize * plan.phases.len() * plan.qds.len() * plan.cfgs.len();
     let mut n = 0;
-    let target = |c: Cfg, p: Phase| -> Target {
+    let target = |c: Cfg, p: Phase| -> FioTarget {
         match c {
-            Cfg::Librbd => Target::Rbd {
+            Cfg::Librbd => FioTarget::Rbd {
                 conf: plain.to_path_buf(),
                 id: id.into(),
                 pool: pool.into(),
                 image: img_rbd.into(),
             },
-            Cfg::LibrbdWb => Target::Rbd {
+            Cfg::LibrbdWb => FioTarget::Rbd {
                 conf: wb.to_path_buf(),
                 id: id.into(),
                 pool: pool.into(),
                 image: img_rbd.into(),
             },
-            Cfg::Wl => Target::Nbd {
+            Cfg::Wl => FioTarget::Nbd {
                 uri: d
                     .map(|d| d.uri(&format!("p8-{}", p.name())))
                     .unwrap_or_default(),

@@ -5,6 +5,7 @@
 
 mod admin_cmds;
 mod alloc_count;
+mod bench_ceph;
 mod bench_core;
 mod bench_engine;
 mod bench_load;
@@ -29,6 +30,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once per run: the size of the bench variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Benchmark: the studies' workload matrix, baseline vs cached, over NBD (`--quick`: the

@@ -596,3 +596,103 @@ fn wl_cache_on_rbd_sigkill_restart_export() {
         c.startup.as_secs_f64()
     );
 }
+
+/// `tiercache bench --core rbd` (issue 6: the Ceph peers) on the test's cluster, given with
+/// `--ceph-conf`: the 4K workloads on three images of their own (baseline bare through the NBD
+/// server, cached through a `wb` cache, the librbd peers with fio's rbd engine without and with
+/// librbd's writeback cache). Every configuration of every workload measured, the client
+/// configurations as asked, the cached runs' counters sane, the comparison in the report, and
+/// the bench's images removed from the pool afterwards.
+#[test]
+fn bench_on_rbd_cores_with_the_librbd_peers() {
+    let Some(c) = ceph::shared("bench_on_rbd_cores_with_the_librbd_peers") else {
+        return;
+    };
+    if !have("fio") {
+        println!("skipped: fio is not installed (apt-get install fio)");
+        return;
+    }
+    let d = Dir::new("ceph-bench");
+    let out = d.path("report");
+    let conf = c.conf.display().to_string();
+    let (ok, so, se) = common::run(
+        Command::new(env!("CARGO_BIN_EXE_tiercache")).args([
+            "bench",
+            "--core",
+            "rbd",
+            "--ceph-conf",
+            &conf,
+            "--quick",
+            "--runtime",
+            "2",
+            "--only",
+            "4k",
+            "--cache-size",
+            "128m",
+            "--working-set",
+            "64m",
+            "--out",
+            &out,
+            "--scratch",
+            &d.path(""),
+        ]),
+        600,
+    );
+    println!("{so}");
+    assert!(ok, "bench --core rbd failed:\n{so}\n{se}");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{out}/results.json")).unwrap()).unwrap();
+    let cfg = &v["config"];
+    assert_eq!(cfg["peers"], serde_json::json!(["librbd", "librbd-wb"]));
+    assert_eq!(cfg["ceph"]["librbd_conf"]["rbd_cache"], "false");
+    assert_eq!(cfg["ceph"]["librbd_wb_conf"]["rbd_cache"], "true");
+    assert_eq!(
+        cfg["ceph"]["librbd_wb_conf"]["rbd_cache_policy"],
+        "writeback"
+    );
+    assert_eq!(cfg["ceph"]["cluster"]["started_by_bench"], false);
+    assert!(
+        cfg["core"]
+            .as_str()
+            .unwrap()
+            .starts_with("rbd:rbd/tc-bench-")
+    );
+    let runs = v["runs"].as_array().unwrap();
+    for w in ["randread-4k", "randwrite-4k", "randrw70-4k"] {
+        for config in ["baseline", "cached", "librbd", "librbd-wb"] {
+            let r = runs
+                .iter()
+                .find(|r| r["workload"] == w && r["config"] == config)
+                .unwrap_or_else(|| panic!("no {w} {config} run in {v}"));
+            assert!(r["iops"].as_f64().unwrap() > 0.0, "{w} {config}: {r}");
+            assert!(r["lat_p99_us"].as_f64().unwrap() > 0.0, "{w} {config}: {r}");
+            // Only tiercache's own runs have server counters.
+            assert_eq!(r["hit_ratio"].is_null(), config != "cached", "{w} {config}");
+        }
+        let x = &v["spec_targets"]["ceph"][w];
+        assert!(
+            x["cached"]["iops_vs_baseline"].as_f64().unwrap() > 0.0,
+            "{x}"
+        );
+        assert!(x["cached_vs_librbd_wb"].as_f64().unwrap() > 0.0, "{x}");
+    }
+    let cached = |w: &str| {
+        runs.iter()
+            .find(|r| r["workload"] == w && r["config"] == "cached")
+            .unwrap()
+    };
+    // Warmed over the working set: every 4K random read hits; random writes leave dirty data.
+    assert!(cached("randread-4k")["hit_ratio"].as_f64().unwrap() > 0.99);
+    assert!(cached("randwrite-4k")["dirty_pct"].as_f64().unwrap() > 0.0);
+    let md = std::fs::read_to_string(format!("{out}/report.md")).unwrap();
+    assert!(
+        md.contains("## On Ceph") && md.contains("librbd-wb"),
+        "{md}"
+    );
+    assert!(std::path::Path::new(&format!("{out}/report.html")).is_file());
+    let left = c.rbd(&["ls", "rbd"]);
+    assert!(
+        !left.contains("tc-bench-"),
+        "the bench left images behind: {left}"
+    );
+}
