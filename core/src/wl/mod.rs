@@ -21,8 +21,8 @@
 //!   core it touched is flushed, then the generation is retired from the index and the log
 //!   superblock records the new tail (FUA) — and only then does the next generation start. So a
 //!   core always holds "every generation up to k, and some writes of k+1". While writes wait
-//!   for room in the log, a written-back prefix of the front generation (1/8 of
-//!   `gen_max_writes` entries or 1/16 of the ring) is flushed on its cores and retired early,
+//!   for room in the log, a written-back prefix of the front generation (1/256 of
+//!   `gen_max_writes` entries or 1/512 of the ring) is flushed on its cores and retired early,
 //!   the rest of the generation going on meanwhile: room comes back in small steps, not a
 //!   whole generation at a time. If a core flush fails, what the generation had written back
 //!   is written again (entries still in flight too, after them), in log order.
@@ -1657,9 +1657,9 @@ impl WriteLog {
             }
             let n = (self.wb_done_upto - front_seq) as usize;
             let end_pos = self.entries.get(n).map_or(self.head_pos, |e| e.pos);
-            let big = n as u64 >= (self.cfg.gen_max_writes as u64 / 8).max(1)
-                || end_pos - self.entries[0].pos >= self.cfg.ring_blocks() / 16;
-            if n > 0 && big && std::env::var("NOPREFIX").is_err() {
+            let big = n as u64 >= (self.cfg.gen_max_writes as u64 / 256).max(1)
+                || end_pos - self.entries[0].pos >= self.cfg.ring_blocks() / 512;
+            if n > 0 && big {
                 self.flush_for_retire(n, Some(self.wb_done_upto));
             }
         }
