@@ -820,12 +820,7 @@ fn load_refuses_a_core_that_was_replaced_or_shrank() {
 
     // The real core, shrunk: refused the same way.
     std::fs::rename(&moved, &core).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
+    common::resize(&core, 32 << 20);
     let v = dm.json(&["start-cache", "--cache-device", &cache, "--load"]);
     assert_eq!(v["state"], "incomplete", "{v}");
     assert_eq!(
@@ -836,12 +831,7 @@ fn load_refuses_a_core_that_was_replaced_or_shrank() {
     );
     assert!(dm.nbd("v").is_err());
     // Its size back: attached, and the dirty data is there.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
+    common::resize(&core, 64 << 20);
     let v = dm.json(&["add-core", "--cache-id", "1", "--core-device", &core]);
     assert_eq!(v["state"], "running", "{v}");
     let mut buf = vec![0u8; 4096];

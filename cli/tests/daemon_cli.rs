@@ -285,33 +285,13 @@ fn lifecycle_through_the_cli() {
 }
 
 fn config(d: &Dir, mode: &str) -> String {
-    let p = d.path("tc.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"
-[[cache]]
-id = 1
-device = "{}"
-mode = "{mode}"
-[cache.params]
-cleaning = {{ policy = "nop" }}
-[[cache.core]]
-id = 0
-device = "{}"
-export = "vm1"
-[[cache.core]]
-id = 1
-device = "{}"
-export = "vm2"
-"#,
-            d.path("cache.img"),
-            d.path("core0.img"),
-            d.path("core1.img")
-        ),
+    let (c0, c1) = (d.path("core0.img"), d.path("core1.img"));
+    common::cache_config(
+        d,
+        &d.path("cache.img"),
+        mode,
+        &[(0, &c0, "vm1", ""), (1, &c1, "vm2", "")],
     )
-    .unwrap();
-    p
 }
 
 #[test]
@@ -409,12 +389,7 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
     drop(e);
 
     // Grow: the next connection sees the new size and can use it.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(96 << 20)
-        .unwrap();
+    common::resize(&core, 96 << 20);
     let e = dm.nbd("r").unwrap();
     assert_eq!(e.blocks() * 512, 96 << 20);
     let far = (90u64 << 20) / 4096;
@@ -425,12 +400,7 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
     assert_eq!(l[0]["cores"][0]["size_bytes"], 96 << 20);
 
     // Shrink below the cached (dirty) data at 90 MiB: refused, not served.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(80 << 20)
-        .unwrap();
+    common::resize(&core, 80 << 20);
     let r = dm.nbd("r");
     assert!(r.is_err(), "a shrink below cached data must be refused");
     let log = std::fs::read_to_string(d.path("daemon.log")).unwrap();
@@ -439,22 +409,12 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
         "{log}"
     );
     // Grown back: served again with the data.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(96 << 20)
-        .unwrap();
+    common::resize(&core, 96 << 20);
     check_set(&dm.nbd("r").unwrap(), far..far + 4, 5);
 
     // Restart with a core that grew while the daemon was down: loaded at the new size.
     dm.ok(&["stop-cache", "--cache-id", "1", "--no-writeback"]);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(128 << 20)
-        .unwrap();
+    common::resize(&core, 128 << 20);
     // --load attaches the recorded core by itself (by its device string, identity checked).
     let v = dm.json(&["start-cache", "--cache-device", &cache, "--load"]);
     assert_eq!(v["state"], "running", "{v}");
@@ -477,12 +437,7 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
     // Without cached data past the new end, a shrink is accepted.
     dm.ok(&["writeback", "--cache-id", "1"]);
     dm.ok(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&core)
-        .unwrap()
-        .set_len(80 << 20)
-        .unwrap();
+    common::resize(&core, 80 << 20);
     assert_eq!(dm.nbd("r").unwrap().blocks() * 512, 80 << 20);
     dm.shutdown();
 }

@@ -152,26 +152,7 @@ fn metric(text: &str, series: &str) -> f64 {
 
 /// A daemon with a metrics listener, from a config file with one cache and one core.
 fn daemon(d: &Dir, cache: &str, mode: &str, core: &str, core_extra: &str) -> (Daemon, u16) {
-    let cfg = d.path("tc.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            r#"
-[[cache]]
-id = 1
-device = "{cache}"
-mode = "{mode}"
-[cache.params]
-cleaning = {{ policy = "nop" }}
-[[cache.core]]
-id = 0
-device = "{core}"
-export = "vm"
-{core_extra}
-"#
-        ),
-    )
-    .unwrap();
+    let cfg = common::cache_config(d, cache, mode, &[(0, core, "vm", core_extra)]);
     let port = free_port();
     let dm = Daemon::start(
         Opts::new(d)

@@ -108,6 +108,35 @@ pub fn sparse(path: &str, bytes: u64) {
     std::fs::File::create(path).unwrap().set_len(bytes).unwrap();
 }
 
+/// Grows or shrinks an existing file in place (a core "resized" under the daemon).
+pub fn resize(path: &str, bytes: u64) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+        .set_len(bytes)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+}
+
+/// Writes `tc.toml` in `d`: cache 1 on `cache` in `mode`, cleaning `nop` (dirty data stays
+/// until a test writes it back), and one `[[cache.core]]` per `(id, device, export, extra
+/// TOML lines)`; returns its path.
+pub fn cache_config(d: &Dir, cache: &str, mode: &str, cores: &[(u16, &str, &str, &str)]) -> String {
+    let mut t = format!(
+        "[[cache]]\nid = 1\ndevice = \"{cache}\"\nmode = \"{mode}\"\n[cache.params]\ncleaning = {{ policy = \"nop\" }}\n"
+    );
+    for (id, device, export, extra) in cores {
+        t += &format!("[[cache.core]]\nid = {id}\ndevice = \"{device}\"\nexport = \"{export}\"\n");
+        if !extra.is_empty() {
+            t += extra;
+            t.push('\n');
+        }
+    }
+    let p = d.path("tc.toml");
+    std::fs::write(&p, t).unwrap();
+    p
+}
+
 /// A daemon process started by a test; dropping it kills exactly that process.
 pub struct Daemon {
     child: Option<Child>,
