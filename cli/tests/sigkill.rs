@@ -66,10 +66,18 @@ fn target(d: &Dir) -> Target {
 }
 
 fn connect(t0: &Target) -> Connection {
+    connect_unless(t0, &AtomicBool::new(false)).expect("not stopped")
+}
+
+/// Connects, retrying while the daemon starts; `None` once `stop` is set (the round's kill came
+/// before this connection was made: a machine short of CPU can be that slow, and the killed
+/// daemon will not answer).
+fn connect_unless(t0: &Target, stop: &AtomicBool) -> Option<Connection> {
     let t = Instant::now();
     loop {
         match Connection::connect(t0) {
-            Ok(c) => return c,
+            Ok(c) => return Some(c),
+            Err(_) if stop.load(Ordering::Relaxed) => return None,
             Err(e) => {
                 assert!(
                     t.elapsed() < Duration::from_secs(30),
@@ -100,9 +108,11 @@ fn worker(
     seed: u64,
     stop: &AtomicBool,
 ) -> (Vec<Sector>, Counts) {
-    let mut c = connect(tgt);
-    let mut rng = Rng(seed ^ (w as u64) << 56);
     let mut n = Counts::default();
+    let Some(mut c) = connect_unless(tgt, stop) else {
+        return (oracle, n);
+    };
+    let mut rng = Rng(seed ^ (w as u64) << 56);
     let mut touched: Vec<usize> = Vec::new();
     let regions = SECTORS / REGION_SECTORS / WORKERS;
     let mut buf = vec![0u8; 32 * SECTOR];
