@@ -1383,13 +1383,8 @@ impl Registry {
         };
         let mut dirty = 0;
         let mut dirty_b = 0;
-        if running {
-            if !no_writeback {
-                self.writeback_for(cache_id, None, WbFor::Stop, progress)?;
-            }
-            let e = self.engine(cache_id)?;
-            dirty = e.with_cache(|c| c.dirty_lines());
-            dirty_b = dirty_bytes(&e);
+        if running && !no_writeback {
+            self.writeback_for(cache_id, None, WbFor::Stop, progress)?;
         }
         // Problems that ended (the writeback above) are logged as ended before the cache
         // leaves the watcher's view (between two polls they would go without a line).
@@ -1416,6 +1411,10 @@ impl Registry {
             // fails does not keep the cache from stopping (its checkpoint is written): said
             // in the log and the answer.
             note_flush_failure(cache_id, e.stop_shared(), &mut flush_failed);
+            // What stays dirty, counted once stopped: writeback runs until the stop (it kept
+            // going after an earlier count, and the answer said more than the device held).
+            dirty = e.with_cache(|c| c.dirty_lines());
+            dirty_b = dirty_bytes(&e);
             // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
             // dirty lines of it stay on the cache device.
             let rbds: Vec<(u16, Arc<RbdBackend>)> = entry
