@@ -12,6 +12,37 @@ use std::time::Instant;
 
 /// The Ceph cluster the benchmark runs against: one it started (stopped on drop) or one it was
 /// given (its images removed on drop).
+/// The options that say which cluster a benchmark runs on (`bench --core rbd`, `bench wl`).
+#[derive(clap::Args, Default, Clone)]
+pub struct CephArgs {
+    /// Use this Ceph cluster instead of starting one (the images are created in --pool and
+    /// removed at the end).
+    #[arg(long)]
+    pub ceph_conf: Option<PathBuf>,
+    /// The cephx client (with --ceph-conf).
+    #[arg(long, default_value = "admin")]
+    pub ceph_id: String,
+    /// The pool the images are created in.
+    #[arg(long, default_value = "rbd")]
+    pub pool: String,
+}
+
+impl CephArgs {
+    /// The cluster of `--ceph-conf`, or a single-node one started in `scratch` with an OSD
+    /// file of `osd_bytes` (sparse).
+    pub(crate) fn cluster(
+        &self,
+        scratch: &Path,
+        osd_bytes: u64,
+        setup: &mut Value,
+    ) -> Result<Cluster, String> {
+        match &self.ceph_conf {
+            Some(c) => Cluster::given(c, &self.ceph_id, &self.pool, setup),
+            None => Cluster::start(scratch, osd_bytes, setup),
+        }
+    }
+}
+
 pub(crate) struct Cluster {
     /// The directory of a cluster this run started, and the script that started it.
     own: Option<(PathBuf, PathBuf)>,

@@ -16,7 +16,7 @@
 //! Results: a table on stdout, and in `--out`: `results.json`, `report.md`, `report.html`
 //! (self-contained, with plots) and the plots as `.svg`.
 
-use crate::bench_ceph::{ClientConfs, Cluster, FioTarget};
+use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
 use crate::svg;
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Write};
@@ -55,16 +55,9 @@ pub struct Args {
     /// Emulated core device preset (see `tiercache sim` presets), with `--core emu`.
     #[arg(long, default_value = "hdd-10k-sas")]
     pub core_preset: String,
-    /// With `--core rbd`: use this Ceph cluster instead of starting one (the images are
-    /// created in `--pool` and removed at the end).
-    #[arg(long)]
-    pub ceph_conf: Option<PathBuf>,
-    /// With `--ceph-conf`: the cephx client.
-    #[arg(long, default_value = "admin")]
-    pub ceph_id: String,
-    /// With `--core rbd`: the pool the images are created in.
-    #[arg(long, default_value = "rbd")]
-    pub pool: String,
+    /// With `--core rbd`: the cluster.
+    #[command(flatten)]
+    pub ceph: CephArgs,
     /// Cache size (k/m/g).
     #[arg(long, default_value = "1g")]
     pub cache_size: String,
@@ -531,7 +524,7 @@ pub fn run(a: Args) -> Result<(), String> {
         "rbd" => true,
         c => return Err(format!("--core {c}: want emu or rbd")),
     };
-    if !rbd && a.ceph_conf.is_some() {
+    if !rbd && a.ceph.ceph_conf.is_some() {
         return Err("--ceph-conf applies to --core rbd only".into());
     }
     tiercache_io::parse_emu(&format!("emu:{}:/x", a.core_preset))?;
@@ -612,16 +605,10 @@ fn run_in(
     let (base_dev, cached_dev, core_desc) = if rbd {
         let librbd_peers = peers.iter().any(|p| [LIBRBD, LIBRBD_WB].contains(p));
         let images = 2 + u64::from(librbd_peers);
-        let mut c = match &a.ceph_conf {
-            Some(conf) => Cluster::given(conf, &a.ceph_id, &a.pool, &mut setup)?,
-            // Sparse: a generous size costs nothing. BlueStore needs room beyond the images
-            // (its metadata, and overwrites before space is freed); a full OSD blocks writes.
-            None => Cluster::start(
-                scratch,
-                (core_bytes * images * 2 + (4 << 30)).max(10 << 30),
-                &mut setup,
-            )?,
-        };
+        // Sparse: a generous size costs nothing. BlueStore needs room beyond the images (its
+        // metadata, and overwrites before space is freed); a full OSD blocks writes.
+        let osd_bytes = (core_bytes * images * 2 + (4 << 30)).max(10 << 30);
+        let mut c = a.ceph.cluster(scratch, osd_bytes, &mut setup)?;
         let confs = ClientConfs::write(&c, scratch, &mut setup)?;
         let img = |c: &str| format!("tc-bench-{}-{c}", std::process::id());
         let mut names = vec![img("baseline"), img("cached")];

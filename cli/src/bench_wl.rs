@@ -37,7 +37,7 @@
 //! this process dies (the script's `--watch-pid`); or `--ceph-conf FILE` for an existing one,
 //! where this command creates its images in `--pool` and removes them at the end.
 
-use crate::bench_ceph::{ClientConfs, Cluster, FioTarget};
+use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
 use crate::bench_run::{STOP, fio_version, git_commit, host, install_sigint};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
@@ -89,16 +89,9 @@ pub struct Args {
     /// CPU fio runs on.
     #[arg(long, default_value_t = 1)]
     pub client_cpu: usize,
-    /// Use this Ceph cluster instead of starting one (images are created in --pool and
-    /// removed at the end).
-    #[arg(long)]
-    pub ceph_conf: Option<PathBuf>,
-    /// The cephx client (with --ceph-conf).
-    #[arg(long, default_value = "admin")]
-    pub ceph_id: String,
-    /// The pool the images are created in.
-    #[arg(long, default_value = "rbd")]
-    pub pool: String,
+    /// The cluster.
+    #[command(flatten)]
+    pub ceph: CephArgs,
     /// Write every raw number as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -828,14 +821,8 @@ fn fill(plan: &Plan, d: &Daemon, id: u16, export: &str) -> Result<Value, String>
 fn run_in(a: &Args, plan: &Plan, scratch: &Path, rep: &mut Report) -> Result<(), String> {
     let t0 = Instant::now();
     let nimg = 3u64;
-    let mut cluster = match &a.ceph_conf {
-        Some(c) => Cluster::given(c, &a.ceph_id, &a.pool, &mut rep.setup)?,
-        None => Cluster::start(
-            scratch,
-            (nimg * plan.image_bytes + (4 << 30)).max(10 << 30),
-            &mut rep.setup,
-        )?,
-    };
+    let osd_bytes = (nimg * plan.image_bytes + (4 << 30)).max(10 << 30);
+    let mut cluster = a.ceph.cluster(scratch, osd_bytes, &mut rep.setup)?;
     let res = run_with(plan, scratch, &mut cluster, rep, t0);
     cluster.stop();
     res
