@@ -266,17 +266,13 @@ impl Link {
                 a.max_block
             )));
         }
-        let mut socks = vec![sock];
-        while socks.len() < self.want {
-            match open_one(&self.target, &self.export, timeout) {
-                Ok((s, y)) if y == x => socks.push(s),
-                Ok((s, _)) => {
-                    let _ = s.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
+        let socks = open_more(&self.target, &self.export, sock, &x, self.want, timeout);
+        self.start(socks).map_err(|_| Reopen::Failed)
+    }
+
+    /// Starts a connection on each socket, each telling this link when it dies. On a failure
+    /// the ones already started are closed.
+    fn start(self: &Arc<Self>, socks: Vec<Sock>) -> Result<Vec<Arc<Conn>>, String> {
         let mut conns: Vec<Arc<Conn>> = Vec::with_capacity(socks.len());
         for s in socks {
             let notice = Link::notice(Arc::downgrade(self));
@@ -287,11 +283,11 @@ impl Link {
                 Some(notice),
             ) {
                 Ok(c) => conns.push(c),
-                Err(_) => {
+                Err(msg) => {
                     for c in &conns {
                         c.close();
                     }
-                    return Err(Reopen::Failed);
+                    return Err(msg);
                 }
             }
         }
@@ -456,6 +452,31 @@ fn lock(m: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
     lk(m)
 }
 
+/// Opens connections after `first` (which offered `x`) until there are `want`, for servers
+/// with `NBD_FLAG_CAN_MULTI_CONN`. A server that refuses one more, or offers something else
+/// on it, only costs parallelism: what was opened is kept.
+fn open_more(
+    target: &uri::Target,
+    export: &str,
+    first: Sock,
+    x: &Export,
+    want: usize,
+    timeout: Duration,
+) -> Vec<Sock> {
+    let mut socks = vec![first];
+    while socks.len() < want {
+        match open_one(target, export, timeout) {
+            Ok((s, y)) if y == *x => socks.push(s),
+            Ok((s, _)) => {
+                let _ = s.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    socks
+}
+
 /// Opens one connection and runs the handshake.
 fn open_one(
     target: &uri::Target,
@@ -509,20 +530,8 @@ impl NbdBackend {
         let chunk = (u64::from(x.max_block).min(MAX_CHUNK) / align * align).max(align);
         let zero_chunk = MAX_ZERO_CHUNK / align * align;
 
-        let mut socks = vec![sock];
-        if info.multi_conn {
-            for _ in 1..opts.connections {
-                // A server that cannot take more connections only costs us parallelism.
-                match open_one(&parsed.target, &parsed.export, timeout) {
-                    Ok((s, y)) if y == x => socks.push(s),
-                    Ok((s, _)) => {
-                        let _ = s.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
-                        break;
-                    }
-                    Err(_) => break,
-                }
-            }
-        }
+        let want = if info.multi_conn { opts.connections } else { 1 };
+        let socks = open_more(&parsed.target, &parsed.export, sock, &x, want, timeout);
         let link = Arc::new(Link {
             label: label.clone(),
             target: parsed.target.clone(),
@@ -539,23 +548,13 @@ impl NbdBackend {
             reconnects: AtomicU64::new(0),
             hook: Mutex::new(None),
         });
-        let mut conns: Vec<Arc<Conn>> = Vec::with_capacity(socks.len());
-        for s in socks {
-            let notice = Link::notice(Arc::downgrade(&link));
-            match Conn::start(label.clone(), s, opts.request_timeout, Some(notice)) {
-                Ok(c) => conns.push(c),
-                Err(msg) => {
-                    lk(&link.st).closed = true;
-                    for c in &conns {
-                        c.close();
-                    }
-                    return Err(with_label(IoErr::Io {
-                        kind: ErrorKind::Other,
-                        msg,
-                    }));
-                }
-            }
-        }
+        let conns = link.start(socks).map_err(|msg| {
+            lk(&link.st).closed = true;
+            with_label(IoErr::Io {
+                kind: ErrorKind::Other,
+                msg,
+            })
+        })?;
         *wr(&link.conns) = conns;
         // A connection that died before it was listed (the server went at once) is noticed
         // here.
