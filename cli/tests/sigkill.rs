@@ -13,8 +13,9 @@
 //!   later kill until the block is written again.
 //!
 //! The load: 4 connections, each owning every 4th 64 KiB region of a 32 MiB core; writes of
-//! 512 B–16 KiB at 512-byte offsets (some with FUA), flushes, and read-backs that must return
-//! the newest acknowledged data while running. The cache (16 MiB) is smaller than the core, so
+//! 512 B–16 KiB at 512-byte offsets (some with FUA), TRIMs and WRITE_ZEROES (the sectors then
+//! read as zeros), flushes, and read-backs that must return the newest acknowledged data while
+//! running. The cache (16 MiB) is smaller than the core, so
 //! eviction and writeback under pressure run; the cleaner is `acp`, so writeback to the core is
 //! in progress at most kills; some rounds switch the mode (wb → wt → wb, a writeback each).
 //!
@@ -95,6 +96,8 @@ struct Counts {
     fua: u64,
     flushes: u64,
     reads: u64,
+    trims: u64,
+    zeroes: u64,
 }
 
 /// One connection's load until the daemon dies or `stop`: returns its oracle (only its own
@@ -123,7 +126,7 @@ fn worker(
         let len = (1 + rng.below(32) as usize).min(REGION_SECTORS - off);
         let first = region + off;
         let r = rng.below(100);
-        if r < 80 {
+        if r < 74 {
             version += 1;
             let fua = rng.below(10) == 0;
             for i in 0..len {
@@ -145,6 +148,31 @@ fn worker(
                 n.fua += 1;
             }
             n.writes += 1;
+        } else if r < 80 {
+            // TRIM or WRITE_ZEROES: the sectors read as zeros (version 0) once acknowledged.
+            let trim = r < 77;
+            for i in 0..len {
+                oracle[first + i].issue(0);
+                oracle[first + i].note(round, if trim { "trim" } else { "zeroes" }, 0);
+                touched.push(first + i);
+            }
+            let (off, bytes) = ((first * SECTOR) as u64, (len * SECTOR) as u32);
+            let r = if trim {
+                c.trim(off, bytes)
+            } else {
+                c.write_zeroes(off, bytes, false)
+            };
+            if r.is_err() {
+                break;
+            }
+            for i in 0..len {
+                oracle[first + i].acked(0, false);
+            }
+            if trim {
+                n.trims += 1;
+            } else {
+                n.zeroes += 1;
+            }
         } else if r < 90 {
             if c.flush().is_err() {
                 break;
@@ -279,6 +307,8 @@ fn run(mode: &str, kills: usize) {
             total.fua += n.fua;
             total.flushes += n.flushes;
             total.reads += n.reads;
+            total.trims += n.trims;
+            total.zeroes += n.zeroes;
         }
 
         // The power cut: un-flushed device writes kept, dropped or torn (seeded).
@@ -325,18 +355,18 @@ fn run(mode: &str, kills: usize) {
         let _ = std::fs::remove_file(d.path(&format!("daemon-{}.log", round - 1)));
         if round % 10 == 0 || round == kills {
             println!(
-                "  {round}/{kills} kills: {} writes ({} FUA), {} flushes, {} read-backs; power cuts keep/drop/torn {patterns:?}, {reverted} device blocks reverted; 0 violations",
-                total.writes, total.fua, total.flushes, total.reads
+                "  {round}/{kills} kills: {} writes ({} FUA), {} trims, {} write-zeroes, {} flushes, {} read-backs; power cuts keep/drop/torn {patterns:?}, {reverted} device blocks reverted; 0 violations",
+                total.writes, total.fua, total.trims, total.zeroes, total.flushes, total.reads
             );
         }
     }
     let written = oracle.iter().filter(|s| s.floor != 0).count();
     dm.shutdown();
     println!(
-        "SIGKILL test ({mode}) passed: {kills} kills, {} writes, {} flushes verified over {} sectors holding data; 0 lost flushed writes, 0 stale or torn blocks, 0 flip-flops, every recovery succeeded",
-        total.writes, total.flushes, written
+        "SIGKILL test ({mode}) passed: {kills} kills, {} writes, {} trims, {} write-zeroes, {} flushes verified over {} sectors holding data; 0 lost flushed writes, 0 stale or torn blocks, 0 flip-flops, every recovery succeeded",
+        total.writes, total.trims, total.zeroes, total.flushes, written
     );
-    assert!(total.flushes > 0 && total.writes > 0);
+    assert!(total.flushes > 0 && total.writes > 0 && total.trims > 0 && total.zeroes > 0);
 }
 
 /// SPEC durability point 5 for `wl` on the real daemon (issue 7's cache-loss acceptance): one
