@@ -75,6 +75,17 @@ section "unit, property, model and semantics tests"
 step "cargo nextest (workspace, strict asserts)" \
     cargo nextest run --workspace --cargo-profile test --features tiercache-core/strict-asserts --no-fail-fast
 
+# nextest keeps a passing test's output to itself: the IO path each file backend chose (O_DIRECT
+# or buffered, io_uring or pread/pwrite) is shown here, from the conformance suite run again.
+io_paths() {
+    local log=target/io-paths.log
+    mkdir -p target
+    cargo test -q -p tiercache-io --test conformance file_conformance_in -- --nocapture --test-threads 1 >"$log" 2>&1 ||
+        { tail -30 "$log"; return 1; }
+    grep -oE "IO path.*" "$log"
+}
+step "IO paths in use (file backend conformance, output shown)" io_paths
+
 section "canaries: each planted bug must be caught by its harness"
 canary() {
     local feature=$1 test=$2

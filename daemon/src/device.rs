@@ -512,6 +512,63 @@ mod tests {
         );
     }
 
+    /// The device strings the tests use (`powercut:`, `faulty:`) open devices that pass the
+    /// same conformance suite as every backend (io's `conformance`), opened the way the daemon
+    /// opens them; what a flush made durable survives a reopen (and, for `powercut:`, a power
+    /// cut that drops everything else), and `faulty:` fails IOs only while its control file
+    /// exists.
+    #[test]
+    fn test_device_strings_pass_the_conformance_suite() {
+        use tiercache_io::conformance::{self, pattern};
+        use tiercache_io::{OverlayBackend, PowerCutPattern};
+        let dir = std::env::temp_dir().join(format!("tc-devconf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let blocks = 4096u64;
+        for kind in ["powercut", "faulty", "file"] {
+            let path = dir.join(format!("{kind}.img"));
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_len(blocks * 512).unwrap();
+            drop(f);
+            let spec = if kind == "file" {
+                path.display().to_string()
+            } else {
+                format!("{kind}:{}", path.display())
+            };
+            let d = DeviceSpec::parse(&spec).unwrap().open(&spec).unwrap();
+            println!("IO path of {spec}: {}", d.name());
+            assert_eq!(d.blocks(), blocks);
+            conformance::conformance(&*d);
+            // Written after the suite's last flush: not durable.
+            d.write(0, &pattern(9, 0, 8 * 512), false).unwrap();
+            drop(d);
+            if kind == "powercut" {
+                let r = OverlayBackend::power_cut(&path, PowerCutPattern::DropAll).unwrap();
+                assert!(r.reverted >= 8, "the un-flushed write was pending: {r:?}");
+            }
+            let d = DeviceSpec::parse(&spec).unwrap().open(&spec).unwrap();
+            conformance::verify_persisted(&*d);
+            let mut b = vec![0u8; 8 * 512];
+            d.read(0, &mut b).unwrap();
+            assert_eq!(
+                b == pattern(9, 0, 8 * 512),
+                kind != "powercut",
+                "{spec}: an un-flushed write after a power cut (dropped) or a reopen (kept)"
+            );
+            if kind == "faulty" {
+                let ctl = control_file(&path);
+                std::fs::write(&ctl, "write enospc").unwrap();
+                assert!(matches!(
+                    d.write(0, &b, false),
+                    Err(e) if e.to_string().contains("injected error")
+                ));
+                assert!(d.read(0, &mut b).is_ok(), "only writes fail");
+                std::fs::remove_file(&ctl).unwrap();
+                d.write(0, &b, false).unwrap();
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn timeouts() {
         assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
