@@ -86,6 +86,10 @@ pub struct StartCache {
     /// Format the device even if it holds a cache or other data.
     #[arg(long)]
     pub force: bool,
+    /// Say what the new cache would use (lines, metadata on the device, RAM) and change
+    /// nothing. (Without it, start-cache prints the same before it formats.)
+    #[arg(long, conflicts_with = "load")]
+    pub dry_run: bool,
     /// IO timeout of the cache device (e.g. 500ms, 30s; 10ms to 1h): an IO it does not finish
     /// in time fails, and the cache goes on without it (pass-through until it answers again).
     #[arg(long, value_name = "TIME")]
@@ -453,22 +457,50 @@ fn check_timeout(t: Option<String>) -> Result<Option<String>, String> {
     Ok(t)
 }
 
-/// `start-cache`.
+/// `start-cache`. A new cache's plan (what it will use) is asked for and printed (to stderr)
+/// before the device is formatted; `--dry-run` prints it and stops there.
 pub fn start_cache(a: StartCache) -> Result<(), String> {
-    let v = send(
-        &a.conn,
-        Request::StartCache {
-            cache_device: a.cache_device,
+    let req = |dry_run: bool| -> Result<Request, String> {
+        Ok(Request::StartCache {
+            cache_device: a.cache_device.clone(),
             cache_id: a.cache_id,
-            mode: a.mode,
-            line_size: a.line_size,
+            mode: a.mode.clone(),
+            line_size: a.line_size.clone(),
             load: a.load,
             force: a.force,
-            io_timeout: check_timeout(a.io_timeout)?,
-        },
-    )?;
-    out(&a.conn, v);
+            io_timeout: check_timeout(a.io_timeout.clone())?,
+            dry_run,
+        })
+    };
+    if a.dry_run {
+        out(&a.conn, send(&a.conn, req(true)?)?);
+        return Ok(());
+    }
+    if !a.load {
+        let plan = send(&a.conn, req(true)?)?;
+        eprintln!("{}", plan_line(&a.cache_device, &plan["would_create"]));
+    }
+    out(&a.conn, send(&a.conn, req(false)?)?);
     Ok(())
+}
+
+/// One line on what a new cache will use: `cache device X: 262,144 lines of 4 KiB (1.0 GiB of
+/// data), 8.0 MiB of metadata on the device, 6.2 MiB of RAM`.
+fn plan_line(device: &str, s: &Value) -> String {
+    use tiercache_daemon::health::human;
+    let n = |k: &str| s[k].as_u64().unwrap_or(0);
+    let log = match s.get("log_bytes").and_then(Value::as_u64) {
+        Some(b) => format!(", a {} write log", human(b)),
+        None => String::new(),
+    };
+    format!(
+        "cache device {device}: {} lines of {} ({} of data){log}, {} of metadata on the device, {} of RAM",
+        n("lines"),
+        human(n("line_size")),
+        human(n("data_bytes")),
+        human(n("metadata_bytes_on_device")),
+        human(n("ram_bytes")),
+    )
 }
 
 /// `add-core`.

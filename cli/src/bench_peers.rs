@@ -527,6 +527,7 @@ impl Daemon {
             load: false,
             force: true,
             io_timeout: None,
+            dry_run: false,
         })
     }
 

@@ -665,6 +665,7 @@ fn run_in(
         line_size: None,
         load: false,
         force: false,
+        dry_run: false,
     })?;
     reg.add_core(1, &cached_dev, Some(0), Some("cached"))?;
     let engine = reg.engine(1)?;

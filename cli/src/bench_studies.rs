@@ -193,6 +193,7 @@ pub fn run(plan: &Plan, scratch: &Path, ui: &Ui) -> Result<(Value, String), Stri
         line_size: None,
         load: false,
         force: false,
+        dry_run: false,
     })?;
     reg.add_core(
         1,

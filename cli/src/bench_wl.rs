@@ -884,6 +884,7 @@ fn run_with(
                 load: false,
                 force: true,
                 io_timeout: None,
+                dry_run: false,
             })?;
             let dev = confs.core_device(cluster, image);
             d.call(Request::AddCore {

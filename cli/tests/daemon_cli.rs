@@ -83,8 +83,56 @@ fn lifecycle_through_the_cli() {
     std::fs::write(&junk, vec![0x5au8; 8 << 20]).unwrap();
     dm.fails(&["start-cache", "--cache-device", &junk], "holds data");
 
-    // Create: space is reported; the file is preallocated.
-    let v = dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+    // --dry-run: what a new cache would use, and nothing changes (no cache, the sparse file
+    // not preallocated). With --load it is refused.
+    let plan = dm.json(&[
+        "start-cache",
+        "--cache-device",
+        &cache,
+        "--mode",
+        "wb",
+        "--dry-run",
+    ]);
+    assert_eq!(plan["dry_run"], true, "{plan}");
+    assert!(
+        plan["would_create"]["lines"].as_u64().unwrap() > 10_000,
+        "{plan}"
+    );
+    assert_eq!(dm.json(&["list"]), serde_json::json!([]));
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(&cache).unwrap();
+        assert!(m.blocks() * 512 < 1 << 20, "a dry run preallocates nothing");
+    }
+    dm.fails(
+        &[
+            "start-cache",
+            "--cache-device",
+            &cache,
+            "--load",
+            "--dry-run",
+        ],
+        "cannot be used with",
+    );
+
+    // Create: the plan is printed first (stderr), the same space in the reply; the file is
+    // preallocated.
+    let (ok, out, err) = dm.tc(&[
+        "start-cache",
+        "--cache-device",
+        &cache,
+        "--mode",
+        "wb",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON output");
+    let lines = plan["would_create"]["lines"].as_u64().unwrap();
+    assert!(
+        err.starts_with(&format!("cache device {cache}: {lines} lines of 4.0 KiB")),
+        "the plan before the format: {err}"
+    );
+    assert_eq!(v["created"], plan["would_create"]);
     assert_eq!(v["cache_id"], 1);
     assert!(v["created"]["lines"].as_u64().unwrap() > 10_000, "{v}");
     assert!(v["created"]["ram_bytes"].as_u64().unwrap() > 0);

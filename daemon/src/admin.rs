@@ -209,6 +209,9 @@ pub enum Request {
         /// IO timeout of the cache device (`500ms`, `30s`; none when absent).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         io_timeout: Option<String>,
+        /// Only check and say what a new cache would use; change nothing.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        dry_run: bool,
     },
     /// Attach a core.
     AddCore {
@@ -420,6 +423,7 @@ mod tests {
             load: false,
             force: true,
             io_timeout: None,
+            dry_run: false,
         };
         let s = serde_json::to_string(&r).unwrap();
         assert!(s.contains("\"verb\":\"start-cache\""), "{s}");

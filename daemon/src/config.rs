@@ -261,6 +261,7 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
                         line_size: None,
                         load: true,
                         force: false,
+                        dry_run: false,
                     },
                     &io,
                 )
@@ -274,6 +275,7 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
                         line_size: k.line_size.as_deref(),
                         load: false,
                         force: false,
+                        dry_run: false,
                     },
                     &io,
                 )

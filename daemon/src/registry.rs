@@ -186,6 +186,9 @@ pub struct NewCache<'a> {
     pub load: bool,
     /// Format whatever the device holds.
     pub force: bool,
+    /// Check everything and say what a new cache would use (lines, metadata on the device,
+    /// RAM), without formatting or preallocating anything.
+    pub dry_run: bool,
 }
 
 /// IO timeouts of a cache's devices (config `io_timeout`, `--io-timeout`): the cache device's,
@@ -415,6 +418,11 @@ impl Registry {
         if p.load && p.force {
             return Err("--load and --force contradict each other: pick one".into());
         }
+        if p.load && p.dry_run {
+            return Err(
+                "--dry-run shows what a new cache would use; a loaded cache keeps its own (tiercache inspect shows it)".into(),
+            );
+        }
         // Mode names in any case (`WB`, `Wl`).
         let wl = p.mode.is_some_and(|m| mode_word(m) == "wl");
         let mode = match p.mode {
@@ -498,6 +506,18 @@ impl Registry {
                     }
                     Holds::Nothing => {}
                 }
+            }
+            if p.dry_run {
+                let bytes = dev.blocks() * 512;
+                let space = if wl {
+                    plan_wl_cache(bytes, ls)?.1
+                } else {
+                    let mode = mode.unwrap_or(CacheMode::Wt);
+                    plan_cache(bytes, ls, mode, spec.volatile())?.1
+                };
+                return Ok(
+                    json!({"dry_run": true, "cache_device": p.device, "would_create": space}),
+                );
             }
             if let Some(path) = spec.path() {
                 preallocate(path)?;

@@ -373,6 +373,7 @@ pub fn handle(
             load,
             force,
             io_timeout,
+            dry_run,
         } => reg.start_cache_with(
             NewCache {
                 device: &cache_device,
@@ -381,6 +382,7 @@ pub fn handle(
                 line_size: line_size.as_deref(),
                 load,
                 force,
+                dry_run,
             },
             &IoTimeouts {
                 cache: io_timeout
