@@ -465,6 +465,12 @@ impl Registry {
         if !spec.present() {
             return Err(format!("{}: no such file or device", p.device));
         }
+        if other_user(&spec) {
+            return Err(format!(
+                "{} is mounted or opened exclusively by another program; refusing to use it as a cache device (--force does not override this)",
+                p.device
+            ));
+        }
         if spec.volatile() && p.load {
             return Err(format!(
                 "{}: a ram: device holds no cache to load",

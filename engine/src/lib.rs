@@ -1011,16 +1011,31 @@ pub mod identity {
         if md.file_type().is_block_device() {
             let (maj, min) = (libc_major(md.rdev()), libc_minor(md.rdev()));
             let sys = format!("/sys/dev/block/{maj}:{min}/device");
+            let read = |f: &str| {
+                std::fs::read_to_string(f)
+                    .ok()
+                    .map(|s| s.trim().trim_matches(char::from(0)).to_string())
+                    .filter(|s| !s.is_empty())
+            };
             for f in ["wwid", "serial", "vpd_pg80"] {
-                if let Ok(s) = std::fs::read_to_string(format!("{sys}/{f}")) {
-                    let s = s.trim().trim_matches(char::from(0)).to_string();
-                    if !s.is_empty() {
-                        return Ok(CoreIdentity::Block { serial: s });
-                    }
+                if let Some(s) = read(&format!("{sys}/{f}")) {
+                    return Ok(CoreIdentity::Block { serial: s });
                 }
             }
+            // A loop device is its backing file (the same data, whichever loop number it
+            // gets); a device-mapper device is its DM UUID.
+            let dev = format!("/sys/dev/block/{maj}:{min}");
+            if let Some(f) = read(&format!("{dev}/loop/backing_file")) {
+                return of_path(Path::new(&f))
+                    .map_err(|e| format!("{}: its backing file: {e}", path.display()));
+            }
+            if let Some(u) = read(&format!("{dev}/dm/uuid")) {
+                return Ok(CoreIdentity::Block {
+                    serial: format!("dm:{u}"),
+                });
+            }
             return Err(format!(
-                "{}: the block device reports no WWN or serial in sysfs, so it cannot be told from another one",
+                "{}: the block device reports no WWN, serial, loop backing file or device-mapper UUID in sysfs, so it cannot be told from another one",
                 path.display()
             ));
         }
