@@ -821,7 +821,7 @@ impl Registry {
                     .iter()
                     .find(|e| match core_id {
                         Some(i) => e.id as u16 == i,
-                        None => e.identity == identity,
+                        None => e.identity.same_device(&identity),
                     })
                     .ok_or_else(|| {
                         format!(
@@ -829,7 +829,7 @@ impl Registry {
                             missing_cores(c, report).join(", ")
                         )
                     })?;
-                if e.identity != identity {
+                if !e.identity.same_device(&identity) {
                     return Err(format!(
                         "core {} of cache {cache_id} was recorded as {}; {device} is {}: not the same device",
                         e.id, e.identity, identity
@@ -948,7 +948,10 @@ impl Registry {
                     && c.cores.contains_key(&i)
                 {
                     let rec = engine.with_cache(|k| k.core_record(CoreId(i)).cloned());
-                    if rec.as_ref().is_some_and(|r| r.identity == identity) {
+                    if rec
+                        .as_ref()
+                        .is_some_and(|r| r.identity.same_device(&identity))
+                    {
                         if let Some(n) = export
                             && c.cores[&i].export != n
                         {

@@ -1105,7 +1105,7 @@ impl Engine {
         let (_, report) = tiercache_core::cache::open(base, &mut read)?;
         for e in &report.cores {
             if let Some(c) = cores.iter().find(|c| c.id.0 == e.id as u16)
-                && c.record.identity != e.identity
+                && !e.identity.same_device(&c.record.identity)
             {
                 return Err(format!(
                     "core {} (export {:?}) was recorded as {:?}, the device given is {:?}: not the same device; refusing to load (attach the right device, or remove the core with --force)",

@@ -60,6 +60,38 @@ pub enum CoreIdentity {
     },
 }
 
+impl CoreIdentity {
+    /// Whether `other` (a device found now) is the device this record names. A file's
+    /// `fs_uuid` holds the file system's `st_dev` (bytes 0–7) and `statfs`'s `f_fsid` (8–15);
+    /// `st_dev` is a device number the kernel hands out at boot in discovery order, so a disk
+    /// found in another order after a reboot has another one. Where both records have a
+    /// file system id (ext4, XFS and btrfs derive it from the file system's UUID) the file is
+    /// matched by that id and its inode; where either has none (zero), by all 16 bytes.
+    pub fn same_device(&self, other: &CoreIdentity) -> bool {
+        match (self, other) {
+            (
+                CoreIdentity::File {
+                    fs_uuid: a,
+                    inode: i,
+                },
+                CoreIdentity::File {
+                    fs_uuid: b,
+                    inode: j,
+                },
+            ) => {
+                let fsid = |u: &[u8; 16]| u64::from_le_bytes(u[8..].try_into().expect("8 bytes"));
+                i == j
+                    && if fsid(a) != 0 && fsid(b) != 0 {
+                        fsid(a) == fsid(b)
+                    } else {
+                        a == b
+                    }
+            }
+            _ => self == other,
+        }
+    }
+}
+
 /// As shown to people: `file inode 12 on file system 0011…ff`, `block device serial X`,
 /// `RBD image id X in pool 3`, `NBD export URI`.
 impl std::fmt::Display for CoreIdentity {
@@ -291,4 +323,30 @@ pub fn decode_config(payload: &[u8]) -> Result<ConfigRecord, DecodeError> {
         rate,
         io_classes_csv,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_matched_by_its_file_system_id_not_its_device_number() {
+        let f = |dev: u64, fsid: u64, inode: u64| {
+            let mut fs_uuid = [0u8; 16];
+            fs_uuid[..8].copy_from_slice(&dev.to_le_bytes());
+            fs_uuid[8..].copy_from_slice(&fsid.to_le_bytes());
+            CoreIdentity::File { fs_uuid, inode }
+        };
+        // The disk came back as another device number (renumbered at boot): the same file.
+        assert!(f(0x810, 0xabcd, 12).same_device(&f(0x820, 0xabcd, 12)));
+        assert!(!f(0x810, 0xabcd, 12).same_device(&f(0x810, 0xabcd, 13)));
+        assert!(!f(0x810, 0xabcd, 12).same_device(&f(0x810, 0xabce, 12)));
+        // No file system id: the device number decides too.
+        assert!(f(0x810, 0, 12).same_device(&f(0x810, 0, 12)));
+        assert!(!f(0x810, 0, 12).same_device(&f(0x820, 0, 12)));
+        let b = |s: &str| CoreIdentity::Block { serial: s.into() };
+        assert!(b("WD-1").same_device(&b("WD-1")));
+        assert!(!b("WD-1").same_device(&b("WD-2")));
+        assert!(!b("WD-1").same_device(&f(1, 2, 3)));
+    }
 }
