@@ -312,7 +312,8 @@ mod generate {
                 fill(&mut buf[i as usize * BS..(i as usize + 1) * BS], lba + i, v);
                 newest.insert((c, lba + i), v);
             }
-            e.write(CoreId(c), lba, &buf, v.is_multiple_of(4)).expect("write");
+            e.write(CoreId(c), lba, &buf, v.is_multiple_of(4))
+                .expect("write");
         };
         // Written back: full and partial lines on both cores, then reads that fill the read
         // cache.
