@@ -210,6 +210,81 @@ fn every_committed_wl_image_loads_and_reads_back() {
     }
 }
 
+/// SPEC durability point 6 for the write log: a byte flipped anywhere in the log of a cache
+/// stopped cleanly (every entry durable) — superblock copies, reserved blocks, entry headers,
+/// entry data — is either refused at load with a message naming `tiercache check`, or loads and
+/// every block reads right. A damaged entry must never be taken for the end of the log: that
+/// would drop the flushed entries after it and serve older data.
+#[test]
+fn damage_in_the_write_log_is_refused_or_harmless() {
+    let (cache_img, core_imgs, x) = generate::build(false);
+    let log = generate::log_region();
+    // The log's blocks up to a little past the head: every live entry, and retired ones.
+    let used = {
+        let read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+            buf.copy_from_slice(&cache_img[off as usize..off as usize + buf.len()]);
+            Ok(())
+        };
+        let mut read_lba = |lba: Lba, buf: &mut [u8]| read(lba.0 * BS as u64, buf);
+        let rec = tiercache_core::wl::scan(&generate::config(), &mut read_lba).expect("scan");
+        assert!(rec.entries.len() >= 6);
+        assert!(
+            rec.head_pos < rec.sb.ring_blocks,
+            "the ring has not wrapped"
+        );
+        let ring_offset = tiercache_format::wlog::RING_OFFSET_BLOCKS;
+        (ring_offset + rec.head_pos + 4).min(log.bytes / BS as u64)
+    };
+    let (mut refused, mut harmless) = (0, 0);
+    let mut seed = 0x5eed_u64;
+    for blk in 0..used {
+        // Three flips per block: the record frame, the payload, somewhere in the block.
+        for k in 0..3u64 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = match k {
+                0 => (seed >> 33) % 16,
+                1 => 16 + (seed >> 33) % 63,
+                _ => (seed >> 33) % BS as u64,
+            };
+            let off = (log.offset + blk * BS as u64 + at) as usize;
+            let mut img = cache_img.clone();
+            img[off] ^= 1 << ((seed >> 13) % 8);
+            let mut read = |o: u64, buf: &mut [u8]| -> Result<(), String> {
+                buf.copy_from_slice(&img[o as usize..o as usize + buf.len()]);
+                Ok(())
+            };
+            match tiercache_core::wl::device::open_device(&base(), &mut read) {
+                Err(e) => {
+                    assert!(
+                        e.contains("tiercache check"),
+                        "log block {blk} byte {at}: refused without naming tiercache check: {e}"
+                    );
+                    refused += 1;
+                }
+                Ok(_) => {
+                    let cores: Vec<(CoreId, Device)> = core_imgs
+                        .iter()
+                        .map(|(c, i)| (CoreId(*c), ram_from(i)))
+                        .collect();
+                    let ec = EngineConfig { io_threads: 2 };
+                    let (e, _) = Engine::open(&base(), ram_from(&img), cores, ec)
+                        .unwrap_or_else(|e| panic!("log block {blk} byte {at}: {e}"));
+                    check_reads(&e, &x, &format!("log block {blk} byte {at} flipped"));
+                    drop(e);
+                    harmless += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "write-log damage: {} flips over {used} log blocks: {refused} refused (naming tiercache check), {harmless} loaded and read right; 0 wrong reads",
+        refused + harmless
+    );
+    assert!(refused > 0 && harmless > 0, "both outcomes seen");
+}
+
 /// The generator: builds the write-log image sets of the current format version.
 mod generate {
     use super::*;
@@ -223,7 +298,7 @@ mod generate {
 
     /// A compact device: superblocks and tables, a 16 KiB journal at 128 KiB, a 128 KiB write
     /// log, two one-chunk checkpoint regions, 16 read-cache lines of 4 KiB (400 KiB in all).
-    fn config() -> WlConfig {
+    pub fn config() -> WlConfig {
         let mut cfg = base();
         cfg.mode = CacheMode::Wa;
         let ls = cfg.line_size.bytes();
@@ -271,6 +346,33 @@ mod generate {
     /// One set: the fixed workload, then a clean stop or (`crash`) the devices as they are
     /// (every completed write kept, as a power cut that kept everything would leave them).
     fn make(name: &str, crash: bool) {
+        let (cache_img, core_imgs, x) = build(crash);
+        let dir = images_dir();
+        std::fs::write(dir.join(format!("{name}.img")), cache_img).unwrap();
+        for (c, img) in core_imgs {
+            std::fs::write(dir.join(format!("{name}.core{c}.img")), img).unwrap();
+        }
+        std::fs::write(dir.join(format!("{name}.expected")), x.render()).unwrap();
+        println!("wrote {name}: {} log entries", x.log_entries);
+    }
+
+    /// The cache device and its region of the write log.
+    pub fn log_region() -> Region {
+        config()
+            .read_cache
+            .persist
+            .as_ref()
+            .unwrap()
+            .superblock
+            .layout
+            .log
+    }
+
+    /// Each core's image, by core id.
+    pub type CoreImages = Vec<(u16, Vec<u8>)>;
+
+    /// The images of one set (the cache device, the cores) and what loading them must give.
+    pub fn build(crash: bool) -> (Vec<u8>, CoreImages, Expected) {
         let cfg = config();
         let cache: Device = Arc::new(RamBackend::new(
             cfg.read_cache
@@ -368,13 +470,7 @@ mod generate {
             fill(&mut b, i, v);
             x.blocks.insert((c, i), (v, crc32c(&b)));
         }
-        let dir = images_dir();
-        std::fs::write(dir.join(format!("{name}.img")), cache_img).unwrap();
-        for (c, img) in core_imgs {
-            std::fs::write(dir.join(format!("{name}.core{c}.img")), img).unwrap();
-        }
-        std::fs::write(dir.join(format!("{name}.expected")), x.render()).unwrap();
-        println!("wrote {name}: {log_entries} log entries");
+        (cache_img, core_imgs, x)
     }
 
     pub fn write_sets() {

@@ -80,9 +80,16 @@ pub struct LogHeader {
     pub blocks: u32,
     /// CRC32C of the data blocks (`Write`), 0 otherwise.
     pub data_crc: u32,
+    /// Every entry with a smaller sequence number was durable (a completed cache-device flush
+    /// covered it) when this header was written: a reader that finds one of those entries
+    /// unreadable knows the log is damaged, not torn at a crash. 0: no claim (also what a
+    /// header written before the field existed decodes to).
+    pub durable_seq: u64,
 }
 
-const HEADER_PAYLOAD: usize = 1 + 16 + 4 + 8 + 8 + 2 + 8 + 4 + 4;
+/// Payload bytes of a header before `durable_seq` existed (still decoded).
+const HEADER_PAYLOAD_V1: usize = 1 + 16 + 4 + 8 + 8 + 2 + 8 + 4 + 4;
+const HEADER_PAYLOAD: usize = HEADER_PAYLOAD_V1 + 8;
 
 impl LogHeader {
     /// Encodes the header as one 512-byte block.
@@ -96,7 +103,8 @@ impl LogHeader {
             .u16(self.core)
             .u64(self.lba)
             .u32(self.blocks)
-            .u32(self.data_crc);
+            .u32(self.data_crc)
+            .u64(self.durable_seq);
         debug_assert_eq!(w.buf.len(), HEADER_PAYLOAD);
         let rec = record::encode(RecordKind::LogEntry, &w.buf);
         let mut out = [0u8; LOG_BLOCK];
@@ -130,6 +138,11 @@ impl LogHeader {
             lba: r.u64()?,
             blocks: r.u32()?,
             data_crc: r.u32()?,
+            durable_seq: if rec.payload.len() >= HEADER_PAYLOAD {
+                r.u64()?
+            } else {
+                0
+            },
         };
         if h.lba.checked_add(h.blocks as u64).is_none() {
             return Err(DecodeError::BadField {
@@ -160,7 +173,15 @@ pub struct LogSuper {
     pub tail_seq: u64,
     /// Its sync generation.
     pub tail_gen: u64,
+    /// Every entry with a smaller sequence number was durable when this superblock was
+    /// written (a clean stop writes one with every entry durable): a scan that ends before it
+    /// has found damage. 0: no claim (also what a superblock written before the field existed
+    /// decodes to).
+    pub durable_seq: u64,
 }
+
+/// Payload bytes of a superblock before `durable_seq` existed (still decoded).
+const SUPER_PAYLOAD_V1: usize = 16 + 8 + 4 + 8 + 8 + 8 + 8;
 
 impl LogSuper {
     /// Encodes the superblock as one 512-byte block.
@@ -172,7 +193,8 @@ impl LogSuper {
             .u64(self.ring_blocks)
             .u64(self.tail_pos)
             .u64(self.tail_seq)
-            .u64(self.tail_gen);
+            .u64(self.tail_gen)
+            .u64(self.durable_seq);
         let rec = record::encode(RecordKind::LogSuper, &w.buf);
         let mut out = [0u8; LOG_BLOCK];
         out[..rec.len()].copy_from_slice(&rec);
@@ -198,6 +220,11 @@ impl LogSuper {
             tail_pos: r.u64()?,
             tail_seq: r.u64()?,
             tail_gen: r.u64()?,
+            durable_seq: if rec.payload.len() > SUPER_PAYLOAD_V1 {
+                r.u64()?
+            } else {
+                0
+            },
         };
         if s.ring_blocks == 0 {
             return Err(DecodeError::BadField {

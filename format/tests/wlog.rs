@@ -13,6 +13,7 @@ fn header() -> LogHeader {
         lba: 4096,
         blocks: 8,
         data_crc: 0xdead_beef,
+        durable_seq: 0x0102_0304_0506_0700,
     }
 }
 
@@ -24,11 +25,12 @@ fn hex(b: &[u8]) -> String {
 fn header_golden_bytes() {
     let b = header().encode();
     assert_eq!(b.len(), LOG_BLOCK);
-    // Frame: magic "tcRC", kind 5 (log entry), version 1, payload length 55, CRC32C.
-    assert_eq!(hex(&b[..12]), "746352430500010037000000");
-    // Payload: kind, cache id, epoch, seq, generation, core, lba, blocks, data CRC.
+    // Frame: magic "tcRC", kind 5 (log entry), version 1, payload length 63, CRC32C.
+    assert_eq!(hex(&b[..12]), "74635243050001003f000000");
+    // Payload: kind, cache id, epoch, seq, generation, core, lba, blocks, data CRC, durable
+    // seq.
     assert_eq!(
-        hex(&b[16..16 + 55]),
+        hex(&b[16..16 + 63]),
         concat!(
             "01",
             "abababababababababababababababab",
@@ -38,11 +40,52 @@ fn header_golden_bytes() {
             "0200",
             "0010000000000000",
             "08000000",
-            "efbeadde"
+            "efbeadde",
+            "0007060504030201"
         )
     );
-    assert!(b[16 + 55..].iter().all(|&x| x == 0), "padded with zeros");
+    assert!(b[16 + 63..].iter().all(|&x| x == 0), "padded with zeros");
     assert_eq!(LogHeader::decode(&b), Ok(header()));
+}
+
+/// Headers and superblocks written before `durable_seq` existed (payloads of 55 and 60 bytes)
+/// still decode, with no durability claim.
+#[test]
+fn the_form_without_durable_seq_still_decodes() {
+    use tiercache_format::record::{self, RecordKind};
+    let h = header();
+    let full = h.encode();
+    let old = record::encode(RecordKind::LogEntry, &full[16..16 + 55]);
+    let mut b = [0u8; LOG_BLOCK];
+    b[..old.len()].copy_from_slice(&old);
+    assert_eq!(
+        LogHeader::decode(&b),
+        Ok(LogHeader {
+            durable_seq: 0,
+            ..h
+        })
+    );
+    let s = LogSuper {
+        cache_id: [7; 16],
+        sb_gen: 5,
+        epoch: 2,
+        ring_blocks: 1000,
+        tail_pos: 12345,
+        tail_seq: 77,
+        tail_gen: 4,
+        durable_seq: 80,
+    };
+    let full = s.encode();
+    let old = record::encode(RecordKind::LogSuper, &full[16..16 + 60]);
+    let mut b = [0u8; LOG_BLOCK];
+    b[..old.len()].copy_from_slice(&old);
+    assert_eq!(
+        LogSuper::decode(&b),
+        Ok(LogSuper {
+            durable_seq: 0,
+            ..s
+        })
+    );
 }
 
 #[test]
@@ -55,9 +98,11 @@ fn super_golden_and_pick() {
         tail_pos: 12345,
         tail_seq: 77,
         tail_gen: 4,
+        durable_seq: 80,
     };
     let b = s.encode();
-    assert_eq!(hex(&b[..12]), "74635243060001003c000000");
+    assert_eq!(hex(&b[..12]), "746352430600010044000000");
+    assert_eq!(hex(&b[16 + 60..16 + 68]), "5000000000000000");
     assert_eq!(LogSuper::decode(&b), Ok(s.clone()));
     let newer = LogSuper {
         sb_gen: 6,
@@ -78,7 +123,7 @@ fn super_golden_and_pick() {
 #[test]
 fn every_byte_flip_of_the_frame_and_payload_is_refused() {
     let b = header().encode();
-    for i in 0..16 + 55 {
+    for i in 0..16 + 63 {
         for bit in 0..8 {
             let mut d = b;
             d[i] ^= 1 << bit;
@@ -97,6 +142,7 @@ fn every_byte_flip_of_the_frame_and_payload_is_refused() {
         tail_pos: 0,
         tail_seq: 1,
         tail_gen: 1,
+        durable_seq: 1,
     }
     .encode();
     assert!(LogHeader::decode(&s).is_err());

@@ -645,6 +645,7 @@ pub fn gen_log_header(rng: &mut Rng) -> Sample {
         lba,
         blocks,
         data_crc: rng.next_u64() as u32,
+        durable_seq: rng.interesting(64),
     };
     let bytes = h.encode().to_vec();
     assert_eq!(LogHeader::decode(&bytes), Ok(h), "log header round trip");
@@ -698,6 +699,7 @@ pub fn gen_log_super(rng: &mut Rng) -> Sample {
         tail_pos: rng.interesting(64),
         tail_seq: rng.interesting(64),
         tail_gen: rng.interesting(64),
+        durable_seq: rng.interesting(64),
     };
     let bytes = s.encode().to_vec();
     assert_eq!(LogSuper::decode(&bytes), Ok(s), "log superblock round trip");

@@ -186,16 +186,18 @@ enum OwnIo {
     LogWrite { seq: u64 },
     /// Void header rewrite of entry `seq`.
     VoidWrite { seq: u64 },
-    /// Cache device flush covering `covers` completed log writes.
-    Flush { covers: u64 },
+    /// Cache device flush covering `covers` completed log writes, and every entry before
+    /// `covers_seq`.
+    Flush { covers: u64, covers_seq: u64 },
     /// Superblock write.
     Super { tail_pos: u64, tail_seq: u64 },
     /// Read of log data for a client read.
     ClientRead { req: ReqId },
     /// Read of log data into a staging slot for writeback.
     WbRead { op: u64 },
-    /// Cache-device flush of a management step (clean stop, invalidate).
-    MgmtFlush,
+    /// Cache-device flush of a management step (clean stop, invalidate), covering every entry
+    /// before `covers_seq`.
+    MgmtFlush { covers_seq: u64 },
 }
 
 /// Who waits for a device flush.
@@ -324,6 +326,9 @@ pub struct WriteLog {
     flush_waiters: Vec<FlushWaiter>,
     log_writes_done: u64,
     durable_upto: u64,
+    /// Every entry before this sequence number is durable on the cache device (written into
+    /// each header and superblock, so that a scan tells damage from a torn tail).
+    durable_seq: u64,
     flush_in_flight: bool,
     ios: Vec<Option<OwnIo>>,
     free_ios: Vec<u32>,
@@ -455,6 +460,7 @@ impl WriteLog {
             flush_waiters: Vec::new(),
             log_writes_done: 0,
             durable_upto: 0,
+            durable_seq: 0,
             flush_in_flight: false,
             ios: Vec::new(),
             free_ios: Vec::new(),
@@ -535,6 +541,8 @@ impl WriteLog {
             return Err("the write log on this device belongs to another cache or geometry".into());
         }
         wl.epoch = rec.sb.epoch + 1;
+        // What the last run knew durable stays so (the scan found all of it).
+        wl.durable_seq = rec.sb.durable_seq.max(rec.sb.tail_seq);
         wl.sb_gen = rec.sb.sb_gen;
         wl.sb_copy = rec.sb_copy;
         wl.sb_tail_pos = rec.sb.tail_pos;
@@ -661,7 +669,24 @@ impl WriteLog {
 
     /// Whether a clean stop has completed.
     pub fn is_stopped(&self) -> bool {
-        self.stopping && self.stop_flush == MgmtFlushState::Done && self.inner.is_stopped()
+        self.stopping
+            && self.stop_flush == MgmtFlushState::Done
+            && self.sb_due.is_none()
+            && !self.sb_in_flight
+            && self.inner.is_stopped()
+    }
+
+    /// Entries before this sequence number have their log writes finished.
+    fn written_below(&self) -> u64 {
+        self.writing.first().copied().unwrap_or(self.next_seq)
+    }
+
+    /// The tail: the oldest entry's position and sequence number (the head when empty).
+    fn tail(&self) -> (u64, u64) {
+        match self.entries.front() {
+            Some(e) => (e.pos, e.seq),
+            None => (self.head_pos, self.next_seq),
+        }
     }
 
     /// Drops the logged data of `core` that is not written back (SPEC's `invalidate`): once
@@ -1197,6 +1222,7 @@ impl WriteLog {
             lba: e.lba,
             blocks: e.blocks,
             data_crc,
+            durable_seq: self.durable_seq,
         }
     }
 
@@ -1493,6 +1519,7 @@ impl WriteLog {
             self.flush_in_flight = true;
             let io = self.new_io(OwnIo::Flush {
                 covers: self.log_writes_done,
+                covers_seq: self.written_below(),
             });
             acts.push(Action::Flush {
                 io,
@@ -1521,6 +1548,7 @@ impl WriteLog {
             tail_pos,
             tail_seq,
             tail_gen,
+            durable_seq: self.durable_seq,
         }
         .encode();
         self.sb_in_flight = true;
@@ -1947,11 +1975,7 @@ impl WriteLog {
         } else {
             self.counters.gens_retired += 1;
         }
-        let (tp, ts) = match self.entries.front() {
-            Some(e) => (e.pos, e.seq),
-            None => (self.head_pos, self.next_seq),
-        };
-        self.sb_due = Some((tp, ts));
+        self.sb_due = Some(self.tail());
     }
 
     // ----- IO completions and the read cache -----
@@ -1967,17 +1991,18 @@ impl WriteLog {
             OwnIo::LogWrite { .. } | OwnIo::VoidWrite { .. } | OwnIo::Super { .. } => {
                 IoClass::Write
             }
-            OwnIo::Flush { .. } | OwnIo::MgmtFlush => IoClass::Flush,
+            OwnIo::Flush { .. } | OwnIo::MgmtFlush { .. } => IoClass::Flush,
             OwnIo::ClientRead { .. } | OwnIo::WbRead { .. } => IoClass::Read,
         };
         self.note_log_io(class, result);
         match o {
             OwnIo::LogWrite { seq } => self.log_write_done(seq, ok, acts),
             OwnIo::VoidWrite { seq } => self.void_done(seq, ok),
-            OwnIo::Flush { covers } => {
+            OwnIo::Flush { covers, covers_seq } => {
                 self.flush_in_flight = false;
                 if ok {
                     self.durable_upto = self.durable_upto.max(covers);
+                    self.durable_seq = self.durable_seq.max(covers_seq);
                 } else {
                     // Fail the waiters it would have covered: their data may not be durable.
                     let mut failed = Vec::new();
@@ -2010,8 +2035,9 @@ impl WriteLog {
                 self.finish_read_if_done(req, acts);
             }
             OwnIo::WbRead { op } => self.wb_read_done(op, ok),
-            OwnIo::MgmtFlush => {
+            OwnIo::MgmtFlush { covers_seq } => {
                 let next = if ok {
+                    self.durable_seq = self.durable_seq.max(covers_seq);
                     MgmtFlushState::Done
                 } else {
                     MgmtFlushState::No
@@ -2021,6 +2047,9 @@ impl WriteLog {
                     if ok {
                         self.inner.stop();
                         self.inner_events.push_back(Event::Tick);
+                        // The last superblock says every entry is durable: a scan that ends
+                        // before the head has found damage.
+                        self.sb_due = Some(self.tail());
                     }
                 }
                 if self.inv_flush == MgmtFlushState::InFlight {
@@ -2179,7 +2208,8 @@ impl WriteLog {
         let can_flush = !self.flush_in_flight && self.void_retry_at.is_none_or(|t| self.now >= t);
         if self.inv_flush == MgmtFlushState::No && self.inv_seqs.is_empty() && can_flush {
             self.inv_flush = MgmtFlushState::InFlight;
-            let io = self.new_io(OwnIo::MgmtFlush);
+            let covers_seq = self.written_below();
+            let io = self.new_io(OwnIo::MgmtFlush { covers_seq });
             acts.push(Action::Flush {
                 io,
                 dev: Dev::Cache,
@@ -2196,7 +2226,8 @@ impl WriteLog {
                 && self.inv_flush == MgmtFlushState::Done;
             if quiet {
                 self.stop_flush = MgmtFlushState::InFlight;
-                let io = self.new_io(OwnIo::MgmtFlush);
+                let covers_seq = self.written_below();
+                let io = self.new_io(OwnIo::MgmtFlush { covers_seq });
                 acts.push(Action::Flush {
                     io,
                     dev: Dev::Cache,
@@ -2240,6 +2271,57 @@ impl WriteLog {
             }
         }
     }
+}
+
+/// The most blocks one entry spans (a header and 32 MiB of data, the largest NBD request).
+const MAX_ENTRY_SPAN: u64 = 1 + (32 << 20) / 512;
+
+/// The scan ended at ring position `pos` where entry `seq` should be: the end of the log, or
+/// damage? An entry the log had made durable cannot be missing after a crash (a power cut
+/// loses or tears only what no flush covered), so it is damage if the log superblock says
+/// `seq` was durable, or if a later entry of this log — looked for in the blocks an entry
+/// `seq` could span, and the one after it — says so in its header.
+fn check_end(
+    cfg: &WlConfig,
+    sb: &LogSuper,
+    pos: u64,
+    seq: u64,
+    read: &mut ReadFn<'_>,
+) -> Result<(), String> {
+    let ring = sb.ring_blocks;
+    let damaged = |by: String| {
+        Err(format!(
+            "the write log is damaged: entry {seq} (ring block {}) cannot be read, but {by} says it was made durable; refusing to load what would lose flushed writes (run tiercache check)",
+            pos % ring
+        ))
+    };
+    if sb.durable_seq > seq {
+        return damaged("the log superblock".into());
+    }
+    let end = (pos + 2 * MAX_ENTRY_SPAN).min(sb.tail_pos + ring);
+    let mut p = pos + 1;
+    let mut buf = Vec::new();
+    while p < end {
+        // Read up to 1 MiB at a time, not across the ring's end.
+        let phys = p % ring;
+        let n = (end - p).min(ring - phys).min(2048);
+        buf.resize(n as usize * LOG_BLOCK, 0);
+        if read(Lba(cfg.ring_start() + phys), &mut buf).is_err() {
+            return Ok(()); // unreadable: no evidence either way
+        }
+        for (i, b) in buf.chunks(LOG_BLOCK).enumerate() {
+            if let Ok(h) = LogHeader::decode(b)
+                && h.cache_id == cfg.cache_id
+                && h.epoch <= sb.epoch
+                && h.seq > seq
+                && h.durable_seq > seq
+            {
+                return damaged(format!("entry {} at ring block {}", h.seq, phys + i as u64));
+            }
+        }
+        p += n;
+    }
+    Ok(())
 }
 
 /// How [`scan`] reads the cache device: blocks at an LBA into a buffer.
@@ -2314,6 +2396,9 @@ pub fn scan(cfg: &WlConfig, read: &mut ReadFn<'_>) -> Result<Recovered, String> 
         seq += 1;
         pos += 1 + after;
         entries.push(h);
+    }
+    if pos - sb.tail_pos < ring {
+        check_end(cfg, &sb, pos, seq, read)?;
     }
     Ok(Recovered {
         sb,
