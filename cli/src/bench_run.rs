@@ -954,7 +954,7 @@ fn run_in(
     procs.stop_all();
     server.shutdown();
     drop(engine);
-    let _ = reg.stop_cache(1, true, |_, _| {});
+    let _ = reg.stop_cache(1, true, |_, _, _| {});
     let table = table(&results);
     println!("\n{table}");
     let mut targets = if rbd {

@@ -228,7 +228,7 @@ pub fn run(plan: &Plan, scratch: &Path, ui: &Ui) -> Result<(Value, String), Stri
     let out = studies(plan, &rig, ui, lines_bytes);
     rig.server.shutdown();
     drop(engine);
-    let _ = rig.reg.stop_cache(1, true, |_, _| {});
+    let _ = rig.reg.stop_cache(1, true, |_, _, _| {});
     out
 }
 

@@ -299,7 +299,10 @@ fn lifecycle_through_the_cli() {
     // Writeback with progress, then nothing is dirty and the core holds the data.
     let (ok, out, err) = dm.tc(&["writeback", "--cache-id", "3"]);
     assert!(ok, "{err}");
-    assert!(err.contains("writeback"), "progress shown: {err}");
+    assert!(
+        err.contains("writeback") && err.contains("lines"),
+        "progress shown: {err}"
+    );
     assert!(out.contains("lines_written_back: 2000"), "{out}");
     assert_eq!(
         dm.json(&["stats", "--cache-id", "3"])["usage"]["dirty_lines"],
@@ -519,7 +522,13 @@ fn wl_cache_through_the_cli() {
     let e = dm.nbd("cache1-core0").unwrap();
     write_set(&e, 0..512, 1);
     check_set(&e, 0..512, 1);
-    dm.ok(&["writeback", "--cache-id", "1"]);
+    // The log drains in blocks, and its progress says so.
+    let (ok, _, err) = dm.tc(&["writeback", "--cache-id", "1"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("blocks") && !err.contains("lines"),
+        "wl writeback progress in blocks: {err}"
+    );
     let s = dm.json(&["stats", "--cache-id", "1"]);
     let w = &s["write_log"];
     assert_eq!(s["mode"], "wl");

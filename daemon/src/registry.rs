@@ -1090,7 +1090,7 @@ impl Registry {
         &self,
         cache_id: u16,
         only: Option<u16>,
-        progress: impl FnMut(u64, u64),
+        progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         self.writeback_for(cache_id, only, WbFor::Writeback, progress)
     }
@@ -1100,7 +1100,7 @@ impl Registry {
         cache_id: u16,
         only: Option<u16>,
         who: WbFor,
-        mut progress: impl FnMut(u64, u64),
+        mut progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         let e = match only {
             Some(k) => self.check_core(cache_id, k)?,
@@ -1131,7 +1131,7 @@ impl Registry {
         loop {
             let (left, running, st) =
                 e.with_cache(|c| (dirty(c), c.writeback_running(), c.writeback_status()));
-            progress(total.saturating_sub(left), total.max(left));
+            progress(total.saturating_sub(left), total.max(left), "lines");
             if left == 0 {
                 break;
             }
@@ -1230,7 +1230,7 @@ impl Registry {
         e: &Engine,
         only: Option<u16>,
         who: WbFor,
-        mut progress: impl FnMut(u64, u64),
+        mut progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         let left = || {
             e.with_machine(|m| {
@@ -1244,7 +1244,7 @@ impl Registry {
         let (mut least, mut moved) = (total, Instant::now());
         loop {
             let ((entries, blocks), errors) = left();
-            progress(total.saturating_sub(blocks), total.max(blocks));
+            progress(total.saturating_sub(blocks), total.max(blocks), "blocks");
             if entries == 0 {
                 break;
             }
@@ -1332,7 +1332,7 @@ impl Registry {
         cache_id: u16,
         core_id: u16,
         no_writeback: bool,
-        progress: impl FnMut(u64, u64),
+        progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         {
             // A core of the config file that never attached: nothing of it is in the cache.
@@ -1401,7 +1401,7 @@ impl Registry {
         &self,
         cache_id: u16,
         no_writeback: bool,
-        progress: impl FnMut(u64, u64),
+        progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         let running = {
             let caches = self.lock();
@@ -1443,7 +1443,13 @@ impl Registry {
             // What stays dirty, counted once stopped: writeback runs until the stop (it kept
             // going after an earlier count, and the answer said more than the device held).
             dirty = e.with_cache(|c| c.dirty_lines());
-            dirty_b = dirty_bytes(&e);
+            // For a write log: what stays in the log on the device (what `inspect` and the
+            // next load find), including entries written back in a generation the stop
+            // left unretired.
+            dirty_b = e.with_machine(|m| match m.wl() {
+                Some(w) => w.logged_blocks() * 512,
+                None => m.cache().dirty_blocks() * 512,
+            });
             // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
             // dirty lines of it stay on the cache device.
             let rbds: Vec<(u16, Arc<RbdBackend>)> = entry
@@ -1785,7 +1791,7 @@ impl Registry {
     /// Stops every cache (daemon shutdown): dirty data stays persisted, nothing is written back.
     pub fn stop_all(&self) {
         for id in self.ids() {
-            if let Err(e) = self.stop_cache(id, true, |_, _| {}) {
+            if let Err(e) = self.stop_cache(id, true, |_, _, _| {}) {
                 crate::log!(error, "stopping a cache failed", cache = id, error = e);
             }
         }

@@ -342,9 +342,9 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, a
             return;
         }
     };
-    let mut progress = |what: &str, done: u64, total: u64| {
+    let mut progress = |what: &str, done: u64, total: u64, unit: &str| {
         send(json!({"progress": Progress {
-            what: what.to_string(), done, total, unit: "lines".into() }}));
+            what: what.to_string(), done, total, unit: unit.into() }}));
     };
     let shutdown = matches!(req, Request::Shutdown);
     let res = handle(reg, req, &mut progress);
@@ -362,7 +362,7 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, a
 pub fn handle(
     reg: &Registry,
     req: Request,
-    progress: &mut dyn FnMut(&str, u64, u64),
+    progress: &mut dyn FnMut(&str, u64, u64, &str),
 ) -> Result<Value, String> {
     match req {
         Request::StartCache {
@@ -412,13 +412,15 @@ pub fn handle(
             cache_id,
             core_id,
             no_writeback,
-        } => reg.remove_core(cache_id, core_id, no_writeback, |d, t| {
-            progress("writeback", d, t)
+        } => reg.remove_core(cache_id, core_id, no_writeback, |d, t, u| {
+            progress("writeback", d, t, u)
         }),
         Request::StopCache {
             cache_id,
             no_writeback,
-        } => reg.stop_cache(cache_id, no_writeback, |d, t| progress("writeback", d, t)),
+        } => reg.stop_cache(cache_id, no_writeback, |d, t, u| {
+            progress("writeback", d, t, u)
+        }),
         Request::List => Ok(reg.list()),
         Request::Stats {
             cache_id,
@@ -446,7 +448,7 @@ pub fn handle(
         Request::IoClassLoad { cache_id, csv } => reg.io_class_load(cache_id, &csv),
         Request::IoClassList { cache_id } => reg.io_class_list(cache_id),
         Request::Writeback { cache_id, core_id } => {
-            reg.writeback(cache_id, core_id, |d, t| progress("writeback", d, t))
+            reg.writeback(cache_id, core_id, |d, t, u| progress("writeback", d, t, u))
         }
         Request::Invalidate { cache_id, core_id } => reg.invalidate(cache_id, core_id),
         Request::ResetCounters { cache_id } => reg.reset_counters(cache_id),

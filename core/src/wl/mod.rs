@@ -902,6 +902,17 @@ impl WriteLog {
         (n, blocks)
     }
 
+    /// Blocks of write data the log holds on the device from its tail: what a load would
+    /// find, counting entries already written back whose generation is not retired yet (a
+    /// stop can leave some; they are written back again after the load).
+    pub fn logged_blocks(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|e| e.kind == LogKind::Write)
+            .map(|e| e.blocks as u64)
+            .sum()
+    }
+
     /// Whether everything logged has been written back.
     pub fn is_clean(&self) -> bool {
         self.entries.is_empty() && self.pending.is_empty()
