@@ -24,6 +24,8 @@
 //! seed. The canary build that skips device flushes must fail here:
 //! `cargo test -p tiercache --features tiercache-engine/canary-skip-flush --test sigkill`.
 
+#[path = "../../io/tests/common/ceph.rs"]
+mod ceph;
 mod common;
 #[path = "common/oracle.rs"]
 mod oracle;
@@ -231,21 +233,55 @@ fn verify(d: &Dir, oracle: &[Sector], round: usize) -> Vec<u64> {
 
 #[test]
 fn sigkill_under_verifying_load_with_power_cuts() {
-    run("wb", env_u64("TIERCACHE_KILLS", 50) as usize);
+    run("wb", env_u64("TIERCACHE_KILLS", 50) as usize, None);
 }
 
 /// The same for mode `wl`: the log is written back all the time (to a core no faster than the
 /// log here), so most kills land during writeback of some generation.
 #[test]
 fn sigkill_wl_under_verifying_load_with_power_cuts() {
-    run("wl", env_u64("TIERCACHE_WL_KILLS", 30) as usize);
+    run("wl", env_u64("TIERCACHE_WL_KILLS", 30) as usize, None);
 }
 
-fn run(mode: &str, kills: usize) {
+/// Both kill loops with a Ceph RBD image as the core (issue 7), on a single-node cluster this
+/// test starts: `wb` and `wl` SIGKILLed under the verifying load with the cache device on
+/// `powercut:` (the image is durable at each flush: Ceph's), then the `wl` cache-loss loop
+/// with the image's writeback slowed (`rbd_qos_write_iops_limit`) so the log holds data at the
+/// kills, the image read with `rbd export`. Each restart takes over the dead daemon's
+/// exclusive lock once its watch times out (10 s on this cluster), so the rounds are few:
+/// `TIERCACHE_RBD_KILLS` (4 per mode) and `TIERCACHE_RBD_LOSSES` (4).
+#[test]
+fn kill_loops_on_an_rbd_core() {
+    let Some(c) = ceph::shared_with(
+        "kill_loops_on_an_rbd_core",
+        &["--set", "osd_client_watch_timeout=10"],
+    ) else {
+        return;
+    };
+    let kills = env_u64("TIERCACHE_RBD_KILLS", 4) as usize;
+    for mode in ["wb", "wl"] {
+        let img = ceph::image_name(&format!("kill-{mode}"));
+        c.create_image(&img, CORE_BYTES >> 20);
+        run(mode, kills, Some((c, &img)));
+    }
+    let img = ceph::image_name("loss");
+    c.create_image(&img, CORE_BYTES >> 20);
+    cache_loss(env_u64("TIERCACHE_RBD_LOSSES", 4) as usize, Some((c, &img)));
+}
+
+/// The core of a kill loop: an RBD image of a cluster, or else a file of the test's own.
+type RbdCore<'a> = Option<(&'a ceph::Cluster, &'a str)>;
+
+fn run(mode: &str, kills: usize, rbd: RbdCore<'_>) {
     let seed = env_u64("TIERCACHE_SEED", 0x5eed);
-    let d = Dir::new(&format!("sigkill-{mode}"));
+    let on = if rbd.is_some() { "-rbd" } else { "" };
+    let d = Dir::new(&format!("sigkill-{mode}{on}"));
     let cache = d.sparse("cache.img", CACHE_BYTES);
     let core = d.sparse("core.img", CORE_BYTES);
+    let core_dev = match rbd {
+        Some((c, img)) => c.device(img),
+        None => format!("powercut:{core}"),
+    };
     let cfg = d.path("tc.toml");
     let params = if mode == "wl" {
         ""
@@ -257,12 +293,12 @@ fn run(mode: &str, kills: usize) {
         format!(
             "[[cache]]\nid = 1\ndevice = \"powercut:{cache}\"\nmode = \"{mode}\"\nline_size = \"4k\"\n\
              {params}\
-             [[cache.core]]\nid = 0\ndevice = \"powercut:{core}\"\nexport = \"vol\"\n"
+             [[cache.core]]\nid = 0\ndevice = \"{core_dev}\"\nexport = \"vol\"\n"
         ),
     )
     .unwrap();
     println!(
-        "SIGKILL test ({mode}): {kills} kills, seed {seed:#x}; cache {CACHE_BYTES} B, core {CORE_BYTES} B, {WORKERS} connections"
+        "SIGKILL test ({mode}): {kills} kills, seed {seed:#x}; cache {CACHE_BYTES} B, core {CORE_BYTES} B ({core_dev}), {WORKERS} connections"
     );
 
     let mut rng = Rng(seed);
@@ -318,7 +354,9 @@ fn run(mode: &str, kills: usize) {
             "  round {round}: {run_ms} ms of load, power cut {}",
             ["keep", "drop", "torn"][k]
         );
-        for (i, dev) in [&cache, &core].into_iter().enumerate() {
+        // An RBD core is Ceph's: durable at each flush, no power cut of ours.
+        let cut = if rbd.is_some() { 1 } else { 2 };
+        for (i, dev) in [&cache, &core].into_iter().take(cut).enumerate() {
             let p = match k {
                 0 => PowerCutPattern::KeepAll,
                 1 => PowerCutPattern::DropAll,
@@ -382,17 +420,38 @@ fn run(mode: &str, kills: usize) {
 /// `TIERCACHE_WL_LOSSES` sets the number of rounds (25 in CI).
 #[test]
 fn wl_cache_loss_leaves_a_prefix_of_generations() {
-    let rounds = env_u64("TIERCACHE_WL_LOSSES", 25) as usize;
+    cache_loss(env_u64("TIERCACHE_WL_LOSSES", 25) as usize, None);
+}
+
+fn cache_loss(rounds: usize, rbd: RbdCore<'_>) {
     let seed = env_u64("TIERCACHE_SEED", 0x10c5);
-    let d = Dir::new("wl-loss");
+    let d = Dir::new(if rbd.is_some() {
+        "wl-loss-rbd"
+    } else {
+        "wl-loss"
+    });
     let cache = d.path("cache.img");
     let core = d.sparse("core.img", CORE_BYTES);
+    let core_dev = match rbd {
+        Some((c, img)) => {
+            // Writeback to the image slowed down, so the log holds data at the kills.
+            let conf = d.path("core.conf");
+            let base = std::fs::read_to_string(&c.conf).unwrap();
+            std::fs::write(
+                &conf,
+                format!("{base}\n[client]\nrbd_qos_write_iops_limit = 100\n"),
+            )
+            .unwrap();
+            format!("rbd:rbd/{img}:conf={conf}")
+        }
+        None => format!("emu:hdd-10k-sas:{core}"),
+    };
     let cfg = d.path("tc.toml");
     std::fs::write(
         &cfg,
         format!(
             "[[cache]]\nid = 1\ndevice = \"{cache}\"\nmode = \"wl\"\n\
-             [[cache.core]]\nid = 0\ndevice = \"emu:hdd-10k-sas:{core}\"\nexport = \"vol\"\n"
+             [[cache.core]]\nid = 0\ndevice = \"{core_dev}\"\nexport = \"vol\"\n"
         ),
     )
     .unwrap();
@@ -481,6 +540,22 @@ fn wl_cache_loss_leaves_a_prefix_of_generations() {
         dm.kill();
         drop(c);
         // The cache device is gone: the core alone.
+        if let Some((c, img)) = rbd {
+            // The image says a cache held dirty data of it; that cache is gone for good, so
+            // the operator removes the marker (what the refusal to attach it says to do).
+            assert!(
+                c.image_meta(img, "tiercache.dirty").is_some(),
+                "round {round}: the image is not marked dirty while the log held its data"
+            );
+            c.rbd(&[
+                "image-meta",
+                "remove",
+                &format!("rbd/{img}"),
+                "tiercache.dirty",
+            ]);
+            let _ = std::fs::remove_file(&core);
+            c.rbd(&["export", &format!("rbd/{img}"), &core]);
+        }
         let raw = std::fs::read(&core).unwrap();
         let got: Vec<Option<u64>> = (0..SECTORS)
             .map(|s| decode(s, &raw[s * SECTOR..(s + 1) * SECTOR]))
@@ -542,7 +617,7 @@ fn wl_cache_loss_leaves_a_prefix_of_generations() {
         base = got.into_iter().map(Option::unwrap).collect();
     }
     println!(
-        "wl cache loss: {rounds} kills with the cache discarded, {writes} writes in {gens} client generations; the core lagged the client in {lagged} rounds, held part of a generation in {partial}, {flushed_lost} flushed generations not yet written back were lost with the cache (expected: SPEC point 5); 0 violations"
+        "wl cache loss ({core_dev}): {rounds} kills with the cache discarded, {writes} writes in {gens} client generations; the core lagged the client in {lagged} rounds, held part of a generation in {partial}, {flushed_lost} flushed generations not yet written back were lost with the cache (expected: SPEC point 5); 0 violations"
     );
     assert!(
         lagged > 0,
