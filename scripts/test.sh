@@ -148,8 +148,9 @@ step "canary: device flushes skipped, caught by the engine's power-cut test" can
 canary_sigkill() {
     local log
     log=$(mktemp)
+    # (Not the RBD loops: Ceph's own flushes are real, and its restarts are slow.)
     if TIERCACHE_KILLS=20 cargo test -q -p tiercache --features tiercache-engine/canary-skip-flush \
-        --test sigkill >"$log" 2>&1; then
+        --test sigkill -- --skip kill_loops_on_an_rbd_core >"$log" 2>&1; then
         echo "canary canary-skip-flush was NOT caught by the daemon SIGKILL test"
         rm -f "$log"
         return 1
