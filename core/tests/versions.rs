@@ -406,7 +406,7 @@ mod generate {
     use tiercache_core::mode::CacheMode;
     use tiercache_core::policy::{CleaningPolicy, EvictionPolicy};
     use tiercache_format::FORMAT_VERSION;
-    use tiercache_format::superblock::{Layout, Region, checkpoint_region_bytes};
+    use tiercache_format::superblock::Layout;
 
     /// 16 lines of 4 KiB, `wb`, LRU, no background cleaning; a compact device: superblocks and
     /// tables, a 16 KiB journal at 128 KiB, two one-chunk checkpoint regions, then the lines
@@ -420,29 +420,8 @@ mod generate {
         cfg.pool_slots = 4;
         cfg.pool_slot_blocks = 16;
         let ls = cfg.line_size.bytes();
-        let journal = Region {
-            offset: 128 << 10,
-            bytes: 16 << 10,
-        };
-        let cp = checkpoint_region_bytes(16, ls as u32).expect("small");
-        let c0 = Region {
-            offset: journal.end(),
-            bytes: cp,
-        };
-        let c1 = Region {
-            offset: c0.end(),
-            bytes: cp,
-        };
-        let data = Region {
-            offset: c1.end(),
-            bytes: 16 * ls,
-        };
-        let layout = Layout {
-            journal,
-            checkpoint: [c0, c1],
-            data,
-            log: Default::default(),
-        };
+        let layout = Layout::compact(16, ls as u32, 16 << 10, 0);
+        let data = layout.data;
         layout.validate(data.end()).expect("valid layout");
         cfg.data_offset = Lba(data.offset / 512);
         cfg.persist = Some(tiercache_core::config::Persist::new_cache(

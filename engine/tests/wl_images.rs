@@ -292,7 +292,7 @@ mod generate {
     use tiercache_core::mode::CacheMode;
     use tiercache_core::wl::WlConfig;
     use tiercache_format::FORMAT_VERSION;
-    use tiercache_format::superblock::{Layout, Region, checkpoint_region_bytes};
+    use tiercache_format::superblock::{Layout, Region};
 
     const CORES: [(u16, u64); 2] = [(0, 96), (1, 64)];
 
@@ -302,33 +302,8 @@ mod generate {
         let mut cfg = base();
         cfg.mode = CacheMode::Wa;
         let ls = cfg.line_size.bytes();
-        let journal = Region {
-            offset: 128 << 10,
-            bytes: 16 << 10,
-        };
-        let log = Region {
-            offset: journal.end(),
-            bytes: 128 << 10,
-        };
-        let cp = checkpoint_region_bytes(16, ls as u32).expect("small");
-        let c0 = Region {
-            offset: log.end(),
-            bytes: cp,
-        };
-        let c1 = Region {
-            offset: c0.end(),
-            bytes: cp,
-        };
-        let data = Region {
-            offset: c1.end(),
-            bytes: 16 * ls,
-        };
-        let layout = Layout {
-            journal,
-            checkpoint: [c0, c1],
-            data,
-            log,
-        };
+        let layout = Layout::compact(16, ls as u32, 16 << 10, 128 << 10);
+        let data = layout.data;
         layout.validate(data.end()).expect("valid layout");
         cfg.data_offset = Lba(data.offset / 512);
         cfg.persist = Some(Persist::new_cache(

@@ -114,6 +114,46 @@ pub fn checkpoint_region_bytes(lines: u64, line_size: u32) -> Option<u64> {
 }
 
 impl Layout {
+    /// The smallest device for `lines` lines of `line_size` (tests, committed images, fuzzing):
+    /// the superblock copies with their tables in the first 128 KiB, then the journal
+    /// (`journal_bytes`), the write log (`log_bytes`; none when 0), two checkpoint regions and
+    /// the lines, each region 4 KiB-aligned and packed without the 1 MiB alignment of
+    /// [`Layout::plan`]. The device ends with the data region.
+    pub fn compact(lines: u64, line_size: u32, journal_bytes: u64, log_bytes: u64) -> Layout {
+        let align = |x: u64| x.div_ceil(4096) * 4096;
+        let journal = Region {
+            offset: 2 * SUPERBLOCK_OFFSETS[1],
+            bytes: align(journal_bytes),
+        };
+        let log = Region {
+            offset: journal.end(),
+            bytes: align(log_bytes),
+        };
+        let cp = align(checkpoint_region_bytes(lines, line_size).expect("a small cache"));
+        let c0 = Region {
+            offset: log.end(),
+            bytes: cp,
+        };
+        let c1 = Region {
+            offset: c0.end(),
+            bytes: cp,
+        };
+        let data = Region {
+            offset: c1.end(),
+            bytes: lines * line_size as u64,
+        };
+        Layout {
+            journal,
+            checkpoint: [c0, c1],
+            data,
+            log: if log_bytes == 0 {
+                Region::default()
+            } else {
+                log
+            },
+        }
+    }
+
     /// Plans a device of `device_bytes` for lines of `line_size`: superblocks, then the journal
     /// (`journal_bytes`, at least 1 MiB), then two checkpoints sized for every line, then as
     /// many lines as fit. Metadata goes first, together, so a metadata write never seeks across

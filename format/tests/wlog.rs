@@ -17,6 +17,27 @@ fn header() -> LogHeader {
     }
 }
 
+fn log_super() -> LogSuper {
+    LogSuper {
+        cache_id: [7; 16],
+        sb_gen: 5,
+        epoch: 2,
+        ring_blocks: 1000,
+        tail_pos: 12345,
+        tail_seq: 77,
+        tail_gen: 4,
+        durable_seq: 80,
+    }
+}
+
+/// A block holding `payload` as a record of `kind`, padded with zeros.
+fn block(kind: tiercache_format::record::RecordKind, payload: &[u8]) -> [u8; LOG_BLOCK] {
+    let rec = tiercache_format::record::encode(kind, payload);
+    let mut b = [0u8; LOG_BLOCK];
+    b[..rec.len()].copy_from_slice(&rec);
+    b
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -52,12 +73,9 @@ fn header_golden_bytes() {
 /// still decode, with no durability claim.
 #[test]
 fn the_form_without_durable_seq_still_decodes() {
-    use tiercache_format::record::{self, RecordKind};
+    use tiercache_format::record::RecordKind;
     let h = header();
-    let full = h.encode();
-    let old = record::encode(RecordKind::LogEntry, &full[16..16 + 55]);
-    let mut b = [0u8; LOG_BLOCK];
-    b[..old.len()].copy_from_slice(&old);
+    let b = block(RecordKind::LogEntry, &h.encode()[16..16 + 55]);
     assert_eq!(
         LogHeader::decode(&b),
         Ok(LogHeader {
@@ -65,20 +83,8 @@ fn the_form_without_durable_seq_still_decodes() {
             ..h
         })
     );
-    let s = LogSuper {
-        cache_id: [7; 16],
-        sb_gen: 5,
-        epoch: 2,
-        ring_blocks: 1000,
-        tail_pos: 12345,
-        tail_seq: 77,
-        tail_gen: 4,
-        durable_seq: 80,
-    };
-    let full = s.encode();
-    let old = record::encode(RecordKind::LogSuper, &full[16..16 + 60]);
-    let mut b = [0u8; LOG_BLOCK];
-    b[..old.len()].copy_from_slice(&old);
+    let s = log_super();
+    let b = block(RecordKind::LogSuper, &s.encode()[16..16 + 60]);
     assert_eq!(
         LogSuper::decode(&b),
         Ok(LogSuper {
@@ -90,16 +96,7 @@ fn the_form_without_durable_seq_still_decodes() {
 
 #[test]
 fn super_golden_and_pick() {
-    let s = LogSuper {
-        cache_id: [7; 16],
-        sb_gen: 5,
-        epoch: 2,
-        ring_blocks: 1000,
-        tail_pos: 12345,
-        tail_seq: 77,
-        tail_gen: 4,
-        durable_seq: 80,
-    };
+    let s = log_super();
     let b = s.encode();
     assert_eq!(hex(&b[..12]), "746352430600010044000000");
     assert_eq!(hex(&b[16 + 60..16 + 68]), "5000000000000000");

@@ -36,7 +36,7 @@ use tiercache_core::policy::{
 };
 use tiercache_core::units::{CoreId, IoId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Action, BufRef, Cache, Config, Dev, Event, IoError, ReqError};
-use tiercache_format::superblock::{Layout, Region, checkpoint_region_bytes};
+use tiercache_format::superblock::Layout;
 use tiercache_format::tables::CoreIdentity;
 
 /// IO class tables the sequences load by index.
@@ -132,29 +132,13 @@ fn config(h: &[u8; HEADER]) -> (Config, Vec<u64>, bool) {
     cfg.data_offset = Lba((h[6] as u64 / 64) * 8);
     let persistent = f & 32 != 0 && !cfg.volatile;
     if persistent {
-        let journal = Region {
-            offset: 128 << 10,
-            bytes: (16 << 10) * (1 + h[6] as u64 % 4),
-        };
-        let cp = checkpoint_region_bytes(lines as u64, ls.bytes() as u32).expect("small");
-        let c0 = Region {
-            offset: journal.end(),
-            bytes: cp,
-        };
-        let c1 = Region {
-            offset: c0.end(),
-            bytes: cp,
-        };
-        let data = Region {
-            offset: c1.end(),
-            bytes: lines as u64 * ls.bytes(),
-        };
-        let layout = Layout {
-            journal,
-            checkpoint: [c0, c1],
-            data,
-            log: Default::default(),
-        };
+        let layout = Layout::compact(
+            lines as u64,
+            ls.bytes() as u32,
+            (16 << 10) * (1 + h[6] as u64 % 4),
+            0,
+        );
+        let data = layout.data;
         cfg.data_offset = Lba(data.offset / 512);
         cfg.persist = Some(Persist::new_cache(
             [h[7]; 16],
