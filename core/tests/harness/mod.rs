@@ -441,18 +441,32 @@ pub struct Env {
     pub check_health: bool,
     /// Results of completed requests, when kept (scenario tests).
     pub results: Option<BTreeMap<ReqId, Result<(), tiercache_core::event::ReqError>>>,
+    /// Exact crash points: once the crash write is issued, the rest of the actions the cache
+    /// asked for in the same batch are not carried out (the process died right after issuing
+    /// it). Without it a crash takes effect at the end of the batch, so consecutive crash
+    /// points within one batch leave the same state.
+    pub crash_exact: bool,
+    /// `Cache::stop` was called (by `stop_or_crash`): a crash since then is a crash mid-stop.
+    pub stop_requested: bool,
 }
 
 impl Env {
     pub fn new(cfg: Config, seed: u64, knobs: Knobs) -> Env {
+        let mut env = Env::new_unsettled(cfg, seed, knobs);
+        env.settle();
+        env
+    }
+
+    /// A new cache on a zeroed device, before it has written anything: the caller may set
+    /// fields (`crash_exact`, `check_durability`) and then `settle` it, so crash points while
+    /// the cache is created behave like any other.
+    pub fn new_unsettled(cfg: Config, seed: u64, knobs: Knobs) -> Env {
         let cache_blocks = match &cfg.persist {
             Some(p) => p.superblock.device_bytes / BS as u64,
             None => cfg.data_offset.0 + cfg.lines as u64 * cfg.line_size.blocks() as u64,
         };
         let cache = Cache::new(cfg).expect("valid config");
-        let mut env = Env::with_cache(cache, Device::new(cache_blocks), seed, knobs);
-        env.settle();
-        env
+        Env::with_cache(cache, Device::new(cache_blocks), seed, knobs)
     }
 
     /// An environment around a cache (new or loaded) and its cache device.
@@ -486,6 +500,8 @@ impl Env {
             last_core_failed: BTreeMap::new(),
             check_health: true,
             results: None,
+            crash_exact: false,
+            stop_requested: false,
         }
     }
 
@@ -716,6 +732,10 @@ impl Env {
 
     fn execute(&mut self, actions: Vec<Action>) {
         for a in actions {
+            if self.crashed && self.crash_exact {
+                self.log(format!("  -> (not carried out: crashed) {a:?}"));
+                continue;
+            }
             self.log(format!("  -> {a:?}"));
             match a {
                 Action::Copy { src, dst, blocks } => {
@@ -1234,6 +1254,82 @@ impl Env {
         }
     }
 
+    /// Like [`Env::drain`], but returns false as soon as the crash point is reached.
+    pub fn drain_or_crash(&mut self) -> bool {
+        let mut guard = 0u64;
+        loop {
+            if self.crashed {
+                return false;
+            }
+            if self.complete_one() {
+                guard += 1;
+                if guard > 10_000_000 {
+                    self.fail("drain did not converge");
+                }
+                continue;
+            }
+            if self.reqs.is_empty() && self.cache.is_idle() {
+                return true;
+            }
+            self.now = self.now.plus(Nanos::from_ms(50));
+            self.tick();
+            guard += 1;
+            if guard > 10_000_000 {
+                self.fail("drain did not converge (waiting on time)");
+            }
+        }
+    }
+
+    /// Like [`Env::writeback_all`], but returns false as soon as the crash point is reached.
+    pub fn writeback_or_crash(&mut self) -> bool {
+        self.cache.start_writeback();
+        self.tick();
+        let mut guard = 0;
+        while self.cache.dirty_lines() > 0 || !self.cache.is_idle() {
+            if self.crashed {
+                return false;
+            }
+            if !self.complete_one() {
+                self.now = self.now.plus(Nanos::from_ms(100));
+                self.tick();
+            }
+            guard += 1;
+            if guard > 20_000 {
+                self.fail("writeback did not finish");
+            }
+        }
+        !self.crashed
+    }
+
+    /// A clean stop that a crash point may interrupt: completes the requests in flight, stops
+    /// the cache and runs it until the stop is complete — its final checkpoint, tables and
+    /// superblock writes are device writes like any other, counted for `crash_at_write`.
+    /// Returns false if the crash point came first; `stop_requested` then tells whether it
+    /// came after `Cache::stop` (mid-stop). The devices keep what the stop wrote (volatile
+    /// images); `crash_check` then recovers from a half-done stop.
+    pub fn stop_or_crash(&mut self) -> bool {
+        if !self.drain_or_crash() {
+            return false;
+        }
+        self.cache.stop();
+        self.stop_requested = true;
+        let mut guard = 0;
+        while !self.cache.is_stopped() {
+            if self.crashed {
+                return false;
+            }
+            if !self.complete_one() {
+                self.now = self.now.plus(Nanos::from_ms(200));
+                self.tick();
+            }
+            guard += 1;
+            if guard > 1_000_000 {
+                self.fail("stop never completed");
+            }
+        }
+        !self.crashed
+    }
+
     /// Once faults have stopped: time passes until every backoff has run out, and the cache
     /// must report no cache device, writeback or writeback-read problem (a core may still be
     /// reported failing, exactly when its last IO failed).
@@ -1463,6 +1559,8 @@ impl Env {
         env.next_write = self.next_write;
         env.cores = std::mem::take(&mut self.cores);
         env.cov = self.cov.clone();
+        // The checks the caller chose carry over (a crash test checks by crashing).
+        env.check_durability = self.check_durability;
         env.settle();
         env
     }

@@ -1,0 +1,771 @@
+//! SPEC R1 (issue 4): a crash at **every** device write, for every mode but `wl` (`wt`, `wb`,
+//! `wa`, `wi`, `pt`, `wo`; `wl` has its own enumeration in `wl.rs`) and every lifecycle step.
+//!
+//! Per mode and variant (two: 16 lines of 8 KiB with 4 requests in flight; 24 lines of 4 KiB
+//! with 8 in flight and more slow IOs), one short deterministic script runs a persistent cache
+//! with two cores of 384 blocks through the lifecycle, step by step:
+//!
+//! | step | what it does |
+//! |---|---|
+//! | `create` | the cache is created (tables, checkpoint, superblocks) |
+//! | `add-core` | two cores are added |
+//! | `write` | partial-line, multi-line and FUA writes with reads between (dirty data in lazy modes) |
+//! | `flush` | writes and client flushes on both cores |
+//! | `trim` | trims and write-zeroes (with and without FUA) over dirty and clean data, a flush |
+//! | `writeback` | non-lazy modes first switch to `wb` (the only way they hold dirty data); dirty writes, the `alru` cleaner at work (1 s timings), then an explicit writeback of everything |
+//! | `mode-switch` | lazy modes: `M`→`wt` (writes back first) with writes meanwhile, then `wt`→`M`; non-lazy modes: `wb`→`M` (writes back first), `M`→`wb`, `wb`→`M` |
+//! | `io-class` | two IO-class table reloads with writes between |
+//! | `stop` | writes (unflushed), then a clean stop: drain, `Cache::stop`, the final checkpoint, tables and superblock (crash points mid-stop) |
+//!
+//! The script is run once to count its device writes N (cache and cores, data and metadata;
+//! each write belongs to the step that issued it). Then for every n in 1..=N it is run again and
+//! cut right after it issues write n (`Env::crash_exact`: nothing the cache asked for after that
+//! write is carried out), and for each crash pattern — un-flushed writes all kept, all dropped,
+//! K seeded torn (per block) and K seeded reordered (per write) variants — the harness:
+//! recovers the cache from the device image (`Env::crash_check`: recovery must succeed and
+//! every block must hold the newest flushed write or a later one), restarts over what
+//! survived, reads every block (each settles on its recovered value), runs a few more requests
+//! and a writeback against the oracle, stops cleanly, loads warm and reads every block again
+//! (no stale read, no flip-flop across the second restart).
+//!
+//! It prints a table, mode × step: crash points, recoveries (pattern runs that loaded a cache
+//! from the crash image), those with dirty data, restarts on a device that held no cache yet,
+//! points mid-stop; and asserts coverage (every cell has crash points, every lazy mode
+//! recovered dirty data, every mode was cut mid-stop). Every failing point is reported at the
+//! end with a replay line. One known core bug is counted apart (`is_known_bug`).
+//!
+//! Environment: `TIERCACHE_SWEEP_K=N` seeded torn and reordered variants per crash point (2);
+//! `TIERCACHE_SWEEP_VARIANTS=1` only the first variant; replay one case with
+//! `TIERCACHE_SWEEP_MODE=wb TIERCACHE_SWEEP_VARIANT=0 TIERCACHE_SWEEP_N=57` (and optionally
+//! `TIERCACHE_SWEEP_PATTERN=torn1`); `TIERCACHE_SWEEP_STEP=stop` limits a run to the crash
+//! points of one step; `TIERCACHE_TRACE=1` prints every event. A replay does not excuse the
+//! known bug and keeps the full failure report (with the last events).
+
+mod harness;
+
+use harness::workload::{CSVS, persistent};
+use harness::{CrashPattern, Env, Knobs, ReqOp, Rng};
+use std::collections::BTreeMap;
+use tiercache_core::Config;
+use tiercache_core::mode::CacheMode;
+use tiercache_core::policy::ioclass::IoClassTable;
+use tiercache_core::policy::{AlruParams, CleaningPolicy, EvictionPolicy, RateParams};
+use tiercache_core::units::{LineSize, Nanos};
+
+const MODES: [CacheMode; 6] = [
+    CacheMode::Wt,
+    CacheMode::Wb,
+    CacheMode::Wa,
+    CacheMode::Wi,
+    CacheMode::Pt,
+    CacheMode::Wo,
+];
+
+fn mode_name(m: CacheMode) -> &'static str {
+    match m {
+        CacheMode::Wt => "wt",
+        CacheMode::Wb => "wb",
+        CacheMode::Wa => "wa",
+        CacheMode::Wi => "wi",
+        CacheMode::Pt => "pt",
+        CacheMode::Wo => "wo",
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Create,
+    AddCore,
+    Write,
+    Flush,
+    Trim,
+    Writeback,
+    ModeSwitch,
+    IoClass,
+    Stop,
+}
+
+const STEPS: [Step; 9] = [
+    Step::Create,
+    Step::AddCore,
+    Step::Write,
+    Step::Flush,
+    Step::Trim,
+    Step::Writeback,
+    Step::ModeSwitch,
+    Step::IoClass,
+    Step::Stop,
+];
+
+impl Step {
+    fn name(self) -> &'static str {
+        match self {
+            Step::Create => "create",
+            Step::AddCore => "add-core",
+            Step::Write => "write",
+            Step::Flush => "flush",
+            Step::Trim => "trim",
+            Step::Writeback => "writeback",
+            Step::ModeSwitch => "mode-switch",
+            Step::IoClass => "io-class",
+            Step::Stop => "stop",
+        }
+    }
+}
+
+/// Blocks per core (two cores of 24 lines of 8 KiB, against a cache of 16 lines).
+const CORE_BLOCKS: u64 = 384;
+const CORES: u16 = 2;
+
+/// One script: a mode and a variant of the geometry and IO timing.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    mode: CacheMode,
+    /// 0: 16 lines of 8 KiB, 4 requests in flight; 1: 24 lines of 4 KiB, 8 in flight, more
+    /// slow IOs (so more completions out of order).
+    variant: u64,
+}
+
+/// Variants a full run sweeps (`TIERCACHE_SWEEP_VARIANTS` may ask for fewer).
+const VARIANTS: u64 = 2;
+
+fn line_size(c: Case) -> LineSize {
+    if c.variant == 1 {
+        LineSize::K4
+    } else {
+        LineSize::K8
+    }
+}
+
+fn config(c: Case) -> Config {
+    let ls = line_size(c);
+    let mut cfg = Config::new(if c.variant == 1 { 24 } else { 16 }, ls);
+    cfg.mode = c.mode;
+    cfg.eviction = EvictionPolicy::Lru;
+    cfg.cleaning = CleaningPolicy::Alru;
+    cfg.alru = AlruParams {
+        wake_up_s: 1,
+        staleness_time_s: 1,
+        flush_max_buffers: 4,
+        activity_threshold_ms: 0,
+    };
+    cfg.rate = RateParams {
+        enabled: false,
+        dirty_target_pct: 50,
+        throttle_max_ms: 5,
+    };
+    cfg.pool_slots = 4;
+    cfg.pool_slot_blocks = 2 * ls.blocks();
+    // 16 KiB journal (the smallest `persistent` draws), so commits wrap it and running
+    // checkpoints happen.
+    let mut rng = Rng::new(4);
+    persistent(cfg, &mut rng)
+}
+
+fn knobs(c: Case, crash: Option<u64>) -> Knobs {
+    Knobs {
+        p_io_error: 0.0,
+        // Every write reaches the device's volatile image when issued: a crash pattern then
+        // decides, per block or per write, what survives (the widest set of outcomes).
+        p_apply_at_submit: 1.0,
+        qd: if c.variant == 1 { 8 } else { 4 },
+        step_ns_max: 2_000_000,
+        p_slow: if c.variant == 1 { 0.5 } else { 0.2 },
+        crash_at_write: crash,
+        crash_at_meta_write: None,
+        error_kinds: false,
+        p_outage: 0.0,
+        outage_ns_max: 0,
+        fault_params: Some(harness::fast_fault_params()),
+    }
+}
+
+fn seed_of(c: Case) -> u64 {
+    0x5eed_0000 + MODES.iter().position(|&m| m == c.mode).expect("mode") as u64 + (c.variant << 8)
+}
+
+/// `None` once the crash point is reached: the script stops there.
+type Go = Option<()>;
+
+fn alive(env: &Env) -> Go {
+    (!env.crashed).then_some(())
+}
+
+/// One unit of progress: completes an IO (or lets time pass), then time moves on.
+fn step(env: &mut Env) -> Go {
+    if !env.complete_one() {
+        env.now = env.now.plus(Nanos::from_ms(1));
+        env.tick();
+    }
+    alive(env)?;
+    env.advance();
+    Some(())
+}
+
+/// Submits a request once fewer than `qd` are in flight, then lets one thing happen.
+fn io(env: &mut Env, op: ReqOp, core: u16, lba: u64, blocks: u32) -> Go {
+    while env.in_flight() >= env.knobs.qd {
+        step(env)?;
+    }
+    env.submit(op, core, lba, blocks);
+    alive(env)?;
+    step(env)
+}
+
+fn w(env: &mut Env, core: u16, lba: u64, blocks: u32) -> Go {
+    io(env, ReqOp::Write { fua: false }, core, lba, blocks)
+}
+
+fn fua(env: &mut Env, core: u16, lba: u64, blocks: u32) -> Go {
+    io(env, ReqOp::Write { fua: true }, core, lba, blocks)
+}
+
+fn r(env: &mut Env, core: u16, lba: u64, blocks: u32) -> Go {
+    io(env, ReqOp::Read, core, lba, blocks)
+}
+
+fn flush(env: &mut Env, core: u16) -> Go {
+    io(env, ReqOp::Flush, core, 0, 0)
+}
+
+fn quiesce(env: &mut Env) -> Go {
+    env.drain_or_crash().then_some(())
+}
+
+fn set_mode(env: &mut Env, m: CacheMode) -> Go {
+    env.cache
+        .set_mode(m)
+        .expect("a persistent cache takes every mode");
+    env.tick();
+    alive(env)
+}
+
+/// Lets `ms` of simulated time pass in ticks of 100 ms, completing IOs (the cleaner runs).
+fn wait(env: &mut Env, ms: u64) -> Go {
+    let end = env.now.plus(Nanos::from_ms(ms));
+    while env.now.0 < end.0 {
+        while env.complete_one() {
+            alive(env)?;
+        }
+        env.now = env.now.plus(Nanos::from_ms(100));
+        env.tick();
+        alive(env)?;
+    }
+    Some(())
+}
+
+/// Runs one lifecycle step of the script.
+fn run_step(env: &mut Env, mode: CacheMode, s: Step) -> Go {
+    let lazy = mode.is_lazy();
+    match s {
+        Step::Create => {
+            env.settle();
+            alive(env)
+        }
+        Step::AddCore => {
+            for c in 0..CORES {
+                env.add_core(c, CORE_BLOCKS);
+                alive(env)?;
+            }
+            Some(())
+        }
+        Step::Write => {
+            for c in 0..CORES {
+                w(env, c, 3, 5)?; // inside one line
+                w(env, c, 14, 20)?; // across two line boundaries
+                fua(env, c, 40, 6)?; // FUA, partial line
+                r(env, c, 0, 32)?;
+                w(env, c, 64, 48)?; // three whole lines
+                w(env, c, 4, 2)?; // over the first, partly
+                r(env, c, 60, 12)?;
+            }
+            quiesce(env)
+        }
+        Step::Flush => {
+            w(env, 0, 130, 10)?;
+            flush(env, 0)?;
+            w(env, 1, 150, 20)?;
+            w(env, 0, 131, 3)?;
+            flush(env, 1)?;
+            fua(env, 0, 200, 4)?;
+            flush(env, 0)?;
+            quiesce(env)
+        }
+        Step::Trim => {
+            io(env, ReqOp::Trim, 0, 4, 8)?; // over dirty blocks, partly
+            io(env, ReqOp::WriteZeroes { fua: false }, 0, 14, 18)?;
+            io(env, ReqOp::Trim, 1, 64, 32)?; // two whole lines
+            io(env, ReqOp::WriteZeroes { fua: true }, 1, 3, 2)?;
+            w(env, 0, 20, 4)?;
+            flush(env, 0)?;
+            flush(env, 1)?;
+            quiesce(env)
+        }
+        Step::Writeback => {
+            if !lazy {
+                set_mode(env, CacheMode::Wb)?;
+            }
+            w(env, 0, 96, 16)?;
+            w(env, 1, 240, 9)?;
+            flush(env, 0)?;
+            w(env, 0, 300, 20)?;
+            quiesce(env)?;
+            // The alru cleaner (wake-up and staleness 1 s) writes back on its own.
+            wait(env, 1_500)?;
+            w(env, 1, 241, 2)?;
+            wait(env, 1_200)?;
+            env.writeback_or_crash().then_some(())?;
+            quiesce(env)
+        }
+        Step::ModeSwitch => {
+            if lazy {
+                w(env, 0, 8, 30)?;
+                w(env, 1, 180, 12)?;
+                set_mode(env, CacheMode::Wt)?; // writes back first
+                w(env, 0, 10, 4)?;
+                r(env, 1, 176, 24)?;
+                quiesce(env)?;
+                w(env, 1, 181, 2)?;
+                set_mode(env, mode)?;
+                w(env, 0, 50, 10)?;
+                flush(env, 0)?;
+            } else {
+                // In `wb` since the writeback step.
+                w(env, 0, 8, 30)?;
+                w(env, 1, 180, 12)?;
+                set_mode(env, mode)?; // writes back first
+                w(env, 0, 10, 4)?;
+                quiesce(env)?;
+                set_mode(env, CacheMode::Wb)?;
+                w(env, 1, 181, 2)?;
+                flush(env, 1)?;
+                set_mode(env, mode)?;
+                w(env, 0, 50, 10)?;
+            }
+            quiesce(env)
+        }
+        Step::IoClass => {
+            env.cache
+                .load_io_classes(IoClassTable::parse_csv(CSVS[1]).expect("valid csv"));
+            env.tick();
+            alive(env)?;
+            w(env, 0, 260, 3)?;
+            w(env, 1, 0, 40)?;
+            r(env, 0, 256, 16)?;
+            env.cache
+                .load_io_classes(IoClassTable::parse_csv(CSVS[3]).expect("valid csv"));
+            env.tick();
+            alive(env)?;
+            w(env, 1, 100, 5)?;
+            flush(env, 1)?;
+            quiesce(env)
+        }
+        Step::Stop => {
+            r(env, 0, 32, 16)?;
+            w(env, 1, 330, 16)?;
+            flush(env, 0)?;
+            // Not flushed by the client: over a cached line (in `wt` and `wa` too).
+            w(env, 0, 33, 7)?;
+            w(env, 0, 1, 1)?;
+            env.stop_or_crash().then_some(())
+        }
+    }
+}
+
+/// One run of a mode's script, cut at device write `crash` if given.
+struct Run {
+    env: Env,
+    /// Device writes issued when each step began.
+    starts: Vec<(Step, u64)>,
+}
+
+fn run_script(c: Case, crash: Option<u64>) -> Run {
+    let mode = c.mode;
+    let mut env = Env::new_unsettled(config(c), seed_of(c), knobs(c, crash));
+    env.crash_exact = true;
+    // The crash is the check (the model test checks durability after every event).
+    env.check_durability = false;
+    let mut starts = Vec::new();
+    for s in STEPS {
+        starts.push((s, env.device_writes));
+        if run_step(&mut env, mode, s).is_none() {
+            break;
+        }
+    }
+    Run { env, starts }
+}
+
+fn patterns(k: u64) -> Vec<(String, CrashPattern)> {
+    let mut v = vec![
+        ("kept".to_string(), CrashPattern::Kept),
+        ("dropped".to_string(), CrashPattern::Dropped),
+    ];
+    for i in 0..k {
+        v.push((format!("torn{i}"), CrashPattern::Torn));
+        v.push((format!("reordered{i}"), CrashPattern::Reordered));
+    }
+    v
+}
+
+/// What one crash point gave.
+#[derive(Default)]
+struct Point {
+    recoveries: u64,
+    recovered_dirty: u64,
+    /// Pattern runs that found no cache on the device (crash before its first superblock).
+    fresh: u64,
+    mid_stop: bool,
+}
+
+/// Crash at write `n` of case `c`'s script and check every pattern (or only `only`).
+fn run_point(c: Case, n: u64, k: u64, only: Option<&str>, current: &mut String) -> Point {
+    let mode = c.mode;
+    let Run { mut env, .. } = run_script(c, Some(n));
+    assert!(
+        env.crashed,
+        "{}: write {n} was never issued",
+        mode_name(mode)
+    );
+    let mut pt = Point {
+        mid_stop: env.stop_requested,
+        ..Point::default()
+    };
+    let cfg = config(c);
+    for (pi, (name, pattern)) in patterns(k).into_iter().enumerate() {
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        *current = name.clone();
+        env.rng = Rng::new(seed_of(c) ^ (n << 16) ^ pi as u64);
+        let (mut images, recovered) = env.crash_check(pattern);
+        match &recovered {
+            Some(cache) => {
+                pt.recoveries += 1;
+                pt.recovered_dirty += (cache.dirty_lines() > 0) as u64;
+            }
+            None => pt.fresh += 1,
+        }
+        // Cores the crash came before: the restart adds them with empty images.
+        for core in 0..CORES {
+            images
+                .cores
+                .entry(core)
+                .or_insert_with(|| vec![0; CORE_BLOCKS as usize * harness::BS]);
+        }
+        let seed = seed_of(c) ^ 0xa11 ^ (n << 20) ^ pi as u64;
+        let mut e = Env::restart(cfg.clone(), seed, knobs(c, None), images, recovered);
+        e.check_durability = false;
+        after_restart(e, seed);
+    }
+    pt
+}
+
+/// After a restart: every block settles on its recovered value, more requests and a
+/// writeback run against the oracle, then a clean stop, a warm load and every block again.
+fn after_restart(mut e: Env, seed: u64) {
+    e.verify_all();
+    let ops: [(ReqOp, u16, u64, u32); 7] = [
+        (ReqOp::Write { fua: false }, 0, 5, 9),
+        (ReqOp::Write { fua: false }, 1, 30, 20),
+        (ReqOp::Read, 0, 0, 64),
+        (ReqOp::Trim, 1, 100, 10),
+        (ReqOp::Flush, 0, 0, 0),
+        (ReqOp::Write { fua: true }, 1, 250, 3),
+        (ReqOp::Flush, 1, 0, 0),
+    ];
+    for (op, c, lba, len) in ops {
+        while e.in_flight() >= e.knobs.qd {
+            if !e.complete_one() {
+                e.tick();
+            }
+            e.advance();
+        }
+        e.submit(op, c, lba, len);
+        e.advance();
+    }
+    e.drain();
+    e.writeback_all();
+    e.submit(ReqOp::Write { fua: false }, 0, 200, 10);
+    e.drain();
+    let mut e = e.stop_and_reload(seed ^ 0x10ad);
+    e.verify_all();
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: expected a number"))
+    })
+}
+
+#[derive(Default, Clone, Copy)]
+struct Cell {
+    points: u64,
+    recoveries: u64,
+    dirty: u64,
+    fresh: u64,
+    mid_stop: u64,
+    known: u64,
+}
+
+/// A known core bug, left in place (see `known_bug_*` below and docs/SAFETY.md): the clean
+/// stop writes its final checkpoint and the superblock saying "clean" *before* the core
+/// devices are flushed (`Engine::stop` flushes them only after `Cache::stop` completes). A
+/// power cut right after that superblock write, with client writes no flush covered on a core
+/// (write-through modes), loads the cache warm with clean lines holding data the core lost:
+/// the block reads the cache's copy until the line is evicted, then the core's (flip-flop,
+/// SPEC durability point 3). The sweep reports it as `STALE READ` at the stop's last write.
+fn is_known_bug(s: Step, n: u64, last_write: u64, msg: &str) -> bool {
+    s == Step::Stop && n == last_write && msg.starts_with("STALE READ")
+}
+
+struct Sweep {
+    table: BTreeMap<(usize, Step), Cell>,
+    writes: u64,
+    failures: Vec<String>,
+    known: Vec<String>,
+}
+
+/// What to sweep: K, and filters (a replay).
+#[derive(Default)]
+struct Filter {
+    k: u64,
+    /// Variants 0..variants.
+    variants: u64,
+    mode: Option<String>,
+    variant: Option<u64>,
+    step: Option<String>,
+    n: Option<u64>,
+    pattern: Option<String>,
+    /// Count failures of the known bug apart instead of failing on them.
+    excuse_known: bool,
+}
+
+/// Runs the sweep over the cases and crash points `f` leaves.
+fn sweep(f: &Filter) -> Sweep {
+    let (k, excuse_known) = (f.k, f.excuse_known);
+    let mut out = Sweep {
+        table: BTreeMap::new(),
+        writes: 0,
+        failures: Vec::new(),
+        known: Vec::new(),
+    };
+    let cases = MODES
+        .into_iter()
+        .enumerate()
+        .flat_map(|(mi, mode)| (0..f.variants).map(move |variant| (mi, Case { mode, variant })));
+    for (mi, c) in cases {
+        let (mode, variant) = (c.mode, c.variant);
+        let name = mode_name(mode);
+        if f.mode.as_deref().is_some_and(|m| m != name) || f.variant.is_some_and(|v| v != variant) {
+            continue;
+        }
+        // The whole script, uncut: how many device writes, and which step issued each.
+        let Run { env, starts } = run_script(c, None);
+        assert!(
+            env.cache.is_stopped(),
+            "{name}: the script must end with a clean stop"
+        );
+        let total = env.device_writes;
+        out.writes += total;
+        // The script's own run, loaded from its clean stop, reads back as written.
+        let mut e = env.stop_and_reload(seed_of(c) ^ 0x10ad);
+        e.verify_all();
+        let step_of = |n: u64| {
+            starts
+                .iter()
+                .rev()
+                .find(|(_, at)| *at < n)
+                .expect("n ≥ 1")
+                .0
+        };
+        for n in 1..=total {
+            let s = step_of(n);
+            if f.n.is_some_and(|o| o != n) || f.step.as_deref().is_some_and(|o| o != s.name()) {
+                continue;
+            }
+            let mut current = String::new();
+            // Each failing point's panic is caught and reported with the others at the end;
+            // the default hook's report (with the last events) is kept for replays.
+            let hook = excuse_known.then(|| {
+                let prev = std::panic::take_hook();
+                std::panic::set_hook(Box::new(|_| {}));
+                prev
+            });
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_point(c, n, k, f.pattern.as_deref(), &mut current)
+            }));
+            if let Some(h) = hook {
+                std::panic::set_hook(h);
+            }
+            let cell = out.table.entry((mi, s)).or_default();
+            match res {
+                Ok(pt) => {
+                    cell.points += 1;
+                    cell.recoveries += pt.recoveries;
+                    cell.dirty += pt.recovered_dirty;
+                    cell.fresh += pt.fresh;
+                    cell.mid_stop += pt.mid_stop as u64;
+                }
+                Err(e) => {
+                    let msg = e
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default();
+                    let first = msg.lines().next().unwrap_or("").to_string();
+                    let line = format!(
+                        "mode {name} variant {variant} step {} write {n} of {total} pattern {current}: {first}\n  replay: TIERCACHE_SWEEP_MODE={name} TIERCACHE_SWEEP_VARIANT={variant} TIERCACHE_SWEEP_N={n} TIERCACHE_SWEEP_PATTERN={current} cargo test -p tiercache-core --test crash_sweep -- --nocapture",
+                        s.name()
+                    );
+                    if excuse_known && is_known_bug(s, n, total, &first) {
+                        // The point counts (it ran, up to the failing pattern) as known.
+                        cell.points += 1;
+                        cell.mid_stop += 1;
+                        cell.known += 1;
+                        out.known.push(line);
+                    } else {
+                        out.failures.push(line);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+#[test]
+fn crash_at_every_device_write_of_every_mode_and_step() {
+    let k = env_u64("TIERCACHE_SWEEP_K").unwrap_or(2);
+    let f = Filter {
+        k,
+        variants: env_u64("TIERCACHE_SWEEP_VARIANTS")
+            .unwrap_or(VARIANTS)
+            .min(VARIANTS),
+        mode: var("TIERCACHE_SWEEP_MODE"),
+        variant: env_u64("TIERCACHE_SWEEP_VARIANT"),
+        step: var("TIERCACHE_SWEEP_STEP"),
+        n: env_u64("TIERCACHE_SWEEP_N"),
+        pattern: var("TIERCACHE_SWEEP_PATTERN"),
+        excuse_known: false,
+    };
+    let replay = f.mode.is_some() || f.variant.is_some() || f.step.is_some() || f.n.is_some();
+    let f = Filter {
+        excuse_known: !replay,
+        ..f
+    };
+    let sw = sweep(&f);
+    print_table(&sw.table, &f, sw.writes);
+    for l in &sw.known {
+        // Lower case: a canary run (scripts/test.sh) must be caught by a failure of its own,
+        // not by the words of this line.
+        let l = l.replacen("STALE READ", "stale read", 1);
+        println!("KNOWN BUG (see is_known_bug; not fixed): {l}");
+    }
+    if !sw.failures.is_empty() {
+        panic!(
+            "{} crash points failed (the first failing pattern of each is shown):\n{}",
+            sw.failures.len(),
+            sw.failures.join("\n")
+        );
+    }
+    if replay {
+        return;
+    }
+    let table = &sw.table;
+    // Coverage: every mode × step had crash points; the lazy modes recovered dirty data; the
+    // stop step was cut mid-stop (after `Cache::stop`) in every mode.
+    for (mi, mode) in MODES.into_iter().enumerate() {
+        for s in STEPS {
+            let c = table.get(&(mi, s)).copied().unwrap_or_default();
+            assert!(
+                c.points > 0,
+                "coverage: no crash point in {} step {}",
+                mode_name(mode),
+                s.name()
+            );
+        }
+        if mode.is_lazy() {
+            let dirty: u64 = STEPS
+                .iter()
+                .map(|&s| table.get(&(mi, s)).map_or(0, |c| c.dirty))
+                .sum();
+            assert!(
+                dirty > 0,
+                "coverage: {} never recovered with dirty data",
+                mode_name(mode)
+            );
+        }
+        assert!(
+            table.get(&(mi, Step::Stop)).is_some_and(|c| c.mid_stop > 0),
+            "coverage: {} had no crash point mid-stop",
+            mode_name(mode)
+        );
+    }
+    // The known bug must still show where it showed when it was marked: once it is fixed,
+    // remove `is_known_bug` and the `known_bug_*` test (and the known gap in docs/SAFETY.md).
+    assert!(
+        !sw.known.is_empty(),
+        "the known clean-stop bug no longer shows: it looks fixed; remove is_known_bug and un-ignore the known_bug test"
+    );
+}
+
+/// The known bug alone, not excused: fails until the clean stop flushes the cores before its
+/// superblock. Run it with `cargo test -p tiercache-core --test crash_sweep -- --ignored`.
+#[test]
+#[ignore = "known bug: a clean stop's superblock is written before the cores are flushed (wt: STALE READ after a power cut at that write)"]
+fn known_bug_clean_stop_superblock_before_core_flush() {
+    let sw = sweep(&Filter {
+        k: 2,
+        variants: VARIANTS,
+        mode: Some("wt".into()),
+        step: Some("stop".into()),
+        ..Filter::default()
+    });
+    assert!(sw.failures.is_empty(), "{}", sw.failures.join("\n"));
+}
+
+fn print_table(table: &BTreeMap<(usize, Step), Cell>, f: &Filter, writes: u64) {
+    let (k, v) = (f.k, f.variants);
+    let mut out = String::new();
+    out.push_str(&format!(
+        "crash sweep: 6 modes x {v} variants, {writes} device writes, each a crash point; patterns per point: kept, dropped, {k} torn, {k} reordered\n"
+    ));
+    out.push_str(&format!(
+        "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}{:>7}\n",
+        "mode", "step", "points", "recoveries", "w/ dirty", "fresh", "mid-stop", "known"
+    ));
+    let mut sum = Cell::default();
+    for (&(mi, s), c) in table {
+        out.push_str(&format!(
+            "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}{:>7}\n",
+            mode_name(MODES[mi]),
+            s.name(),
+            c.points,
+            c.recoveries,
+            c.dirty,
+            c.fresh,
+            if s == Step::Stop {
+                c.mid_stop.to_string()
+            } else {
+                "-".into()
+            },
+            c.known
+        ));
+        sum.points += c.points;
+        sum.recoveries += c.recoveries;
+        sum.dirty += c.dirty;
+        sum.fresh += c.fresh;
+        sum.mid_stop += c.mid_stop;
+        sum.known += c.known;
+    }
+    out.push_str(&format!(
+        "total: {} crash points, {} recoveries ({} with dirty data), {} restarts on a device with no cache yet, {} points mid-stop, {} points failing with the known bug; checked: recovery, every block legal, re-read after restart, clean stop, warm load, every block again\n",
+        sum.points, sum.recoveries, sum.dirty, sum.fresh, sum.mid_stop, sum.known
+    ));
+    println!("{out}");
+}
