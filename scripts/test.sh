@@ -119,6 +119,10 @@ step "canary: early flush ack, caught by a crash at a device write" canary canar
 # crash reorders the two on a reused slot, so this one runs 600 seeds (release build).
 TIERCACHE_CRASH_SEEDS=600 CANARY_ARGS=--release \
     step "canary: journal commit without the flush before it, caught by a crash" canary canary-no-preflush crash
+# The crash sweep cuts scripted lifecycles at every device write: it catches the same bug in
+# a test build within seconds (about 140 failing crash points in its first variant).
+TIERCACHE_SWEEP_VARIANTS=1 \
+    step "canary: journal commit without the flush before it, caught by the crash sweep" canary canary-no-preflush crash_sweep
 
 # Mode wl: a flush that does not wait for earlier log entries loses flushed writes at a crash.
 step "canary: wl flush before earlier log entries are written, caught by the wl crash check" \
