@@ -37,7 +37,9 @@
 //!
 //! Environment: `TIERCACHE_SWEEP_K=N` seeded torn and reordered variants per crash point (2);
 //! `TIERCACHE_SWEEP_VARIANTS=1` only the first variant, `=3` also a third (16 lines of 4 KiB,
-//! S3-FIFO, `acp`); `TIERCACHE_SWEEP_SALT=S` other seeds
+//! S3-FIFO, `acp`); `TIERCACHE_SWEEP_NESTED=1` also crashes again at every write of each
+//! recovery (its checkpoint or superblock), kept and dropped, and checks the second recovery
+//! reads as the first (slow: about 6× the time); `TIERCACHE_SWEEP_SALT=S` other seeds
 //! (completion orders, slow IOs, patterns) for the same scripts; replay one case with
 //! `TIERCACHE_SWEEP_MODE=wb TIERCACHE_SWEEP_VARIANT=0 TIERCACHE_SWEEP_N=57` (and optionally
 //! `TIERCACHE_SWEEP_PATTERN=torn1`); `TIERCACHE_SWEEP_STEP=stop` limits a run to the crash
@@ -439,6 +441,8 @@ struct Point {
     /// Pattern runs that found no cache on the device (crash before its first superblock).
     fresh: u64,
     mid_stop: bool,
+    /// Second crashes during the recovery (`TIERCACHE_SWEEP_NESTED`).
+    nested: u64,
 }
 
 /// Crash at write `n` of case `c`'s script and check every pattern (or only `only`).
@@ -486,11 +490,63 @@ fn run_point(
                 .or_insert_with(|| vec![0; CORE_BLOCKS as usize * harness::BS]);
         }
         let seed = seed_of(c) ^ 0xa11 ^ (n << 20) ^ pi as u64;
+        if env_u64("TIERCACHE_SWEEP_NESTED").is_some() {
+            nested(
+                &mut env,
+                c,
+                pattern,
+                seed_of(c) ^ (n << 16) ^ pi as u64,
+                seed,
+                &mut pt,
+            );
+        }
         let mut e = Env::restart(cfg.clone(), seed, knobs(c, None), images, recovered);
         e.check_durability = false;
         after_restart(e, seed);
     }
     pt
+}
+
+/// The crash image again (same seed: same image), with the cores the crash came before.
+fn recover_again(
+    env: &mut Env,
+    pattern: CrashPattern,
+    rseed: u64,
+) -> (harness::CrashImages, Option<tiercache_core::Cache>) {
+    env.rng = Rng::new(rseed);
+    let (mut images, rec) = env.crash_check(pattern);
+    for core in 0..CORES {
+        images
+            .cores
+            .entry(core)
+            .or_insert_with(|| vec![0; CORE_BLOCKS as usize * harness::BS]);
+    }
+    (images, rec)
+}
+
+/// A second crash at every write of the recovery (its checkpoint or superblock), kept and
+/// dropped: recovery again, and every block must still read as after the first one.
+fn nested(env: &mut Env, c: Case, pattern: CrashPattern, rseed: u64, seed: u64, pt: &mut Point) {
+    let cfg = config(c);
+    let (im, rec) = recover_again(env, pattern, rseed);
+    let r = Env::restart(cfg.clone(), seed, knobs(c, None), im, rec).device_writes;
+    for j in 1..=r {
+        let (im, rec) = recover_again(env, pattern, rseed);
+        let mut e1 = Env::restart(cfg.clone(), seed, knobs(c, Some(j)), im, rec);
+        e1.check_durability = false;
+        assert!(e1.crashed, "recovery write {j} of {r} never issued");
+        for (qi, p2) in [CrashPattern::Kept, CrashPattern::Dropped]
+            .into_iter()
+            .enumerate()
+        {
+            e1.rng = Rng::new(rseed ^ 0x2c ^ (j << 8) ^ qi as u64);
+            let (im2, rec2) = e1.crash_check(p2);
+            pt.nested += 1;
+            let mut e2 = Env::restart(cfg.clone(), seed ^ 0x2, knobs(c, None), im2, rec2);
+            e2.check_durability = false;
+            after_restart(e2, seed ^ 0x2);
+        }
+    }
 }
 
 /// After a restart: every block settles on its recovered value, more requests and a
@@ -539,6 +595,7 @@ struct Cell {
     fresh: u64,
     mid_stop: u64,
     known: u64,
+    nested: u64,
 }
 
 /// A known core bug, left in place (see `known_bug_*` below and docs/SAFETY.md): the clean
@@ -649,6 +706,7 @@ fn sweep(f: &Filter) -> Sweep {
                     cell.dirty += pt.recovered_dirty;
                     cell.fresh += pt.fresh;
                     cell.mid_stop += pt.mid_stop as u64;
+                    cell.nested += pt.nested;
                 }
                 Err(e) => {
                     let msg = e
@@ -812,6 +870,13 @@ fn print_table(sw: &Sweep, f: &Filter) {
         sum.fresh += c.fresh;
         sum.mid_stop += c.mid_stop;
         sum.known += c.known;
+        sum.nested += c.nested;
+    }
+    if sum.nested > 0 {
+        out.push_str(&format!(
+            "second crashes during recovery (TIERCACHE_SWEEP_NESTED): {} checked\n",
+            sum.nested
+        ));
     }
     out.push_str(&format!(
         "total: {} crash points, {} recoveries ({} with dirty data), {} restarts on a device with no cache yet, {} points mid-stop, {} points failing with the known bug; checked: recovery, every block legal, re-read after restart, clean stop, warm load, every block again\n",
