@@ -33,7 +33,7 @@
 //! from the crash image), those with dirty data, restarts on a device that held no cache yet,
 //! points mid-stop; and asserts coverage (every cell has crash points, every lazy mode
 //! recovered dirty data, every mode was cut mid-stop). Every failing point is reported at the
-//! end with a replay line. One known core bug is counted apart (`is_known_bug`).
+//! end with a replay line.
 //!
 //! Environment: `TIERCACHE_SWEEP_K=N` seeded torn and reordered variants per crash point (2);
 //! `TIERCACHE_SWEEP_VARIANTS=1` only the first variant, `=3` also a third (16 lines of 4 KiB,
@@ -43,8 +43,15 @@
 //! (completion orders, slow IOs, patterns) for the same scripts; replay one case with
 //! `TIERCACHE_SWEEP_MODE=wb TIERCACHE_SWEEP_VARIANT=0 TIERCACHE_SWEEP_N=57` (and optionally
 //! `TIERCACHE_SWEEP_PATTERN=torn1`); `TIERCACHE_SWEEP_STEP=stop` limits a run to the crash
-//! points of one step; `TIERCACHE_TRACE=1` prints every event. A replay does not excuse the
-//! known bug and keeps the full failure report (with the last events).
+//! points of one step; `TIERCACHE_TRACE=1` prints every event. A replay keeps the full failure
+//! report (with the last events).
+//!
+//! It found a real bug on its first run: a clean stop wrote its final checkpoint and the
+//! superblock saying "clean" before the cores were flushed, so in `wt` a power cut right after
+//! that superblock could load warm clean lines holding data the core then lost (STALE READ at
+//! the stop's last write and after the end: a flip-flop once the line is evicted). The stop now
+//! flushes every core with writes no flush covered first, and writes `Clean` only if that
+//! succeeded.
 
 mod harness;
 
@@ -594,20 +601,7 @@ struct Cell {
     dirty: u64,
     fresh: u64,
     mid_stop: u64,
-    known: u64,
     nested: u64,
-}
-
-/// A known core bug, left in place (see `known_bug_*` below and docs/SAFETY.md): the clean
-/// stop writes its final checkpoint and the superblock saying "clean" *before* the core
-/// devices are flushed (`Engine::stop` flushes them only after `Cache::stop` completes). A
-/// power cut right after that superblock write, with client writes no flush covered on a core
-/// (write-through modes), loads the cache warm with clean lines holding data the core lost:
-/// the block reads the cache's copy until the line is evicted, then the core's (flip-flop,
-/// SPEC durability point 3). The sweep reports it as `STALE READ` at the stop's last write
-/// (the superblock) and after the end (a power cut after the stop).
-fn is_known_bug(s: Step, n: u64, last_write: u64, msg: &str) -> bool {
-    s == Step::Stop && n >= last_write && msg.starts_with("STALE READ")
 }
 
 struct Sweep {
@@ -617,7 +611,6 @@ struct Sweep {
     commits: u64,
     checkpoints: u64,
     failures: Vec<String>,
-    known: Vec<String>,
 }
 
 /// What to sweep: K, and filters (a replay).
@@ -631,20 +624,19 @@ struct Filter {
     step: Option<String>,
     n: Option<u64>,
     pattern: Option<String>,
-    /// Count failures of the known bug apart instead of failing on them.
-    excuse_known: bool,
+    /// Failing points are collected (each panic caught quietly) instead of reported at once.
+    collect: bool,
 }
 
 /// Runs the sweep over the cases and crash points `f` leaves.
 fn sweep(f: &Filter) -> Sweep {
-    let (k, excuse_known) = (f.k, f.excuse_known);
+    let (k, collect) = (f.k, f.collect);
     let mut out = Sweep {
         table: BTreeMap::new(),
         writes: 0,
         commits: 0,
         checkpoints: 0,
         failures: Vec::new(),
-        known: Vec::new(),
     };
     let cases = MODES
         .into_iter()
@@ -687,7 +679,7 @@ fn sweep(f: &Filter) -> Sweep {
             let mut current = String::new();
             // Each failing point's panic is caught and reported with the others at the end;
             // the default hook's report (with the last events) is kept for replays.
-            let hook = excuse_known.then(|| {
+            let hook = collect.then(|| {
                 let prev = std::panic::take_hook();
                 std::panic::set_hook(Box::new(|_| {}));
                 prev
@@ -724,15 +716,7 @@ fn sweep(f: &Filter) -> Sweep {
                         "mode {name} variant {variant} step {} {at} pattern {current}: {first}\n  replay: TIERCACHE_SWEEP_MODE={name} TIERCACHE_SWEEP_VARIANT={variant} TIERCACHE_SWEEP_N={n} TIERCACHE_SWEEP_PATTERN={current} cargo test -p tiercache-core --test crash_sweep -- --nocapture",
                         s.name()
                     );
-                    if excuse_known && is_known_bug(s, n, total, &first) {
-                        // The point counts (it ran, up to the failing pattern) as known.
-                        cell.points += 1;
-                        cell.mid_stop += (n <= total) as u64;
-                        cell.known += 1;
-                        out.known.push(line);
-                    } else {
-                        out.failures.push(line);
-                    }
+                    out.failures.push(line);
                 }
             }
         }
@@ -757,21 +741,15 @@ fn crash_at_every_device_write_of_every_mode_and_step() {
         step: var("TIERCACHE_SWEEP_STEP"),
         n: env_u64("TIERCACHE_SWEEP_N"),
         pattern: var("TIERCACHE_SWEEP_PATTERN"),
-        excuse_known: false,
+        collect: false,
     };
     let replay = f.mode.is_some() || f.variant.is_some() || f.step.is_some() || f.n.is_some();
     let f = Filter {
-        excuse_known: !replay,
+        collect: !replay,
         ..f
     };
     let sw = sweep(&f);
     print_table(&sw, &f);
-    for l in &sw.known {
-        // Lower case: a canary run (scripts/test.sh) must be caught by a failure of its own,
-        // not by the words of this line.
-        let l = l.replacen("STALE READ", "stale read", 1);
-        println!("KNOWN BUG (see is_known_bug; not fixed): {l}");
-    }
     if !sw.failures.is_empty() {
         panic!(
             "{} crash points failed (the first failing pattern of each is shown):\n{}",
@@ -812,28 +790,6 @@ fn crash_at_every_device_write_of_every_mode_and_step() {
             mode_name(mode)
         );
     }
-    // The known bug must still show where it showed when it was marked: once it is fixed,
-    // remove `is_known_bug` and the `known_bug_*` test (and the known gap in docs/SAFETY.md).
-    // (Other seeds may order the IOs so that the core write is flushed before the stop.)
-    assert!(
-        env_u64("TIERCACHE_SWEEP_SALT").is_some() || !sw.known.is_empty(),
-        "the known clean-stop bug no longer shows: it looks fixed; remove is_known_bug and un-ignore the known_bug test"
-    );
-}
-
-/// The known bug alone, not excused: fails until the clean stop flushes the cores before its
-/// superblock. Run it with `cargo test -p tiercache-core --test crash_sweep -- --ignored`.
-#[test]
-#[ignore = "known bug: a clean stop's superblock is written before the cores are flushed (wt: STALE READ after a power cut at that write)"]
-fn known_bug_clean_stop_superblock_before_core_flush() {
-    let sw = sweep(&Filter {
-        k: 2,
-        variants: VARIANTS,
-        mode: Some("wt".into()),
-        step: Some("stop".into()),
-        ..Filter::default()
-    });
-    assert!(sw.failures.is_empty(), "{}", sw.failures.join("\n"));
 }
 
 fn print_table(sw: &Sweep, f: &Filter) {
@@ -844,13 +800,13 @@ fn print_table(sw: &Sweep, f: &Filter) {
         sw.writes, sw.commits, sw.checkpoints
     ));
     out.push_str(&format!(
-        "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}{:>7}\n",
-        "mode", "step", "points", "recoveries", "w/ dirty", "fresh", "mid-stop", "known"
+        "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}\n",
+        "mode", "step", "points", "recoveries", "w/ dirty", "fresh", "mid-stop"
     ));
     let mut sum = Cell::default();
     for (&(mi, s), c) in table {
         out.push_str(&format!(
-            "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}{:>7}\n",
+            "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}\n",
             mode_name(MODES[mi]),
             s.name(),
             c.points,
@@ -861,15 +817,13 @@ fn print_table(sw: &Sweep, f: &Filter) {
                 c.mid_stop.to_string()
             } else {
                 "-".into()
-            },
-            c.known
+            }
         ));
         sum.points += c.points;
         sum.recoveries += c.recoveries;
         sum.dirty += c.dirty;
         sum.fresh += c.fresh;
         sum.mid_stop += c.mid_stop;
-        sum.known += c.known;
         sum.nested += c.nested;
     }
     if sum.nested > 0 {
@@ -879,8 +833,8 @@ fn print_table(sw: &Sweep, f: &Filter) {
         ));
     }
     out.push_str(&format!(
-        "total: {} crash points, {} recoveries ({} with dirty data), {} restarts on a device with no cache yet, {} points mid-stop, {} points failing with the known bug; checked: recovery, every block legal, re-read after restart, clean stop, warm load, every block again\n",
-        sum.points, sum.recoveries, sum.dirty, sum.fresh, sum.mid_stop, sum.known
+        "total: {} crash points, {} recoveries ({} with dirty data), {} restarts on a device with no cache yet, {} points mid-stop; checked: recovery, every block legal, re-read after restart, clean stop, warm load, every block again\n",
+        sum.points, sum.recoveries, sum.dirty, sum.fresh, sum.mid_stop
     ));
     println!("{out}");
 }

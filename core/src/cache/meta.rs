@@ -34,7 +34,7 @@ use crate::config::Persist;
 use crate::event::{Action, BufRef, Dev, IoError, ReqError};
 use crate::hash::{FxHashMap, FxHashSet};
 use crate::lists::ListId;
-use crate::units::{Lba, LineId, Nanos, ReqId};
+use crate::units::{CoreId, Lba, LineId, Nanos, ReqId};
 use std::collections::VecDeque;
 use tiercache_format::checkpoint::{LineRecord, encode_chunk};
 use tiercache_format::journal::{Entry, LineOp};
@@ -64,6 +64,23 @@ pub(crate) enum MetaIo {
     JournalFlush { seq: u64, covers: u64 },
     /// An IO of the running admin task, and the buffer it wrote from.
     Admin { buf: Option<u32> },
+    /// A clean stop's flush of a core that has writes no flush covered yet (`covers`: the
+    /// core's completed writes at issue).
+    StopCoreFlush { core: CoreId, covers: u64 },
+}
+
+/// A clean stop's core flushes: the superblock may say `Clean` (clean lines equal to their
+/// cores) only once every core write before it is durable on its core.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum StopCores {
+    /// Not started (or the stop not asked for).
+    #[default]
+    Idle,
+    /// Flushes in flight; `failed`: one of them failed.
+    Flushing { left: u32, failed: bool },
+    /// The final checkpoint is queued: with state `Clean`, or `Running` when a core flush
+    /// failed (the load then keeps dirty data only, as after a crash).
+    Final,
 }
 
 /// A management task on the metadata, run one at a time in order.
@@ -147,6 +164,9 @@ pub struct MetaCounters {
     pub errors: u64,
     /// Lines that waited in limbo before reuse.
     pub limbo_lines: u64,
+    /// Clean stops that ended with the superblock `Running` instead of `Clean` because a
+    /// core flush failed (the next load recovers as after a crash: dirty lines only).
+    pub stops_unclean: u64,
 }
 
 /// The metadata state of a persistent cache.
@@ -186,6 +206,7 @@ pub(crate) struct Meta {
     /// A clean stop was asked for / is complete.
     pub(crate) stopping: bool,
     pub(crate) stopped: bool,
+    pub(crate) stop_cores: StopCores,
     pub(crate) counters: MetaCounters,
 }
 
@@ -222,6 +243,7 @@ impl Meta {
             ready: false,
             stopping: false,
             stopped: false,
+            stop_cores: StopCores::Idle,
             counters: MetaCounters::default(),
         }
     }
@@ -483,11 +505,60 @@ impl Cache {
             && self.reqs.is_empty()
             && self.jobs.is_empty()
         {
-            m.push_task(Task::Checkpoint {
-                state: CacheState::Clean,
-            });
+            self.stop_step(actions);
         }
         self.admin_step(actions);
+    }
+
+    /// The clean stop, once idle: flush every core with writes no flush covered (a
+    /// write-through write, a trim passed down), then the final checkpoint and superblock —
+    /// `Clean` only if those flushes succeeded. Without the flushes a power cut after the stop
+    /// could leave a core older than the clean copy the warm load serves, and the core's data
+    /// would come back once the line is evicted (a flip-flop).
+    fn stop_step(&mut self, actions: &mut Vec<Action>) {
+        let m = self.meta.as_mut().expect("persistent");
+        match m.stop_cores {
+            StopCores::Idle => {
+                let due: Vec<(CoreId, u64)> = self
+                    .cores
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, c)| {
+                        let c = c.as_ref()?;
+                        c.flush
+                            .needs_flush()
+                            .then_some((CoreId(i as u16), c.flush.writes_done))
+                    })
+                    .collect();
+                let m = self.meta.as_mut().expect("persistent");
+                m.stop_cores = StopCores::Flushing {
+                    left: due.len() as u32,
+                    failed: false,
+                };
+                for (core, covers) in due {
+                    let io = self.new_io(IoOwner::Meta {
+                        kind: MetaIo::StopCoreFlush { core, covers },
+                    });
+                    actions.push(Action::Flush {
+                        io,
+                        dev: Dev::Core(core),
+                    });
+                }
+                self.stop_step(actions);
+            }
+            StopCores::Flushing { left: 0, failed } => {
+                m.stop_cores = StopCores::Final;
+                m.counters.stops_unclean += failed as u64;
+                m.push_task(Task::Checkpoint {
+                    state: if failed {
+                        CacheState::Running
+                    } else {
+                        CacheState::Clean
+                    },
+                });
+            }
+            StopCores::Flushing { .. } | StopCores::Final => {}
+        }
     }
 
     fn start_commit(&mut self, actions: &mut Vec<Action>) {
@@ -662,6 +733,12 @@ impl Cache {
             let class = match kind {
                 MetaIo::CommitPreflush { .. } | MetaIo::JournalFlush { .. } => IoClass::Flush,
                 MetaIo::CommitWrite | MetaIo::Admin { .. } => IoClass::Write,
+                MetaIo::StopCoreFlush { core, .. } => {
+                    // A core's flush: a core device fault.
+                    self.counters.core_errors += 1;
+                    self.note_core_error(core, IoClass::Flush, e, false);
+                    return self.stop_core_flushed(core, None);
+                }
             };
             self.counters.cache_errors += 1;
             self.note_cache_error(class, e);
@@ -699,6 +776,22 @@ impl Cache {
                 }
             }
             MetaIo::Admin { buf } => self.admin_io_done(buf, result, actions),
+            MetaIo::StopCoreFlush { core, covers } => self.stop_core_flushed(core, Some(covers)),
+        }
+    }
+
+    /// A clean stop's core flush ended (`covers`: `None` when it failed).
+    fn stop_core_flushed(&mut self, core: CoreId, covers: Option<u64>) {
+        if let Some(covers) = covers {
+            if let Some(c) = self.cores.get_mut(core.0 as usize).and_then(|c| c.as_mut()) {
+                c.flush.durable_upto = c.flush.durable_upto.max(covers);
+            }
+            self.note_core_ok(core);
+        }
+        let m = self.meta.as_mut().expect("persistent");
+        if let StopCores::Flushing { left, failed } = &mut m.stop_cores {
+            *left -= 1;
+            *failed |= covers.is_none();
         }
     }
 
@@ -952,7 +1045,7 @@ impl Cache {
                 m.counters.superblocks += 1;
                 m.tables_durable = m.tables_durable.max(run.tables_gen);
                 m.ready = true;
-                if run.sb.state == CacheState::Clean && m.stopping {
+                if m.stopping && m.stop_cores == StopCores::Final && m.tasks.is_empty() {
                     m.stopped = true;
                 }
             }
