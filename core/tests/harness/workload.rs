@@ -135,31 +135,11 @@ pub fn random_step(env: &mut Env, modes: &[CacheMode], ncores: u64, bpl: u64) {
 /// checkpoint regions, then the lines. (Real devices use `Layout::plan`, with 1 MiB alignment
 /// and a journal of at least 1 MiB; the format only requires 4 KiB alignment.)
 pub fn persistent(mut cfg: Config, rng: &mut Rng) -> Config {
-    use tiercache_format::superblock::{Layout, Region, checkpoint_region_bytes};
+    use tiercache_format::superblock::Layout;
     let ls = cfg.line_size.bytes();
-    let journal = Region {
-        offset: 128 << 10,
-        bytes: (16 << 10) * (1 + rng.below(4)),
-    };
-    let cp = checkpoint_region_bytes(cfg.lines as u64, ls as u32).expect("small");
-    let c0 = Region {
-        offset: journal.end(),
-        bytes: cp,
-    };
-    let c1 = Region {
-        offset: c0.end(),
-        bytes: cp,
-    };
-    let data = Region {
-        offset: c1.end(),
-        bytes: cfg.lines as u64 * ls,
-    };
-    let layout = Layout {
-        journal,
-        checkpoint: [c0, c1],
-        data,
-        log: Default::default(),
-    };
+    let journal = (16 << 10) * (1 + rng.below(4));
+    let layout = Layout::compact(cfg.lines as u64, ls as u32, journal, 0);
+    let data = layout.data;
     let device = data.end();
     layout.validate(device).expect("valid layout");
     cfg.data_offset = tiercache_core::units::Lba(data.offset / 512);
