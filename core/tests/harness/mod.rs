@@ -1233,37 +1233,23 @@ impl Env {
 
     /// Completes every pending IO (and whatever they trigger) until nothing is in flight.
     pub fn drain(&mut self) {
-        let mut guard = 0u64;
-        loop {
-            while self.complete_one() {
-                guard += 1;
-                if guard > 10_000_000 {
-                    self.fail("drain did not converge");
-                }
-            }
-            if self.reqs.is_empty() && self.cache.is_idle() {
-                break;
-            }
-            // Something waits on time (throttle, cleaner): move time forward.
-            self.now = self.now.plus(Nanos::from_ms(50));
-            self.tick();
-            guard += 1;
-            if guard > 200_000 {
-                self.fail("drain did not converge (waiting on time)");
-            }
-        }
+        self.drain_inner(false);
     }
 
     /// Like [`Env::drain`], but returns false as soon as the crash point is reached.
     pub fn drain_or_crash(&mut self) -> bool {
-        let mut guard = 0u64;
+        self.drain_inner(true)
+    }
+
+    fn drain_inner(&mut self, stop_at_crash: bool) -> bool {
+        let (mut ios, mut waits) = (0u64, 0u64);
         loop {
-            if self.crashed {
+            if stop_at_crash && self.crashed {
                 return false;
             }
             if self.complete_one() {
-                guard += 1;
-                if guard > 10_000_000 {
+                ios += 1;
+                if ios > 10_000_000 {
                     self.fail("drain did not converge");
                 }
                 continue;
@@ -1271,10 +1257,11 @@ impl Env {
             if self.reqs.is_empty() && self.cache.is_idle() {
                 return true;
             }
+            // Something waits on time (throttle, cleaner): move time forward.
             self.now = self.now.plus(Nanos::from_ms(50));
             self.tick();
-            guard += 1;
-            if guard > 10_000_000 {
+            waits += 1;
+            if waits > 200_000 {
                 self.fail("drain did not converge (waiting on time)");
             }
         }
@@ -1282,23 +1269,7 @@ impl Env {
 
     /// Like [`Env::writeback_all`], but returns false as soon as the crash point is reached.
     pub fn writeback_or_crash(&mut self) -> bool {
-        self.cache.start_writeback();
-        self.tick();
-        let mut guard = 0;
-        while self.cache.dirty_lines() > 0 || !self.cache.is_idle() {
-            if self.crashed {
-                return false;
-            }
-            if !self.complete_one() {
-                self.now = self.now.plus(Nanos::from_ms(100));
-                self.tick();
-            }
-            guard += 1;
-            if guard > 20_000 {
-                self.fail("writeback did not finish");
-            }
-        }
-        !self.crashed
+        self.writeback_inner(true)
     }
 
     /// A clean stop that a crash point may interrupt: completes the requests in flight, stops
@@ -1361,10 +1332,17 @@ impl Env {
 
     /// Runs writeback to completion.
     pub fn writeback_all(&mut self) {
+        self.writeback_inner(false);
+    }
+
+    fn writeback_inner(&mut self, stop_at_crash: bool) -> bool {
         self.cache.start_writeback();
         self.tick();
         let mut guard = 0;
         while self.cache.dirty_lines() > 0 || !self.cache.is_idle() {
+            if stop_at_crash && self.crashed {
+                return false;
+            }
             if !self.complete_one() {
                 self.now = self.now.plus(Nanos::from_ms(100));
                 self.tick();
@@ -1374,6 +1352,7 @@ impl Env {
                 self.fail("writeback did not finish");
             }
         }
+        !(stop_at_crash && self.crashed)
     }
 
     /// The legal post-crash contents of core block `b`: the newest write covered by a
