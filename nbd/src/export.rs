@@ -268,13 +268,19 @@ pub struct EngineExport {
 
 impl EngineExport {
     /// Serves core `core` of `engine`: minimum block 512, preferred the cache line size,
-    /// maximum 32 MiB.
+    /// maximum 32 MiB — for a write log (`wl`) at most the longest write one log entry takes
+    /// (half its ring), so that clients split longer writes instead of getting `ENOSPC`.
     pub fn new(engine: Arc<Engine>, core: CoreId) -> EngineExport {
         let line = engine.with_cache(|c| c.config().line_size.bytes()) as u32;
+        let mut sizes = BlockSizes::new(line);
+        if let Some(blocks) = engine.with_machine(|m| m.wl().map(|w| w.max_request_blocks())) {
+            let cap = (blocks * 512).min(MAX_BLOCK as u64) as u32;
+            sizes.max = (cap / sizes.preferred * sizes.preferred).max(sizes.preferred);
+        }
         EngineExport {
             engine,
             core,
-            sizes: BlockSizes::new(line),
+            sizes,
         }
     }
 

@@ -902,6 +902,13 @@ impl WriteLog {
         (n, blocks)
     }
 
+    /// The longest write (or TRIM / WRITE_ZEROES: no data) one entry takes, in blocks: half the
+    /// ring less the header. A longer one fails with `NoSpace`; the NBD server advertises this
+    /// as its maximum request size, so clients split what is longer.
+    pub fn max_request_blocks(&self) -> u64 {
+        self.cfg.ring_blocks() / 2 - 1
+    }
+
     /// Blocks of write data the log holds on the device from its tail: what a load would
     /// find, counting entries already written back whose generation is not retired yet (a
     /// stop can leave some; they are written back again after the load).
