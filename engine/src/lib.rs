@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tiercache_core::cache::{CoreRecord, LoadReport};
@@ -29,7 +29,10 @@ use tiercache_core::event::{Action, BufRef, Dev, Event, IoError, ReqError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::{Cache, Config, Machine};
-use tiercache_io::{AlignedBuf, Backend, IoErr};
+use tiercache_io::{AlignedBuf, AsyncDone, AsyncReq, Backend, IoErr};
+
+/// The most bytes of contiguous writes the engine merges into one IO.
+const MERGE_MAX_BYTES: u64 = 256 << 10;
 
 /// A device shared between the engine's threads.
 pub type Device = Arc<dyn Backend>;
@@ -68,6 +71,12 @@ pub struct EngineStats {
     pub inline_ios: u64,
     /// IOs run by IO threads.
     pub thread_ios: u64,
+    /// Writes that went to a device as part of another (contiguous writes merged into one
+    /// IO: a write log's entry header and its data).
+    pub merged_ios: u64,
+    /// IOs issued to asynchronous devices ([`Backend::is_async`]: an RBD image), whose
+    /// completions come back without an IO thread.
+    pub async_ios: u64,
     /// Requests completed.
     pub requests: u64,
 }
@@ -75,6 +84,9 @@ pub struct EngineStats {
 /// One IO handed to an IO thread.
 struct Job {
     io: IoId,
+    /// Further IOs done by the same job (writes merged into one, [`Shared::write_run`]):
+    /// they complete with its result.
+    also: Vec<IoId>,
     dev: Device,
     op: JobOp,
 }
@@ -135,6 +147,8 @@ struct Inner {
 }
 
 struct Shared {
+    /// Itself, for the completions of asynchronous devices.
+    me: Weak<Shared>,
     inner: Mutex<Inner>,
     /// Signalled when a request completes or the core's state moves (waiters re-check).
     done_cv: Condvar,
@@ -181,9 +195,18 @@ impl Shared {
             m.apply(self.now(), ev, &mut actions, &mut |req| {
                 tiercache_format::crc::crc32c(&reqs[&req].buf)
             });
-            for a in actions.drain(..) {
-                self.execute(g, a, &mut events);
+            let mut i = 0;
+            while i < actions.len() {
+                let n = self.write_run(g, &actions[i..]);
+                if n > 1 {
+                    self.execute_run(g, &actions[i..i + n]);
+                    i += n;
+                    continue;
+                }
+                self.execute(g, actions[i].clone(), &mut events);
+                i += 1;
             }
+            actions.clear();
         }
         g.events = events;
         g.actions = actions;
@@ -319,6 +342,99 @@ impl Shared {
         }
     }
 
+    /// How many actions from the start of `acts` are writes that go to an IO thread as one:
+    /// writes to the same device that is neither inline nor asynchronous, each starting where
+    /// the one before ended, with the same FUA flag, [`MERGE_MAX_BYTES`] in all at most (a
+    /// write log's entry header and its data, consecutive entries). 0 or 1: no run.
+    fn write_run(&self, g: &Inner, acts: &[Action]) -> usize {
+        let Some(Action::Write {
+            dev,
+            lba,
+            blocks,
+            fua,
+            ..
+        }) = acts.first()
+        else {
+            return 0;
+        };
+        let (dev, fua) = (*dev, *fua);
+        let mut end = lba.0 + *blocks as u64;
+        let mut total = *blocks as u64;
+        let mut n = 1;
+        for a in &acts[1..] {
+            match a {
+                Action::Write {
+                    dev: d,
+                    lba: l,
+                    blocks: b,
+                    fua: f,
+                    ..
+                } if *d == dev
+                    && l.0 == end
+                    && *f == fua
+                    && (total + *b as u64) * 512 <= MERGE_MAX_BYTES =>
+                {
+                    end += *b as u64;
+                    total += *b as u64;
+                    n += 1;
+                }
+                _ => break,
+            }
+        }
+        if n > 1 {
+            let d = Self::device(g, dev);
+            if d.inline() || d.is_async() {
+                return 1;
+            }
+        }
+        n
+    }
+
+    /// Runs the writes of a [`Shared::write_run`] as one IO: one buffer, one job, every
+    /// write's IO completed with its result.
+    fn execute_run(&self, g: &mut Inner, acts: &[Action]) {
+        let Some(&Action::Write { dev, lba, fua, .. }) = acts.first() else {
+            unreachable!("a run of writes")
+        };
+        let total: usize = acts
+            .iter()
+            .map(|a| match a {
+                Action::Write { blocks, .. } => *blocks as usize * 512,
+                _ => 0,
+            })
+            .sum();
+        let mut b = AlignedBuf::new(total);
+        let mut off = 0;
+        let mut ios = Vec::with_capacity(acts.len() - 1);
+        for a in acts {
+            if let Action::Write {
+                io, blocks, buf, ..
+            } = a
+            {
+                let len = *blocks as usize * 512;
+                b[off..off + len].copy_from_slice(buf_ref(g, *buf, *blocks));
+                off += len;
+                ios.push(*io);
+            }
+        }
+        let first = ios.remove(0);
+        let d = Self::device(g, dev);
+        g.stats.merged_ios += ios.len() as u64;
+        self.submit_job(
+            g,
+            Job {
+                io: first,
+                also: ios,
+                dev: d,
+                op: JobOp::Write {
+                    lba: lba.0,
+                    buf: b,
+                    fua,
+                },
+            },
+        );
+    }
+
     /// An IO without a buffer: inline or on an IO thread.
     fn simple(&self, g: &mut Inner, io: IoId, dev: Dev, op: JobOp, events: &mut VecDeque<Event>) {
         let d = Self::device(g, dev);
@@ -334,10 +450,54 @@ impl Shared {
         if g.dead {
             return;
         }
+        if dev.is_async() {
+            g.stats.in_flight += 1;
+            g.stats.in_flight_max = g.stats.in_flight_max.max(g.stats.in_flight);
+            // Issued here, under the lock; the device's completion thread drives the core
+            // with the result. No IO thread waits for it.
+            g.stats.async_ios += 1;
+            let me = self.me.clone();
+            let done: AsyncDone = Box::new(move |buf, r| {
+                let Some(sh) = me.upgrade() else { return };
+                let mut g = sh.lock();
+                if g.dead {
+                    return;
+                }
+                let ev = Shared::finished(&mut g, io, buf, r);
+                // The IOs this completion starts on IO-thread devices (the write log reading
+                // the next entry to write back) run here, as a request's thread runs its own.
+                let job = sh.drive_capture(&mut g, ev);
+                sh.run_chain(g, job);
+            });
+            let req = match op {
+                JobOp::Read { lba, buf } => AsyncReq::Read { lba, buf },
+                JobOp::Write { lba, buf, fua } => AsyncReq::Write { lba, buf, fua },
+                JobOp::WriteZeroes { lba, blocks, fua } => {
+                    AsyncReq::WriteZeroes { lba, blocks, fua }
+                }
+                JobOp::Trim { lba, blocks } => AsyncReq::Trim { lba, blocks },
+                JobOp::Flush => AsyncReq::Flush,
+            };
+            dev.submit_async(req, done);
+            return;
+        }
+        let job = Job {
+            io,
+            also: Vec::new(),
+            dev,
+            op,
+        };
+        self.submit_job(g, job);
+    }
+
+    /// Hands a job to an IO thread (or to the capturing request's thread).
+    fn submit_job(&self, g: &mut Inner, job: Job) {
+        if g.dead {
+            return;
+        }
         g.stats.in_flight += 1;
         g.stats.in_flight_max = g.stats.in_flight_max.max(g.stats.in_flight);
         g.stats.thread_ios += 1;
-        let job = Job { io, dev, op };
         if g.capture {
             g.captured.push(job);
             return;
@@ -377,6 +537,17 @@ impl Shared {
         first
     }
 
+    /// Queues the completions of the writes a merged job did besides its first (the next
+    /// `drive` applies them).
+    fn finished_also(g: &mut Inner, also: &[IoId], r: &Result<(), IoErr>) {
+        for &io in also {
+            g.events.push_back(Event::IoDone {
+                io,
+                result: r.as_ref().map(|_| ()).map_err(io_error),
+            });
+        }
+    }
+
     /// The event for a finished IO (a read's data copied to where the core wants it).
     fn finished(g: &mut Inner, io: IoId, buf: Option<AlignedBuf>, r: Result<(), IoErr>) -> Event {
         g.stats.in_flight -= 1;
@@ -414,8 +585,27 @@ impl Shared {
             if g.dead {
                 continue;
             }
+            Self::finished_also(&mut g, &job.also, &r);
             let ev = Self::finished(&mut g, job.io, buf, r);
-            self.drive(&mut g, ev);
+            let next = self.drive_capture(&mut g, ev);
+            self.run_chain(g, next);
+        }
+    }
+
+    /// Runs `job` (one the calling thread captured) without the lock, applies its completion,
+    /// and goes on with the first IO that completion starts, until there is none: a thread
+    /// that finished an IO runs the next one itself instead of waking another.
+    fn run_chain(&self, g: MutexGuard<'_, Inner>, mut job: Option<Job>) {
+        drop(g);
+        while let Some(j) = job.take() {
+            let (buf, r) = run(&*j.dev, j.op);
+            let mut g = self.lock();
+            if g.dead {
+                return;
+            }
+            Self::finished_also(&mut g, &j.also, &r);
+            let ev = Self::finished(&mut g, j.io, buf, r);
+            job = self.drive_capture(&mut g, ev);
         }
     }
 
@@ -522,7 +712,8 @@ impl Engine {
             }
             devs[i] = Some(d.clone());
         }
-        let sh = Arc::new(Shared {
+        let sh = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
             inner: Mutex::new(Inner {
                 m,
                 cache_dev,
@@ -851,6 +1042,7 @@ impl Engine {
                 if g.dead {
                     continue;
                 }
+                Shared::finished_also(&mut g, &job.also, &r);
                 let ev = Shared::finished(&mut g, job.io, buf, r);
                 mine = self.sh.drive_capture(&mut g, ev);
                 continue;

@@ -13,7 +13,10 @@
 //! - [`TimeoutBackend`]: a wrapper that fails an IO with `TimedOut` after a configurable time
 //!   and keeps late writes from being overtaken.
 //!
-//! The API is synchronous: the engine calls it from its worker threads. Every request is checked
+//! The API is synchronous: the engine calls it from its worker threads. A backend with an
+//! asynchronous path of its own ([`RbdBackend`]: librbd's aio with completion callbacks) also
+//! offers [`Backend::submit_async`], which returns at once and reports the completion through a
+//! callback, so that an engine need not block a thread per IO. Every request is checked
 //! first: a buffer whose length is not a multiple of 512 gives [`IoErr::Misaligned`], a range past
 //! the end gives [`IoErr::OutOfRange`]; neither changes anything and nothing panics.
 
@@ -85,6 +88,25 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Whether [`Backend::submit_async`] returns without waiting for the IO (and never calls
+    /// its callback on the submitting thread). Without it, `submit_async` runs the request
+    /// synchronously and calls the callback before it returns.
+    fn is_async(&self) -> bool {
+        false
+    }
+
+    /// Starts `req` and calls `done` exactly once when it has finished, with the request's
+    /// buffer (a read's data, or the written buffer given back) and the result.
+    ///
+    /// When [`Backend::is_async`] holds, this returns at once and `done` runs later on another
+    /// thread (the backend's), even for a request refused at once; so a caller may hold a lock
+    /// that `done` takes. The default runs the request with the synchronous calls, then `done`,
+    /// before returning. Requests in flight at the same time have no defined order; a
+    /// [`AsyncReq::Flush`] covers the requests completed before it was submitted.
+    fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
+        submit_sync(self, req, done)
+    }
+
     /// Executes a batch of requests and returns one result per request, in order.
     ///
     /// The default runs them one after the other; a backend with an asynchronous path (such as
@@ -139,6 +161,69 @@ pub enum Req<'a> {
     },
     /// Make everything completed before it durable.
     Flush,
+}
+
+/// A request of [`Backend::submit_async`]: like [`Req`], but it owns its buffer, which
+/// [`AsyncDone`] gives back.
+#[derive(Debug)]
+pub enum AsyncReq {
+    /// Read `buf.len()` bytes from `lba` into `buf`.
+    Read {
+        /// First block.
+        lba: u64,
+        /// Destination, a multiple of 512 bytes.
+        buf: AlignedBuf,
+    },
+    /// Write `buf` at `lba`.
+    Write {
+        /// First block.
+        lba: u64,
+        /// Source, a multiple of 512 bytes.
+        buf: AlignedBuf,
+        /// Durable on completion.
+        fua: bool,
+    },
+    /// Write zeros.
+    WriteZeroes {
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u64,
+        /// Durable on completion.
+        fua: bool,
+    },
+    /// Discard blocks (they read back as zeros).
+    Trim {
+        /// First block.
+        lba: u64,
+        /// Number of blocks.
+        blocks: u64,
+    },
+    /// Make everything completed before it durable.
+    Flush,
+}
+
+/// The completion of a [`Backend::submit_async`] request: the request's buffer (reads and
+/// writes) and its result.
+pub type AsyncDone = Box<dyn FnOnce(Option<AlignedBuf>, Result<(), IoErr>) + Send>;
+
+/// Runs an [`AsyncReq`] with the synchronous calls of `dev`, then `done`: what
+/// [`Backend::submit_async`] does for a backend without an asynchronous path.
+pub fn submit_sync<B: Backend + ?Sized>(dev: &B, req: AsyncReq, done: AsyncDone) {
+    let (buf, r) = match req {
+        AsyncReq::Read { lba, mut buf } => {
+            let r = dev.read(lba, &mut buf);
+            (Some(buf), r)
+        }
+        AsyncReq::Write { lba, buf, fua } => {
+            let r = dev.write(lba, &buf, fua);
+            (Some(buf), r)
+        }
+        AsyncReq::WriteZeroes { lba, blocks, fua } => (None, dev.write_zeroes(lba, blocks, fua)),
+        AsyncReq::Trim { lba, blocks } => (None, dev.trim(lba, blocks)),
+        AsyncReq::Flush => (None, dev.flush()),
+    };
+    done(buf, r)
 }
 
 /// Checks a request of `len` bytes at `lba` against a device of `dev_blocks` blocks and returns
@@ -196,6 +281,12 @@ macro_rules! forward_backend {
             }
             fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
                 (**self).submit_batch(reqs)
+            }
+            fn is_async(&self) -> bool {
+                (**self).is_async()
+            }
+            fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
+                (**self).submit_async(req, done)
             }
         }
     )*};

@@ -8,13 +8,13 @@
 //! The C functions used are declared here with the signatures of Ceph 16.2's `librbd.h` and
 //! `librados.h` (stable C ABI since long before).
 
-use crate::{BLOCK, Backend, IoErr, Req, check_blocks};
+use crate::{AsyncDone, AsyncReq, BLOCK, Backend, IoErr, Req, check_blocks};
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io::ErrorKind;
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// The image metadata key of the dirty marker (SPEC C18).
 pub const DIRTY_KEY: &str = "tiercache.dirty";
@@ -75,6 +75,16 @@ type FnLockAcquire = unsafe extern "C" fn(ImageT, c_int) -> c_int;
 type FnMetaGet = unsafe extern "C" fn(ImageT, *const c_char, *mut c_char, *mut usize) -> c_int;
 type FnMetaSet = unsafe extern "C" fn(ImageT, *const c_char, *const c_char) -> c_int;
 type FnMetaRemove = unsafe extern "C" fn(ImageT, *const c_char) -> c_int;
+type FnConfigList = unsafe extern "C" fn(ImageT, *mut ConfigOption, *mut c_int) -> c_int;
+type FnConfigListCleanup = unsafe extern "C" fn(*mut ConfigOption, c_int);
+
+/// `rbd_config_option_t` of librbd.h.
+#[repr(C)]
+struct ConfigOption {
+    name: *mut c_char,
+    value: *mut c_char,
+    source: c_int,
+}
 
 /// `RBD_LOCK_MODE_EXCLUSIVE`.
 const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
@@ -110,6 +120,8 @@ struct Lib {
     rbd_metadata_get: FnMetaGet,
     rbd_metadata_set: FnMetaSet,
     rbd_metadata_remove: FnMetaRemove,
+    /// The image's effective configuration (librbd 14 and later).
+    rbd_config_image_list: Option<(FnConfigList, FnConfigListCleanup)>,
 }
 
 /// The last `dlerror()` message, or `what` when there is none.
@@ -215,6 +227,18 @@ impl Lib {
             rbd_metadata_get: sym!(librbd, c"rbd_metadata_get", FnMetaGet),
             rbd_metadata_set: sym!(librbd, c"rbd_metadata_set", FnMetaSet),
             rbd_metadata_remove: sym!(librbd, c"rbd_metadata_remove", FnMetaRemove),
+            rbd_config_image_list: dlsym(librbd, c"rbd_config_image_list")
+                .zip(dlsym(librbd, c"rbd_config_image_list_cleanup"))
+                .map(|(l, c)| {
+                    // SAFETY: the exported C functions `rbd_config_image_list` and
+                    // `rbd_config_image_list_cleanup`, whose signatures in librbd.h are these.
+                    unsafe {
+                        (
+                            std::mem::transmute::<*mut c_void, FnConfigList>(l),
+                            std::mem::transmute::<*mut c_void, FnConfigListCleanup>(c),
+                        )
+                    }
+                }),
         })
     }
 }
@@ -518,6 +542,47 @@ impl Drop for Image {
     }
 }
 
+/// The value of option `key` in the image's effective configuration (the config file, then
+/// pool and image overrides), or None when librbd cannot say.
+fn image_config(lib: &'static Lib, img: &Image, key: &str) -> Option<String> {
+    let (list, cleanup) = lib.rbd_config_image_list?;
+    let mut n: c_int = 0;
+    // SAFETY: with 0 options librbd only writes how many it needs into `n` (-ERANGE).
+    unsafe { list(img.h, std::ptr::null_mut(), &mut n) };
+    if n <= 0 {
+        return None;
+    }
+    let mut opts: Vec<ConfigOption> = (0..n)
+        .map(|_| ConfigOption {
+            name: std::ptr::null_mut(),
+            value: std::ptr::null_mut(),
+            source: 0,
+        })
+        .collect();
+    let mut max = n;
+    // SAFETY: `opts` has room for `max` options; librbd fills at most that many.
+    let r = unsafe { list(img.h, opts.as_mut_ptr(), &mut max) };
+    if r < 0 {
+        return None;
+    }
+    let found = opts.iter().take(max.max(0) as usize).find_map(|o| {
+        if o.name.is_null() || o.value.is_null() {
+            return None;
+        }
+        // SAFETY: librbd filled `name` and `value` with NUL-terminated strings.
+        let name = unsafe { CStr::from_ptr(o.name) };
+        if name.to_bytes() != key.as_bytes() {
+            return None;
+        }
+        // SAFETY: as above.
+        let value = unsafe { CStr::from_ptr(o.value) };
+        Some(value.to_string_lossy().into_owned())
+    });
+    // SAFETY: the options librbd filled, released once.
+    unsafe { cleanup(opts.as_mut_ptr(), max) };
+    found
+}
+
 /// Connects to the cluster of `target` and opens its pool.
 fn connect(lib: &'static Lib, target: &RbdTarget) -> Result<(Cluster, Ioctx), IoErr> {
     let id = cstring(target.opts.client_id(), "client id")?;
@@ -748,6 +813,13 @@ pub struct RbdBackend {
     obj_size: u64,
     /// The size in blocks last seen.
     size_blocks: AtomicU64,
+    /// Whether a completed write is already durable on the cluster: librbd's own cache is off
+    /// for this image (`rbd_cache = false` in its effective configuration), so a write
+    /// completes only once the OSDs committed it. A flush then has nothing to make durable.
+    completed_durable: bool,
+    /// The asynchronous path's completion thread, started by the first
+    /// [`Backend::submit_async`].
+    completer: OnceLock<Completer>,
 }
 
 // SAFETY: librados cluster handles, I/O contexts and librbd image handles may be used from
@@ -800,6 +872,8 @@ impl RbdBackend {
             },
             obj_size: 0,
             size_blocks: AtomicU64::new(0),
+            completer: OnceLock::new(),
+            completed_durable: false,
         };
         // SAFETY: `b.io.h` is a live I/O context.
         b.identity.pool_id = unsafe { (lib.rados_ioctx_get_id)(b.io.h) } as u64;
@@ -813,6 +887,8 @@ impl RbdBackend {
             return Err(rbd_err(r as isize, target, Stage::Op("rbd_stat")));
         }
         b.obj_size = info.obj_size;
+        b.completed_durable = image_config(lib, &b.image, "rbd_cache").as_deref() == Some("false")
+            && image_config(lib, &b.image, "rbd_plugins").is_some_and(|p| p.trim().is_empty());
         b.size_blocks
             .store(info.size / BLOCK as u64, Ordering::Relaxed);
         Ok(b)
@@ -1134,6 +1210,358 @@ impl RbdBackend {
     }
 }
 
+/// What an asynchronous request waits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum AsyncStage {
+    /// Its IO.
+    Io,
+    /// The flush after a FUA write.
+    FuaFlush,
+}
+
+/// One request of the asynchronous path ([`Backend::submit_async`]). Boxed and handed to
+/// librbd as its completion's argument; librbd's callback gives it back to the completer
+/// thread, which finishes it. It owns the buffer librbd reads from or writes into, so the
+/// buffer lives until librbd is done with it.
+struct AsyncOp {
+    lib: &'static Lib,
+    q: Arc<AsyncQueue>,
+    req: AsyncReq,
+    done: AsyncDone,
+    stage: AsyncStage,
+    /// librbd's return value, set by the callback.
+    ret: isize,
+    /// A result known without (more) IO: a request refused at once, or an empty one.
+    early: Option<Result<(), IoErr>>,
+}
+
+#[derive(Default)]
+struct AsyncState {
+    /// Requests librbd has completed (or refused), to be finished by the completer. Boxed:
+    /// the box is what went through librbd as the completion's argument.
+    #[allow(clippy::vec_box)]
+    ready: Vec<Box<AsyncOp>>,
+    /// Requests submitted whose `done` has not been called yet.
+    inflight: u64,
+    quit: bool,
+}
+
+/// The asynchronous path's queue, between librbd's callbacks and the completer thread.
+#[derive(Default)]
+struct AsyncQueue {
+    st: Mutex<AsyncState>,
+    /// The completer waits here for ready requests (or `quit`).
+    cv: Condvar,
+    /// The backend's Drop waits here for `inflight` to reach 0.
+    idle: Condvar,
+}
+
+impl AsyncQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AsyncState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, op: Box<AsyncOp>) {
+        let mut st = self.lock();
+        let wake = st.ready.is_empty();
+        st.ready.push(op);
+        drop(st);
+        if wake {
+            self.cv.notify_one();
+        }
+    }
+}
+
+/// What the completer needs of the backend: a FUA write's flush is issued from there, and
+/// errors name the image. Valid while requests are in flight (the backend's Drop waits for
+/// every one before it closes the image).
+struct AsyncCtx {
+    lib: &'static Lib,
+    img: ImageT,
+    target: RbdTarget,
+    /// [`RbdBackend::completed_durable`]: a FUA write needs no flush.
+    completed_durable: bool,
+}
+
+// SAFETY: `img` is an open librbd image handle, usable from any thread (librbd's API is
+// thread-safe); it is only used while the backend, which closes it, waits for the requests.
+unsafe impl Send for AsyncCtx {}
+// SAFETY: as for Send.
+unsafe impl Sync for AsyncCtx {}
+
+/// The thread that finishes asynchronous requests — a FUA write's flush, the result, the
+/// caller's `done` — so that no caller code runs on librbd's own threads.
+struct Completer {
+    q: Arc<AsyncQueue>,
+    ctx: Arc<AsyncCtx>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    id: std::thread::ThreadId,
+}
+
+/// librbd's completion callback of the asynchronous path: records the return value, releases
+/// the completion and queues the request for the completer. Runs on a librbd thread; does
+/// nothing else there.
+extern "C" fn aio_done(c: CompT, arg: *mut c_void) {
+    // SAFETY: `arg` is the `Box<AsyncOp>` that `issue_async` leaked for this completion; librbd
+    // calls this exactly once per completion, so the box is taken back exactly once.
+    let mut op = unsafe { Box::from_raw(arg.cast::<AsyncOp>()) };
+    // SAFETY: `c` is the completion this callback is for; reading its value and releasing it
+    // once is its protocol (librbd holds its own reference while the callback runs).
+    op.ret = unsafe {
+        let r = (op.lib.rbd_aio_get_return_value)(c);
+        (op.lib.rbd_aio_release)(c);
+        r
+    };
+    let q = op.q.clone();
+    q.push(op);
+}
+
+/// Issues one asynchronous librbd request through `issue` with a completion whose callback
+/// queues `op` for the completer; a request librbd refuses at once is queued with its error.
+/// `op` must not be touched after a successful issue: it may be finished already.
+fn issue_async(
+    lib: &'static Lib,
+    target: &RbdTarget,
+    op: Box<AsyncOp>,
+    what: &str,
+    issue: impl FnOnce(CompT) -> c_int,
+) {
+    let q = op.q.clone();
+    let arg = Box::into_raw(op);
+    let mut c: CompT = std::ptr::null_mut();
+    // SAFETY: `arg` stays valid until the callback takes it back; `c` is a valid out-pointer.
+    let r = unsafe { (lib.rbd_aio_create_completion)(arg.cast(), Some(aio_done), &mut c) };
+    let r = if r < 0 {
+        r
+    } else {
+        let r = issue(c);
+        if r < 0 {
+            // SAFETY: the request was refused, so librbd holds no reference to `c` and will
+            // never call the callback: release it.
+            unsafe { (lib.rbd_aio_release)(c) };
+        }
+        r
+    };
+    if r < 0 {
+        // SAFETY: no callback will run for `arg` (no completion, or a refused request): the box
+        // is still ours.
+        let mut op = unsafe { Box::from_raw(arg) };
+        op.early = Some(Err(rbd_err(r as isize, target, Stage::Op(what))));
+        q.push(op);
+    }
+}
+
+impl AsyncCtx {
+    /// Finishes a request librbd completed: issues a FUA write's flush, or works out the result
+    /// and calls `done`.
+    fn finish(&self, mut op: Box<AsyncOp>) {
+        let res = match op.early.take() {
+            Some(r) => r,
+            None => self.result(&op),
+        };
+        if res.is_ok()
+            && !self.completed_durable
+            && op.stage == AsyncStage::Io
+            && matches!(
+                op.req,
+                AsyncReq::Write { fua: true, .. } | AsyncReq::WriteZeroes { fua: true, .. }
+            )
+        {
+            op.stage = AsyncStage::FuaFlush;
+            let (img, f) = (self.img, self.lib.rbd_aio_flush);
+            // SAFETY: the image is open (the backend waits for this request before closing it);
+            // a flush takes no buffer.
+            issue_async(self.lib, &self.target, op, "flush", |c| unsafe {
+                f(img, c)
+            });
+            return;
+        }
+        let res = match (res, op.stage) {
+            (Err(e), AsyncStage::FuaFlush) => Err(IoErr::Io {
+                kind: ErrorKind::Other,
+                msg: format!("flush after a FUA write: {e}"),
+            }),
+            (r, _) => r,
+        };
+        let AsyncOp { req, done, q, .. } = *op;
+        let buf = match req {
+            AsyncReq::Read { buf, .. } | AsyncReq::Write { buf, .. } => Some(buf),
+            _ => None,
+        };
+        {
+            let mut st = q.lock();
+            st.inflight -= 1;
+            if st.inflight == 0 {
+                q.idle.notify_all();
+            }
+        }
+        done(buf, res);
+    }
+
+    /// The result of a completed request from librbd's return value.
+    fn result(&self, op: &AsyncOp) -> Result<(), IoErr> {
+        let r = op.ret;
+        if op.stage == AsyncStage::FuaFlush || matches!(op.req, AsyncReq::Flush) {
+            return if r < 0 {
+                Err(rbd_err(r, &self.target, Stage::Op("flush")))
+            } else {
+                Ok(())
+            };
+        }
+        let (what, lba, len) = match &op.req {
+            AsyncReq::Read { lba, buf } => ("read", *lba, buf.len() as u64),
+            AsyncReq::Write { lba, buf, .. } => ("write", *lba, buf.len() as u64),
+            AsyncReq::WriteZeroes { lba, blocks, .. } => ("write zeroes", *lba, blocks * 512),
+            AsyncReq::Trim { lba, blocks } => ("trim", *lba, blocks * 512),
+            AsyncReq::Flush => unreachable!("handled above"),
+        };
+        let off = lba * BLOCK as u64;
+        if r < 0 {
+            let what = format!("{what} of {len} bytes at byte {off}");
+            return Err(rbd_err(r, &self.target, Stage::Op(&what)));
+        }
+        if matches!(op.req, AsyncReq::Read { .. }) && r as u64 != len {
+            return Err(IoErr::Io {
+                kind: ErrorKind::UnexpectedEof,
+                msg: format!(
+                    "rbd:{}: read of {len} bytes at byte {off} returned {r} bytes",
+                    self.target.spec()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The completer's loop: finishes ready requests until `quit` (or, with `until_idle`,
+    /// until none is in flight).
+    fn run(&self, q: &AsyncQueue, until_idle: bool) {
+        let mut batch = Vec::new();
+        loop {
+            {
+                let mut st = q.lock();
+                while st.ready.is_empty() {
+                    if st.quit || (until_idle && st.inflight == 0) {
+                        return;
+                    }
+                    st = q.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                std::mem::swap(&mut batch, &mut st.ready);
+            }
+            for op in batch.drain(..) {
+                self.finish(op);
+            }
+        }
+    }
+}
+
+impl RbdBackend {
+    fn completer(&self) -> &Completer {
+        self.completer.get_or_init(|| {
+            let q = Arc::new(AsyncQueue::default());
+            let ctx = Arc::new(AsyncCtx {
+                lib: self.lib,
+                img: self.image.h,
+                target: self.target.clone(),
+                completed_durable: self.completed_durable,
+            });
+            let (q2, ctx2) = (q.clone(), ctx.clone());
+            let t = std::thread::Builder::new()
+                .name("tc-rbd-done".into())
+                .spawn(move || ctx2.run(&q2, false))
+                .expect("spawn the librbd completion thread");
+            Completer {
+                q,
+                ctx,
+                id: t.thread().id(),
+                thread: Mutex::new(Some(t)),
+            }
+        })
+    }
+
+    /// Issues `op` (stage `Io`): checks it, then one `rbd_aio_*` call.
+    fn start_async(&self, mut op: Box<AsyncOp>) {
+        let (img, lib) = (self.image.h, self.lib);
+        let blocks = match &op.req {
+            AsyncReq::Read { buf, .. } | AsyncReq::Write { buf, .. } => {
+                if buf.len() % BLOCK != 0 {
+                    op.early = Some(Err(IoErr::Misaligned { len: buf.len() }));
+                    op.q.clone().push(op);
+                    return;
+                }
+                (buf.len() / BLOCK) as u64
+            }
+            AsyncReq::WriteZeroes { blocks, .. } | AsyncReq::Trim { blocks, .. } => *blocks,
+            AsyncReq::Flush => 0,
+        };
+        let lba = match &op.req {
+            AsyncReq::Read { lba, .. }
+            | AsyncReq::Write { lba, .. }
+            | AsyncReq::WriteZeroes { lba, .. }
+            | AsyncReq::Trim { lba, .. } => *lba,
+            AsyncReq::Flush => 0,
+        };
+        let checked = self.check(lba, blocks).and_then(|()| {
+            usize::try_from(blocks * BLOCK as u64).map_err(|_| IoErr::OutOfRange {
+                lba,
+                blocks,
+                dev_blocks: self.size_blocks.load(Ordering::Relaxed),
+            })
+        });
+        let len = match checked {
+            Ok(len) => len,
+            Err(e) => {
+                op.early = Some(Err(e));
+                op.q.clone().push(op);
+                return;
+            }
+        };
+        if matches!(op.req, AsyncReq::Flush) && self.completed_durable {
+            // Every completed write is on the OSDs already (see `completed_durable`).
+            op.early = Some(Ok(()));
+            op.q.clone().push(op);
+            return;
+        }
+        if len == 0 && !matches!(op.req, AsyncReq::Flush) {
+            // Nothing to do (a FUA write of nothing still flushes, as the sync path does).
+            op.early = Some(Ok(()));
+            op.q.clone().push(op);
+            return;
+        }
+        let off = lba * BLOCK as u64;
+        let t = &self.target;
+        match &mut op.req {
+            AsyncReq::Read { buf, .. } => {
+                let (ptr, f) = (buf.as_mut_ptr().cast::<c_char>(), lib.rbd_aio_read);
+                // SAFETY: `ptr` points into the op's own heap buffer, valid for writes of `len`
+                // bytes until the callback hands the op back (the op owns the buffer).
+                issue_async(lib, t, op, "read", |c| unsafe { f(img, off, len, ptr, c) });
+            }
+            AsyncReq::Write { buf, .. } => {
+                let (ptr, f) = (buf.as_ptr().cast::<c_char>(), lib.rbd_aio_write);
+                // SAFETY: as for reads: the op owns the buffer until the callback.
+                issue_async(lib, t, op, "write", |c| unsafe { f(img, off, len, ptr, c) });
+            }
+            AsyncReq::WriteZeroes { .. } | AsyncReq::Trim { .. } => {
+                let what = if matches!(op.req, AsyncReq::Trim { .. }) {
+                    "trim"
+                } else {
+                    "write zeroes"
+                };
+                let f = lib
+                    .rbd_aio_write_zeroes
+                    .expect("is_async holds only with rbd_aio_write_zeroes");
+                // SAFETY: no buffer is involved; the image is open. Flags 0: zeroes may be thin.
+                issue_async(lib, t, op, what, |c| unsafe { f(img, off, len, c, 0, 0) });
+            }
+            AsyncReq::Flush => {
+                let f = lib.rbd_aio_flush;
+                // SAFETY: the image is open; a flush takes no buffer.
+                issue_async(lib, t, op, "flush", |c| unsafe { f(img, c) });
+            }
+        }
+    }
+}
+
 impl Backend for RbdBackend {
     fn name(&self) -> String {
         let conf = match &self.target.opts.conf {
@@ -1145,8 +1573,13 @@ impl Backend for RbdBackend {
         } else {
             "zeros written"
         };
+        let flush = if self.completed_durable {
+            "flush: none needed, rbd_cache off"
+        } else {
+            "flush: rbd_aio_flush"
+        };
         format!(
-            "rbd:{} (client.{}{conf}; librbd aio; {} KiB objects; trim/zeroes: {zeroes}; exclusive lock held)",
+            "rbd:{} (client.{}{conf}; librbd aio; {} KiB objects; trim/zeroes: {zeroes}; {flush}; exclusive lock held)",
             self.target.spec(),
             self.target.opts.client_id(),
             self.obj_size >> 10
@@ -1179,6 +1612,9 @@ impl Backend for RbdBackend {
     }
 
     fn flush(&self) -> Result<(), IoErr> {
+        if self.completed_durable {
+            return Ok(());
+        }
         let (img, f) = (self.image.h, self.lib.rbd_aio_flush);
         // SAFETY: the image is open; a flush takes no buffer.
         let mut p = self.issue("flush", 0, 0, None, |c| unsafe { f(img, c) })?;
@@ -1187,6 +1623,34 @@ impl Backend for RbdBackend {
             return Err(self.err(r, Stage::Op("flush")));
         }
         Ok(())
+    }
+
+    /// Asynchronous when librbd has `rbd_aio_write_zeroes` (every request is then one aio
+    /// call).
+    fn is_async(&self) -> bool {
+        self.lib.rbd_aio_write_zeroes.is_some()
+    }
+
+    /// One `rbd_aio_*` call whose completion callback hands the request to this image's
+    /// completion thread (started by the first call), which issues a FUA write's flush and
+    /// calls `done`: nothing of the caller runs on librbd's threads, and no thread waits per
+    /// request.
+    fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
+        if !self.is_async() {
+            return crate::submit_sync(self, req, done);
+        }
+        let c = self.completer();
+        c.q.lock().inflight += 1;
+        let op = Box::new(AsyncOp {
+            lib: self.lib,
+            q: c.q.clone(),
+            req,
+            done,
+            stage: AsyncStage::Io,
+            ret: 0,
+            early: None,
+        });
+        self.start_async(op);
     }
 
     /// Issues every request before waiting for any; a flush first waits for the requests
@@ -1209,6 +1673,28 @@ impl Backend for RbdBackend {
 
 impl Drop for RbdBackend {
     fn drop(&mut self) {
+        // Asynchronous requests still in flight are waited for (finished here when this runs
+        // on the completion thread itself, from a `done` that dropped the last reference),
+        // then the completion thread ends.
+        if let Some(c) = self.completer.get() {
+            let me = std::thread::current().id() == c.id;
+            if me {
+                c.ctx.run(&c.q, true);
+            } else {
+                let mut st = c.q.lock();
+                while st.inflight > 0 {
+                    st = c.q.idle.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            c.q.lock().quit = true;
+            c.q.cv.notify_all();
+            let t = c.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(t) = t
+                && !me
+            {
+                let _ = t.join();
+            }
+        }
         // SAFETY: the image is open and no request is in flight (each is waited for before the
         // call that issued it returns); the fields then close the image, the pool context and
         // the cluster handle, in that order.
