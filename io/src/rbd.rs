@@ -1239,8 +1239,7 @@ struct AsyncOp {
 struct AsyncState {
     /// Requests librbd has completed (or refused), to be finished by the completer. Boxed:
     /// the box is what went through librbd as the completion's argument.
-    #[allow(clippy::vec_box)]
-    ready: Vec<Box<AsyncOp>>,
+    ready: std::collections::VecDeque<Box<AsyncOp>>,
     /// Requests submitted whose `done` has not been called yet.
     inflight: u64,
     quit: bool,
@@ -1264,7 +1263,7 @@ impl AsyncQueue {
     fn push(&self, op: Box<AsyncOp>) {
         let mut st = self.lock();
         let wake = st.ready.is_empty();
-        st.ready.push(op);
+        st.ready.push_back(op);
         drop(st);
         if wake {
             self.cv.notify_one();
@@ -1434,22 +1433,25 @@ impl AsyncCtx {
 
     /// The completer's loop: finishes ready requests until `quit` (or, with `until_idle`,
     /// until none is in flight).
+    ///
+    /// Requests are taken from the queue one at a time, so that a `done` that drops the
+    /// backend (its Drop then runs this loop again, on this thread) finds every request not yet
+    /// finished still in the queue.
     fn run(&self, q: &AsyncQueue, until_idle: bool) {
-        let mut batch = Vec::new();
         loop {
-            {
+            let op = {
                 let mut st = q.lock();
-                while st.ready.is_empty() {
+                loop {
+                    if let Some(op) = st.ready.pop_front() {
+                        break op;
+                    }
                     if st.quit || (until_idle && st.inflight == 0) {
                         return;
                     }
                     st = q.cv.wait(st).unwrap_or_else(|e| e.into_inner());
                 }
-                std::mem::swap(&mut batch, &mut st.ready);
-            }
-            for op in batch.drain(..) {
-                self.finish(op);
-            }
+            };
+            self.finish(op);
         }
     }
 }

@@ -481,5 +481,34 @@ fn asynchronous_requests() {
             got == pattern(6, 0, 256 * BLOCK),
             "the writes in flight at the drop landed"
         );
+        // The last reference dropped by a `done` (on the completion thread itself) while
+        // other requests are in flight: they still complete, and nothing hangs.
+        let b = std::sync::Arc::new(b);
+        let (tx, rx) = channel();
+        for i in 0..17u64 {
+            let mut buf = AlignedBuf::new(8 * BLOCK);
+            buf.copy_from_slice(&pattern(7, i * 8, 8 * BLOCK));
+            let tx = tx.clone();
+            let keep = (i == 0).then(|| b.clone());
+            b.submit_async(
+                AsyncReq::Write {
+                    lba: i * 8,
+                    buf,
+                    fua: false,
+                },
+                Box::new(move |_, r| {
+                    drop(keep);
+                    let _ = tx.send(r);
+                }),
+            );
+        }
+        drop(tx);
+        drop(b);
+        let mut n = 0;
+        while let Ok(r) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            r.unwrap();
+            n += 1;
+        }
+        assert_eq!(n, 17, "every request completed");
     }
 }
