@@ -1,12 +1,18 @@
-//! Per-line state: which blocks are valid and dirty, the line's IO class, and one flag.
+//! Per-line state: which blocks are valid and dirty, the line's IO class, and two flags.
 //!
-//! Stored as one flat array of per-line records — valid bits, dirty bits, then the class byte —
-//! so a 4 KiB line costs 3 bytes here and one memory access reads all of its state (a lookup
-//! in a 16M-line cache is bound by cache misses, not instructions). Larger lines cost more bits
-//! per line but the same per 4 KiB of cache.
+//! The masks are one flat array of per-line records — valid bits, then dirty bits — so a 4 KiB
+//! line costs 2 bytes here and one memory access reads both (a lookup in a 16M-line cache is
+//! bound by cache misses, not instructions). Larger lines cost more bits per line but the same
+//! per 4 KiB of cache.
+//!
+//! The **class byte** (IO class in the low 6 bits, the two flags above) lives in the line's tag
+//! beside its list links ([`crate::lists::TAG_STATE`]), where it costs no byte of its own; its
+//! accessors are below, as methods of [`ListArena`]. A line keeps its class byte while it moves
+//! between lists, and [`LineStates::reset`] clears it when the line is unmapped.
 //!
 //! Invariant: `dirty ⊆ valid` for every line; an unmapped line has `valid == dirty == 0`.
 
+use crate::lists::{ListArena, TAG_STATE};
 use crate::units::{BlockMask, LineId};
 
 /// Bit in the class byte: the line has been dirty since it was mapped (coverage accounting).
@@ -16,10 +22,10 @@ const FLAG_WAS_DIRTY: u8 = 0x80;
 const FLAG_DURABLE_DIRTY: u8 = 0x40;
 const CLASS_MASK: u8 = 0x3f;
 
-/// Valid/dirty masks, class and flag of every line.
+/// Valid/dirty masks of every line.
 #[derive(Clone, Debug)]
 pub struct LineStates {
-    /// Per line: `mask_bytes` of valid bits, `mask_bytes` of dirty bits, one class byte.
+    /// Per line: `mask_bytes` of valid bits, then `mask_bytes` of dirty bits.
     data: Vec<u8>,
     mask_bytes: usize,
     stride: usize,
@@ -30,7 +36,7 @@ impl LineStates {
     pub fn new(lines: u32, blocks_per_line: u32) -> LineStates {
         let mask_bytes = (blocks_per_line / 8) as usize;
         assert!((1..=16).contains(&mask_bytes));
-        let stride = 2 * mask_bytes + 1;
+        let stride = 2 * mask_bytes;
         LineStates {
             data: vec![0; lines as usize * stride],
             mask_bytes,
@@ -72,72 +78,74 @@ impl LineStates {
         )
     }
 
+    /// Sets both masks (and the was-dirty flag in `lists` if `dirty` is not empty); asserts
+    /// `dirty ⊆ valid`.
     #[inline]
-    fn class_at(&self, line: LineId) -> usize {
-        line.0 as usize * self.stride + 2 * self.mask_bytes
-    }
-
-    /// Sets both masks; asserts `dirty ⊆ valid`.
-    #[inline]
-    pub fn set(&mut self, line: LineId, valid: BlockMask, dirty: BlockMask) {
+    pub fn set(&mut self, lists: &mut ListArena, line: LineId, valid: BlockMask, dirty: BlockMask) {
         assert_eq!(dirty & !valid, 0, "dirty blocks must be valid ({line:?})");
         let at = line.0 as usize * self.stride;
         Self::put(&mut self.data, at, self.mask_bytes, valid);
         Self::put(&mut self.data, at + self.mask_bytes, self.mask_bytes, dirty);
         if dirty != 0 {
-            let c = self.class_at(line);
-            self.data[c] |= FLAG_WAS_DIRTY;
+            let c = lists.field(line.0, TAG_STATE);
+            if c & FLAG_WAS_DIRTY == 0 {
+                lists.set_field(line.0, TAG_STATE, c | FLAG_WAS_DIRTY);
+            }
         }
     }
 
+    /// Clears masks, class and flags (the line is being unmapped).
+    #[inline]
+    pub fn reset(&mut self, lists: &mut ListArena, line: LineId) {
+        let at = line.0 as usize * self.stride;
+        self.data[at..at + self.stride].fill(0);
+        lists.set_field(line.0, TAG_STATE, 0);
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.data.capacity()
+    }
+}
+
+/// The class byte of a line, kept in its list tag (see the module docs).
+impl ListArena {
     /// The IO class of `line`.
     #[inline]
     pub fn class(&self, line: LineId) -> u8 {
-        self.data[self.class_at(line)] & CLASS_MASK
+        self.field(line.0, TAG_STATE) & CLASS_MASK
     }
 
-    /// Sets the IO class of `line`, keeping its flag.
+    /// Sets the IO class of `line`, keeping its flags.
     #[inline]
     pub fn set_class(&mut self, line: LineId, class: u8) {
         assert!(class <= CLASS_MASK);
-        let at = self.class_at(line);
-        let c = &mut self.data[at];
-        *c = (*c & !CLASS_MASK) | class;
+        let c = self.field(line.0, TAG_STATE);
+        self.set_field(line.0, TAG_STATE, (c & !CLASS_MASK) | class);
     }
 
     /// Whether `line` has been dirty since it was last reset.
     #[inline]
     pub fn was_dirty(&self, line: LineId) -> bool {
-        self.data[self.class_at(line)] & FLAG_WAS_DIRTY != 0
+        self.field(line.0, TAG_STATE) & FLAG_WAS_DIRTY != 0
     }
 
     /// Whether the persistent metadata may still show dirty data in `line` (see
     /// `cache/meta.rs`).
     #[inline]
     pub fn durable_dirty(&self, line: LineId) -> bool {
-        self.data[self.class_at(line)] & FLAG_DURABLE_DIRTY != 0
+        self.field(line.0, TAG_STATE) & FLAG_DURABLE_DIRTY != 0
     }
 
     /// Sets or clears the durable-dirty flag of `line`.
     #[inline]
     pub fn set_durable_dirty(&mut self, line: LineId, on: bool) {
-        let at = self.class_at(line);
-        if on {
-            self.data[at] |= FLAG_DURABLE_DIRTY;
+        let c = self.field(line.0, TAG_STATE);
+        let c = if on {
+            c | FLAG_DURABLE_DIRTY
         } else {
-            self.data[at] &= !FLAG_DURABLE_DIRTY;
-        }
-    }
-
-    /// Clears masks, class and flag (the line is being unmapped).
-    #[inline]
-    pub fn reset(&mut self, line: LineId) {
-        let at = line.0 as usize * self.stride;
-        self.data[at..at + self.stride].fill(0);
-    }
-
-    /// Heap bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        self.data.capacity()
+            c & !FLAG_DURABLE_DIRTY
+        };
+        self.set_field(line.0, TAG_STATE, c);
     }
 }

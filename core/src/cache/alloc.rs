@@ -59,8 +59,8 @@ impl Cache {
             },
         };
         self.map.insert(line, core, core_line);
-        self.state.set(line, 0, 0);
-        self.state.set_class(line, class);
+        self.state.set(&mut self.lists, line, 0, 0);
+        self.lists.set_class(line, class);
         self.class_lines[class as usize] += 1;
         self.eviction
             .insert(&mut self.lists, line, class, position_key(core, core_line));
@@ -101,12 +101,11 @@ impl Cache {
             let view = View {
                 map: &self.map,
                 locks: &self.locks,
-                state: &self.state,
             };
             if let Some(l) = self.eviction.evict(&mut self.lists, c, &view) {
                 debug_assert_eq!(self.state.dirty(l), 0, "eviction returned a dirty line");
                 self.counters.evictions += 1;
-                if self.state.was_dirty(l) {
+                if self.lists.was_dirty(l) {
                     self.counters.evictions_formerly_dirty += 1;
                 }
                 self.unmap_line(l);
@@ -127,12 +126,11 @@ impl Cache {
                     &View {
                         map: &self.map,
                         locks: &self.locks,
-                        state: &self.state,
                     },
                     l,
                 )
             {
-                let class = self.state.class(l);
+                let class = self.lists.class(l);
                 if self.state.dirty(l) != 0 {
                     self.cleaning.on_clean(
                         &mut self.lists,
@@ -140,7 +138,6 @@ impl Cache {
                         &View {
                             map: &self.map,
                             locks: &self.locks,
-                            state: &self.state,
                         },
                     );
                     self.count_dirty(l, false);
@@ -157,18 +154,18 @@ impl Cache {
 
     /// Unmaps an unlinked line: mapping, state and class count. The line stays unlinked.
     fn unmap_line(&mut self, line: LineId) {
-        let class = self.state.class(line);
+        let class = self.lists.class(line);
         self.class_lines[class as usize] -= 1;
         self.map.remove(line);
-        self.state.reset(line);
+        self.state.reset(&mut self.lists, line);
     }
 
     /// Frees a mapped, clean line the caller holds: off its eviction list, unmapped, onto the
     /// free list.
     pub(crate) fn free_line(&mut self, line: LineId) {
         debug_assert_eq!(self.state.dirty(line), 0, "freeing a dirty line");
-        let class = self.state.class(line);
-        let durable_dirty = self.state.durable_dirty(line);
+        let class = self.lists.class(line);
+        let durable_dirty = self.lists.durable_dirty(line);
         self.eviction.remove(&mut self.lists, line, class);
         self.unmap_line(line);
         // A slot the persistent metadata may still name waits in limbo before reuse.

@@ -26,7 +26,7 @@ impl Cache {
                 continue;
             }
             mapped += 1;
-            per_class[self.state.class(l) as usize] += 1;
+            per_class[self.lists.class(l) as usize] += 1;
             let (c, cl) = self.map.position(l);
             assert_eq!(
                 self.map.lookup(c, cl),

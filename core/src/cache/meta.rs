@@ -395,9 +395,9 @@ impl Cache {
     pub(crate) fn meta_note(&mut self, line: LineId) {
         let Some(m) = self.meta.as_mut() else { return };
         if self.state.dirty(line) != 0 {
-            self.state.set_durable_dirty(line, true);
+            self.lists.set_durable_dirty(line, true);
         }
-        if self.state.durable_dirty(line) {
+        if self.lists.durable_dirty(line) {
             m.queued.insert(line.0);
             m.touched = true;
         }
@@ -586,7 +586,7 @@ impl Cache {
                     line: l,
                     core: c.0 as u8,
                     core_line: cl,
-                    class: self.state.class(line),
+                    class: self.lists.class(line),
                 });
                 ops.push(LineOp::State {
                     line: l,
@@ -710,7 +710,7 @@ impl Cache {
             let line = LineId(l);
             if self.map.is_mapped(line) {
                 if self.state.dirty(line) == 0 {
-                    self.state.set_durable_dirty(line, false);
+                    self.lists.set_durable_dirty(line, false);
                 }
             } else {
                 m.limbo_len -= 1;
@@ -1062,7 +1062,7 @@ impl Cache {
         LineRecord {
             core: Some(c.0 as u8),
             core_line: cl,
-            class: self.state.class(line),
+            class: self.lists.class(line),
             valid: self.state.valid(line),
             dirty: self.state.dirty(line),
         }

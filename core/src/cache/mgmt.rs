@@ -226,15 +226,14 @@ impl Cache {
                     &View {
                         map: &self.map,
                         locks: &self.locks,
-                        state: &self.state,
                     },
                 );
                 self.count_dirty(l, false);
                 let v = self.state.valid(l);
-                self.state.set(l, v, 0);
+                self.state.set(&mut self.lists, l, v, 0);
                 self.meta_note(l);
                 let (c, cl) = self.map.position(l);
-                let class = self.state.class(l);
+                let class = self.lists.class(l);
                 self.eviction.insert(
                     &mut self.lists,
                     l,
@@ -307,7 +306,6 @@ impl Cache {
                     &View {
                         map: &self.map,
                         locks: &self.locks,
-                        state: &self.state,
                     },
                 );
                 moved.push(l);
@@ -321,7 +319,6 @@ impl Cache {
             let view = View {
                 map: &self.map,
                 locks: &self.locks,
-                state: &self.state,
             };
             self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
         }
@@ -409,17 +406,16 @@ impl Cache {
             ));
         }
         self.lists.unlink(line.0);
-        self.state.set(line, valid, dirty);
-        self.state.set_class(line, class);
+        self.state.set(&mut self.lists, line, valid, dirty);
+        self.lists.set_class(line, class);
         self.class_lines[class as usize] += 1;
         if dirty != 0 {
             // Persistent metadata names this dirty line (without persistence the flag is unused).
-            self.state.set_durable_dirty(line, self.meta.is_some());
+            self.lists.set_durable_dirty(line, self.meta.is_some());
             self.count_dirty(line, true);
             let view = View {
                 map: &self.map,
                 locks: &self.locks,
-                state: &self.state,
             };
             self.cleaning
                 .on_dirty(&mut self.lists, line, self.now, &view);

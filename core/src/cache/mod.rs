@@ -255,7 +255,6 @@ pub struct Cache {
 pub(crate) struct View<'a> {
     pub(crate) map: &'a Mapping,
     pub(crate) locks: &'a LockTable,
-    pub(crate) state: &'a LineStates,
 }
 
 impl LineView for View<'_> {
@@ -268,8 +267,8 @@ impl LineView for View<'_> {
         self.locks.busy(lock_key(c, cl))
     }
     #[inline]
-    fn evictable(&self, line: LineId) -> bool {
-        !self.state.durable_dirty(line) && !self.busy(line)
+    fn evictable(&self, lists: &ListArena, line: LineId) -> bool {
+        !lists.durable_dirty(line) && !self.busy(line)
     }
     #[inline]
     fn position(&self, line: LineId) -> (CoreId, u64) {

@@ -334,7 +334,6 @@ impl Cache {
                     .lookup_hinted(core, cl, |l| {
                         // A write hit will move the line between lists: load its links too.
                         self.state.prefetch(l);
-                        self.eviction.prefetch(l);
                         self.lists.prefetch(l);
                     })
                     .is_none_or(|l| self.state.dirty(l) == 0)
@@ -371,7 +370,7 @@ impl Cache {
                     self.map
                         .lookup_hinted(r.core, cl, |l| {
                             self.state.prefetch(l);
-                            self.eviction.prefetch(l);
+                            self.lists.prefetch(l);
                         })
                         .is_some_and(|l| self.state.valid(l) & mask == mask)
                 });
@@ -793,7 +792,7 @@ impl Cache {
                             let l = p.line.expect("backfilled line is mapped");
                             let v = self.state.valid(l) | p.fill;
                             let d = self.state.dirty(l);
-                            self.state.set(l, v, d);
+                            self.state.set(&mut self.lists, l, v, d);
                             self.meta_note(l);
                         }
                     }
@@ -820,13 +819,14 @@ impl Cache {
             if !self.map.is_mapped(l) {
                 continue;
             }
-            if reclassify && self.state.class(l) != r.class {
+            if reclassify && self.lists.class(l) != r.class {
                 self.reclassify(l, r.class);
             }
             // A hit is an access the eviction policy hears about; a line this read just
             // inserted is not (S3-FIFO would otherwise promote every new line at once).
             if !p.new && self.state.dirty(l) == 0 && self.state.valid(l) & p.mask != 0 {
-                self.eviction.touch(&mut self.lists, l, self.state.class(l));
+                let class = self.lists.class(l);
+                self.eviction.touch(&mut self.lists, l, class);
             }
         }
         self.finish(r, Ok(()), actions);
@@ -834,14 +834,14 @@ impl Cache {
 
     /// Moves `line` to IO class `class`.
     pub(crate) fn reclassify(&mut self, line: LineId, class: u8) {
-        let old = self.state.class(line);
+        let old = self.lists.class(line);
         let clean = self.state.dirty(line) == 0;
         if clean {
             self.eviction.remove(&mut self.lists, line, old);
         }
         self.class_lines[old as usize] -= 1;
         self.class_lines[class as usize] += 1;
-        self.state.set_class(line, class);
+        self.lists.set_class(line, class);
         if clean {
             let (c, cl) = self.map.position(line);
             self.eviction
@@ -1028,17 +1028,16 @@ impl Cache {
                     {
                         v = crate::units::full_mask(self.bpl);
                     }
-                    self.state.set(l, v, old_d | p.mask);
+                    self.state.set(&mut self.lists, l, v, old_d | p.mask);
                     self.meta_note(l);
                     if old_d == 0 {
-                        let class = self.state.class(l);
+                        let class = self.lists.class(l);
                         self.eviction.remove(&mut self.lists, l, class);
                         self.count_dirty(l, true);
                     }
                     let view = super::View {
                         map: &self.map,
                         locks: &self.locks,
-                        state: &self.state,
                     };
                     self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
                 }
@@ -1071,7 +1070,7 @@ impl Cache {
                         v = crate::units::full_mask(self.bpl);
                     }
                     let d = self.state.dirty(l);
-                    self.state.set(l, v, d);
+                    self.state.set(&mut self.lists, l, v, d);
                     self.meta_note(l);
                 }
                 self.finish(r, Ok(()), actions);
@@ -1149,7 +1148,7 @@ impl Cache {
             if let Some(l) = p.line
                 && self.map.is_mapped(l)
                 && self.state.dirty(l) == 0
-                && !self.state.durable_dirty(l)
+                && !self.lists.durable_dirty(l)
             {
                 self.drop_blocks(l, p.mask);
             }
@@ -1196,7 +1195,7 @@ impl Cache {
         if nv == v {
             return;
         }
-        self.state.set(line, nv, nd);
+        self.state.set(&mut self.lists, line, nv, nd);
         self.meta_note(line);
         if d != 0 && nd == 0 {
             self.count_dirty(line, false);
@@ -1206,11 +1205,10 @@ impl Cache {
                 &super::View {
                     map: &self.map,
                     locks: &self.locks,
-                    state: &self.state,
                 },
             );
             let (c, cl) = self.map.position(line);
-            let class = self.state.class(line);
+            let class = self.lists.class(line);
             self.eviction
                 .insert(&mut self.lists, line, class, position_key(c, cl));
         }

@@ -161,7 +161,6 @@ impl Cache {
             view: View {
                 map: &self.map,
                 locks: &self.locks,
-                state: &self.state,
             },
             blocked,
         };
@@ -241,7 +240,6 @@ impl Cache {
                 let view = View {
                     map: &self.map,
                     locks: &self.locks,
-                    state: &self.state,
                 };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
                 continue;
@@ -449,7 +447,7 @@ impl Cache {
                 let nd = d & !mask;
                 self.counters.writeback_blocks += (d & mask).count_ones() as u64;
                 let v = self.state.valid(l);
-                self.state.set(l, v, nd);
+                self.state.set(&mut self.lists, l, v, nd);
                 self.meta_note(l);
                 if d != 0 && nd == 0 {
                     self.count_dirty(l, false);
@@ -459,10 +457,9 @@ impl Cache {
                         &View {
                             map: &self.map,
                             locks: &self.locks,
-                            state: &self.state,
                         },
                     );
-                    let class = self.state.class(l);
+                    let class = self.lists.class(l);
                     self.eviction
                         .insert(&mut self.lists, l, class, position_key(c, cl));
                     self.counters.writeback_lines += 1;
@@ -473,7 +470,6 @@ impl Cache {
                 let view = View {
                     map: &self.map,
                     locks: &self.locks,
-                    state: &self.state,
                 };
                 self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
             }
@@ -536,8 +532,8 @@ impl LineView for CleanView<'_> {
         self.blocked[c / 64] >> (c % 64) & 1 == 1
     }
     #[inline]
-    fn evictable(&self, line: LineId) -> bool {
-        self.view.evictable(line)
+    fn evictable(&self, lists: &crate::lists::ListArena, line: LineId) -> bool {
+        self.view.evictable(lists, line)
     }
     #[inline]
     fn position(&self, line: LineId) -> (CoreId, u64) {

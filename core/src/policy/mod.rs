@@ -18,6 +18,7 @@ pub mod eviction;
 pub mod ioclass;
 pub mod promotion;
 
+use crate::lists::ListArena;
 use crate::units::{CoreId, LineId};
 
 /// What a policy may ask the cache about a line.
@@ -25,8 +26,10 @@ pub trait LineView {
     /// The line is locked by a request or being written back: a policy must not choose it now.
     fn busy(&self, line: LineId) -> bool;
     /// The line may be evicted now: not busy, and its slot not held by persistent metadata that
-    /// may still name it (see `cache/meta.rs`). Eviction policies ask this, cleaning asks `busy`.
-    fn evictable(&self, line: LineId) -> bool {
+    /// may still name it (see `cache/meta.rs`; that flag is in the line's tag in `lists`).
+    /// Eviction policies ask this, cleaning asks `busy`.
+    fn evictable(&self, lists: &ListArena, line: LineId) -> bool {
+        let _ = lists;
         !self.busy(line)
     }
     /// Where the line's data belongs: its core and core line number (core LBA / blocks per line).

@@ -51,7 +51,7 @@ impl Eviction for Lru {
         let list = self.lists[class as usize];
         let mut cur = lists.back(list);
         while let Some(n) = cur {
-            if view.evictable(LineId(n)) {
+            if view.evictable(lists, LineId(n)) {
                 lists.unlink(n);
                 self.lens[class as usize] -= 1;
                 return Some(LineId(n));

@@ -29,15 +29,13 @@ pub trait Eviction: Send {
     fn touch(&mut self, lists: &mut ListArena, line: LineId, class: u8);
     /// A line this policy holds stops being evictable.
     fn remove(&mut self, lists: &mut ListArena, line: LineId, class: u8);
-    /// Chooses, unlinks and returns a victim of class `class`.
+    /// Chooses, unlinks and returns a victim of class `class`. Per-line bits a policy keeps
+    /// live in the line's tag in `lists` ([`crate::lists::TAG_EVICTION`]).
     fn evict(&mut self, lists: &mut ListArena, class: u8, view: &dyn LineView) -> Option<LineId>;
     /// Lines of class `class` this policy holds.
     fn len(&self, class: u8) -> u32;
     /// Heap bytes held, beyond the shared list arena (for the RAM-per-line figure).
     fn heap_bytes(&self) -> usize;
-    /// Hints that `line` is about to be looked at (a hit will `touch` it): start loading its
-    /// per-line state. Default: nothing.
-    fn prefetch(&self, _line: u32) {}
 }
 
 /// Builds the policy `which` for a cache of `lines` lines.

@@ -14,14 +14,15 @@
 //! A one-time scan therefore flows through the small queue and out again without disturbing
 //! the main queue, where the hot set lives. LRU, by contrast, lets a scan push out everything.
 //!
-//! Memory: one byte per line (counter and queue bit) plus the ghost filter, a direct-mapped table
+//! Memory: three bits per line (counter and queue bit), kept in the line's tag beside its list
+//! links ([`TAG_EVICTION`]: no array of its own, and no extra cache miss on a hit), plus the ghost filter, a direct-mapped table
 //! of 8-bit key fingerprints with one slot per two cache lines (half a byte per line; the paper's
 //! ghost queue remembers about as many keys as the main queue holds). The ghost filter is
 //! approximate: a newer key overwrites an older one in the same slot (which ages the filter the
 //! way the paper's FIFO ghost queue does), and a fingerprint collision (under 1 in 255) can send
 //! a new line straight to main — a performance effect only, never a correctness one.
 
-use crate::lists::{ListArena, ListId};
+use crate::lists::{ListArena, ListId, TAG_EVICTION};
 use crate::policy::eviction::Eviction;
 use crate::policy::{IO_CLASSES_MAX, LineView};
 use crate::units::LineId;
@@ -41,8 +42,6 @@ pub struct S3Fifo {
     main: Vec<ListId>,
     small_len: Vec<u32>,
     main_len: Vec<u32>,
-    /// Per line: bits 0–1 access counter, bit 2 "on the small queue".
-    meta: Vec<u8>,
     /// Ghost filter: 8-bit fingerprints (0 = empty slot).
     ghost: Vec<u8>,
 }
@@ -57,7 +56,6 @@ impl S3Fifo {
             main,
             small_len: vec![0; IO_CLASSES_MAX],
             main_len: vec![0; IO_CLASSES_MAX],
-            meta: vec![0; lines as usize],
             ghost: vec![0; (lines as usize / 2).max(64)],
         }
     }
@@ -90,6 +88,17 @@ impl S3Fifo {
     }
 }
 
+/// A line's bits: 0–1 access counter, 2 "on the small queue" (in its list tag).
+#[inline]
+fn meta(lists: &ListArena, line: u32) -> u8 {
+    lists.field(line, TAG_EVICTION)
+}
+
+#[inline]
+fn set_meta(lists: &mut ListArena, line: u32, m: u8) {
+    lists.set_field(line, TAG_EVICTION, m);
+}
+
 impl Eviction for S3Fifo {
     fn name(&self) -> &'static str {
         "s3fifo"
@@ -98,20 +107,20 @@ impl Eviction for S3Fifo {
     fn insert(&mut self, lists: &mut ListArena, line: LineId, class: u8, key: u64) {
         let c = class as usize;
         if self.ghost_take(key) {
-            self.meta[line.0 as usize] = 0;
+            set_meta(lists, line.0, 0);
             lists.push_front(self.main[c], line.0);
             self.main_len[c] += 1;
         } else {
-            self.meta[line.0 as usize] = IN_SMALL;
+            set_meta(lists, line.0, IN_SMALL);
             lists.push_front(self.small[c], line.0);
             self.small_len[c] += 1;
         }
     }
 
-    fn touch(&mut self, _lists: &mut ListArena, line: LineId, _class: u8) {
-        let m = &mut self.meta[line.0 as usize];
-        if *m & FREQ_MASK < FREQ_MAX {
-            *m += 1;
+    fn touch(&mut self, lists: &mut ListArena, line: LineId, _class: u8) {
+        let m = meta(lists, line.0);
+        if m & FREQ_MASK < FREQ_MAX {
+            set_meta(lists, line.0, m + 1);
         }
     }
 
@@ -119,12 +128,12 @@ impl Eviction for S3Fifo {
         debug_assert!(lists.is_linked(line.0));
         lists.unlink(line.0);
         let c = class as usize;
-        if self.meta[line.0 as usize] & IN_SMALL != 0 {
+        if meta(lists, line.0) & IN_SMALL != 0 {
             self.small_len[c] -= 1;
         } else {
             self.main_len[c] -= 1;
         }
-        self.meta[line.0 as usize] = 0;
+        set_meta(lists, line.0, 0);
     }
 
     fn evict(&mut self, lists: &mut ListArena, class: u8, view: &dyn LineView) -> Option<LineId> {
@@ -138,14 +147,14 @@ impl Eviction for S3Fifo {
             let small_over = self.small_len[c] as u64 * 100 >= total * SMALL_PCT;
             if let Some(n) = cs.filter(|_| small_over || cm.is_none()) {
                 cs = lists.next_towards_back(small, n);
-                if !view.evictable(LineId(n)) {
+                if !view.evictable(lists, LineId(n)) {
                     continue;
                 }
                 lists.unlink(n);
                 self.small_len[c] -= 1;
-                if self.meta[n as usize] & FREQ_MASK > 0 {
+                if meta(lists, n) & FREQ_MASK > 0 {
                     // Hit while on probation: promote to main.
-                    self.meta[n as usize] = 0;
+                    set_meta(lists, n, 0);
                     lists.push_front(main, n);
                     self.main_len[c] += 1;
                     if cm.is_none() {
@@ -153,20 +162,20 @@ impl Eviction for S3Fifo {
                     }
                     continue;
                 }
-                self.meta[n as usize] = 0;
+                set_meta(lists, n, 0);
                 self.ghost_put(view.key(LineId(n)));
                 return Some(LineId(n));
             }
             let n = cm?;
             cm = lists.next_towards_back(main, n);
-            if view.evictable(LineId(n)) {
-                let m = &mut self.meta[n as usize];
-                if *m & FREQ_MASK == 0 {
+            if view.evictable(lists, LineId(n)) {
+                let m = meta(lists, n);
+                if m & FREQ_MASK == 0 {
                     lists.unlink(n);
                     self.main_len[c] -= 1;
                     return Some(LineId(n));
                 }
-                *m -= 1;
+                set_meta(lists, n, m - 1);
                 lists.move_to_front(main, n);
             }
             if cm.is_none() && main_passes < MAIN_PASSES_MAX {
@@ -180,13 +189,8 @@ impl Eviction for S3Fifo {
         self.small_len[class as usize] + self.main_len[class as usize]
     }
 
-    fn prefetch(&self, line: u32) {
-        crate::hint::prefetch(&self.meta, line as usize);
-    }
-
     fn heap_bytes(&self) -> usize {
-        self.meta.capacity()
-            + self.ghost.capacity()
+        self.ghost.capacity()
             + (self.small.capacity() + self.main.capacity()) * std::mem::size_of::<ListId>()
             + (self.small_len.capacity() + self.main_len.capacity()) * 4
     }
