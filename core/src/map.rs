@@ -3,25 +3,41 @@
 //! Set-less and fully associative, like Open CAS: any core line can live in any cache line.
 //! The forward map is an open-addressing hash table of `u32` slots with linear probing and
 //! backward-shift deletion (no tombstones), sized at 1.125 slots per line; the reverse map is one
-//! 5-byte record per line (core line, core id). Keys are never stored twice: a slot holds a line id in
+//! `u32` per line, the line's **position**. Keys are never stored twice: a slot holds a line id in
 //! its low bits and, in the bits a line id does not need, a **fingerprint** of the key's hash
-//! (8 bits at 16M lines). A probe reads the reverse map only when the fingerprint matches, so a
+//! (7 bits at 16M lines). A probe reads the reverse map only when the fingerprint matches, so a
 //! lookup costs about one cache miss in the table and one in the reverse map instead of one per
-//! probed slot. Memory: 5 (reverse) + 4.5 (table) bytes per line.
+//! probed slot. Memory: 4 (reverse) + 4.5 (table) bytes per line.
 //!
-//! A core line number is `u32`, so a core can have at most 2^32 lines (16 TiB with 4 KiB lines,
-//! 256 TiB with 64 KiB lines); `Cache::add_core` refuses bigger cores with a message naming the
-//! line size that would fit.
+//! **Positions.** Each attached core owns a contiguous range of a 32-bit position space: core
+//! line `cl` of a core whose range starts at `base` is position `base + cl`. So a line's reverse
+//! record needs no core id (it would cost a fifth byte per line): the core is the range the
+//! position falls in, found by a binary search over at most 255 ranges (one compare with one
+//! core). Ranges are given out first-fit when a core is attached, grow in place when a core grows
+//! and the space after it is free, and move otherwise (rewriting the positions of that core's
+//! lines, an O(lines) pass at a resize). The price is a limit: the cores of one cache have at
+//! most `2^32 - 1` lines **together** (16 TiB of cores at 4 KiB lines, 256 TiB at 64 KiB lines);
+//! `Cache::add_core` and `Cache::resize_core` refuse more with a message naming the line size
+//! that would fit.
 //!
-//! Invariant: line `l` is mapped iff its reverse record's core is not `UNMAPPED`, and then
-//! exactly one slot holds `l` and `lookup(position(l)) == Some(l)`.
+//! Invariant: line `l` is mapped iff its position is not `UNMAPPED`, and then its position lies
+//! in the range of a core, exactly one slot holds `l` and `lookup(position(l)) == Some(l)`.
 
 use crate::policy::position_key;
 use crate::units::{CoreId, LineId};
 
 const EMPTY: u32 = u32::MAX;
-/// Reverse-map core id of an unmapped line.
-pub const UNMAPPED: u8 = u8::MAX;
+/// Reverse-map position of an unmapped line (never inside a core's range).
+pub const UNMAPPED: u32 = u32::MAX;
+/// Positions available to the cores of one cache together (`0..POSITIONS`).
+pub const POSITIONS: u64 = UNMAPPED as u64;
+
+/// A core's range of positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    base: u32,
+    len: u32,
+}
 
 /// The mapping.
 #[derive(Clone, Debug)]
@@ -29,13 +45,14 @@ pub struct Mapping {
     slots: Vec<u32>,
     /// Bits of a slot that hold the line id; the rest hold the fingerprint.
     id_bits: u32,
-    /// Reverse map, one 5-byte record per line: core line (`u32`, little endian), core id.
-    /// One record, one memory access: verifying a fingerprint match costs a single miss.
-    rev: Vec<u8>,
+    /// Reverse map: each line's position, or `UNMAPPED`.
+    rev: Vec<u32>,
+    /// Per core id: its range of positions, if attached.
+    ranges: Vec<Option<Range>>,
+    /// `(base, core)` of every range, sorted by base (position → core).
+    by_base: Vec<(u32, u16)>,
     mapped: u32,
 }
-
-const REV: usize = 5;
 
 impl Mapping {
     /// A mapping for `lines` cache lines, all unmapped.
@@ -46,27 +63,127 @@ impl Mapping {
         Mapping {
             slots: vec![EMPTY; cap],
             id_bits,
-            rev: [0, 0, 0, 0, UNMAPPED].repeat(lines as usize),
+            rev: vec![UNMAPPED; lines as usize],
+            ranges: Vec::new(),
+            by_base: Vec::new(),
             mapped: 0,
         }
     }
 
+    /// The range of `core`, if attached.
     #[inline]
-    fn rev_core(&self, l: usize) -> u8 {
-        self.rev[l * REV + 4]
+    fn range(&self, core: CoreId) -> Option<Range> {
+        self.ranges.get(core.0 as usize).copied().flatten()
     }
 
+    /// The position of `core_line` of `core`, if the core is attached and has that line.
     #[inline]
-    fn rev_line(&self, l: usize) -> u32 {
-        let r = &self.rev[l * REV..l * REV + 4];
-        u32::from_le_bytes([r[0], r[1], r[2], r[3]])
+    fn pos(&self, core: CoreId, core_line: u32) -> Option<u32> {
+        let r = self.range(core)?;
+        (core_line < r.len).then(|| r.base + core_line)
     }
 
+    /// The core and core line at position `p` (which lies in some core's range).
     #[inline]
-    fn set_rev(&mut self, l: usize, core: u8, core_line: u32) {
-        let r = &mut self.rev[l * REV..l * REV + REV];
-        r[..4].copy_from_slice(&core_line.to_le_bytes());
-        r[4] = core;
+    fn at(&self, p: u32) -> (CoreId, u32) {
+        let i = match self.by_base.as_slice() {
+            [_] => 0,
+            b => b.partition_point(|&(base, _)| base <= p) - 1,
+        };
+        let (base, core) = self.by_base[i];
+        (CoreId(core), p - base)
+    }
+
+    /// Gives `core` a range of `lines` positions (first fit). False, changing nothing, if the
+    /// space has no gap that large.
+    pub fn add_core(&mut self, core: CoreId, lines: u64) -> bool {
+        assert!(
+            self.range(core).is_none(),
+            "core {core:?} already has a range"
+        );
+        let Some(base) = self.find_gap(lines, None) else {
+            return false;
+        };
+        self.place(core, base, lines as u32);
+        true
+    }
+
+    /// Changes the size of `core`'s range to `lines`. Shrinking is the caller's business (no
+    /// mapped line may lie past the new end); growing stays in place when the positions after
+    /// the range are free, and otherwise moves the range, rewriting the positions of the
+    /// core's lines. False, changing nothing, if no gap is large enough.
+    pub fn resize_core(&mut self, core: CoreId, lines: u64) -> bool {
+        let r = self.range(core).expect("resize of a core with no range");
+        let len = (lines.max(1)).min(u32::MAX as u64) as u32;
+        if lines.max(1) <= r.len as u64 + self.gap_after(r) {
+            self.ranges[core.0 as usize] = Some(Range { base: r.base, len });
+            return true;
+        }
+        let Some(base) = self.find_gap(lines, Some(core)) else {
+            return false;
+        };
+        self.unplace(core);
+        self.place(core, base, lines as u32);
+        for p in self.rev.iter_mut() {
+            if *p != UNMAPPED && *p >= r.base && *p - r.base < r.len {
+                *p = *p - r.base + base;
+            }
+        }
+        true
+    }
+
+    /// Frees `core`'s range; the core must have no mapped line.
+    pub fn remove_core(&mut self, core: CoreId) {
+        self.unplace(core);
+    }
+
+    fn place(&mut self, core: CoreId, base: u32, lines: u32) {
+        let i = core.0 as usize;
+        if self.ranges.len() <= i {
+            self.ranges.resize(i + 1, None);
+        }
+        self.ranges[i] = Some(Range {
+            base,
+            len: lines.max(1),
+        });
+        let at = self.by_base.partition_point(|&(b, _)| b < base);
+        self.by_base.insert(at, (base, core.0));
+    }
+
+    fn unplace(&mut self, core: CoreId) {
+        if let Some(slot) = self.ranges.get_mut(core.0 as usize) {
+            *slot = None;
+        }
+        self.by_base.retain(|&(_, c)| c != core.0);
+    }
+
+    /// Free positions right after range `r`.
+    fn gap_after(&self, r: Range) -> u64 {
+        let next = self
+            .by_base
+            .iter()
+            .map(|&(b, _)| b as u64)
+            .find(|&b| b > r.base as u64)
+            .unwrap_or(POSITIONS);
+        next - (r.base as u64 + r.len as u64)
+    }
+
+    /// The first base with `lines` (at least 1) free positions after it, ignoring the range of
+    /// `except`.
+    fn find_gap(&self, lines: u64, except: Option<CoreId>) -> Option<u32> {
+        let need = lines.max(1);
+        let mut start = 0u64;
+        for &(b, c) in &self.by_base {
+            if Some(CoreId(c)) == except {
+                continue;
+            }
+            if b as u64 - start >= need {
+                return Some(start as u32);
+            }
+            let r = self.ranges[c as usize].expect("listed range");
+            start = b as u64 + r.len as u64;
+        }
+        (POSITIONS - start >= need).then_some(start as u32)
     }
 
     /// Home slot and fingerprint (already shifted into place) of a key.
@@ -113,6 +230,7 @@ impl Mapping {
         let Ok(cl) = u32::try_from(core_line) else {
             return None;
         };
+        let p = self.pos(core, cl)?;
         let n = self.slots.len();
         let (mut i, fp) = self.home(core, cl);
         let mask = self.id_mask();
@@ -127,8 +245,7 @@ impl Mapping {
                     candidate(l);
                     true
                 }
-                && self.rev_line(l as usize) == cl
-                && self.rev_core(l as usize) as u16 == core.0
+                && self.rev[l as usize] == p
             {
                 return Some(LineId(l));
             }
@@ -139,17 +256,19 @@ impl Mapping {
         }
     }
 
-    /// Maps unmapped `line` to `core_line` of `core`, which must not be mapped.
+    /// Maps unmapped `line` to `core_line` of `core`, which must not be mapped and must lie in
+    /// the core's range.
     pub fn insert(&mut self, line: LineId, core: CoreId, core_line: u64) {
         let cl = u32::try_from(core_line).expect("core line fits u32 (checked at add_core)");
-        assert!(core.0 < UNMAPPED as u16);
+        let p = self
+            .pos(core, cl)
+            .expect("core line inside its core's range");
         debug_assert!(self.lookup(core, core_line).is_none());
         assert_eq!(
-            self.rev_core(line.0 as usize),
-            UNMAPPED,
+            self.rev[line.0 as usize], UNMAPPED,
             "line {line:?} already mapped"
         );
-        self.set_rev(line.0 as usize, core.0 as u8, cl);
+        self.rev[line.0 as usize] = p;
         let n = self.slots.len();
         let (mut i, fp) = self.home(core, cl);
         while self.slots[i] != EMPTY {
@@ -169,7 +288,10 @@ impl Mapping {
         let Ok(cl) = u32::try_from(core_line) else {
             return false;
         };
-        if core.0 >= UNMAPPED as u16 || self.rev_core(line.0 as usize) != UNMAPPED {
+        let Some(p) = self.pos(core, cl) else {
+            return false;
+        };
+        if self.rev[line.0 as usize] != UNMAPPED {
             return false;
         }
         let n = self.slots.len();
@@ -181,7 +303,7 @@ impl Mapping {
                 break;
             }
             let l = (s & mask) as usize;
-            if s & !mask == fp && self.rev_line(l) == cl && self.rev_core(l) as u16 == core.0 {
+            if s & !mask == fp && self.rev[l] == p {
                 return false;
             }
             i += 1;
@@ -189,7 +311,7 @@ impl Mapping {
                 i = 0;
             }
         }
-        self.set_rev(line.0 as usize, core.0 as u8, cl);
+        self.rev[line.0 as usize] = p;
         self.slots[i] = fp | line.0;
         self.mapped += 1;
         true
@@ -198,9 +320,8 @@ impl Mapping {
     /// Unmaps `line`, which must be mapped.
     pub fn remove(&mut self, line: LineId) {
         let l = line.0 as usize;
-        assert_ne!(self.rev_core(l), UNMAPPED, "line {line:?} not mapped");
-        let core = CoreId(self.rev_core(l) as u16);
-        let cl = self.rev_line(l);
+        assert_ne!(self.rev[l], UNMAPPED, "line {line:?} not mapped");
+        let (core, cl) = self.at(self.rev[l]);
         let n = self.slots.len();
         let mask = self.id_mask();
         let (mut i, _) = self.home(core, cl);
@@ -224,7 +345,8 @@ impl Mapping {
                 break;
             }
             let sl = (s & mask) as usize;
-            let (h, _) = self.home(CoreId(self.rev_core(sl) as u16), self.rev_line(sl));
+            let (c, cl) = self.at(self.rev[sl]);
+            let (h, _) = self.home(c, cl);
             // Can `s` (home h, now at j) move to `hole`? Only if h is not in (hole, j].
             let in_range = if hole <= j {
                 h > hole && h <= j
@@ -237,22 +359,23 @@ impl Mapping {
             }
         }
         self.slots[hole] = EMPTY;
-        self.set_rev(l, UNMAPPED, 0);
+        self.rev[l] = UNMAPPED;
         self.mapped -= 1;
     }
 
     /// Whether `line` is mapped.
     #[inline]
     pub fn is_mapped(&self, line: LineId) -> bool {
-        self.rev_core(line.0 as usize) != UNMAPPED
+        self.rev[line.0 as usize] != UNMAPPED
     }
 
     /// The position of mapped `line`.
     #[inline]
     pub fn position(&self, line: LineId) -> (CoreId, u64) {
         let l = line.0 as usize;
-        debug_assert_ne!(self.rev_core(l), UNMAPPED);
-        (CoreId(self.rev_core(l) as u16), self.rev_line(l) as u64)
+        debug_assert_ne!(self.rev[l], UNMAPPED);
+        let (c, cl) = self.at(self.rev[l]);
+        (c, cl as u64)
     }
 
     /// Mapped lines.
@@ -262,7 +385,10 @@ impl Mapping {
 
     /// Heap bytes held.
     pub fn heap_bytes(&self) -> usize {
-        self.slots.capacity() * 4 + self.rev.capacity()
+        self.slots.capacity() * 4
+            + self.rev.capacity() * 4
+            + self.ranges.capacity() * std::mem::size_of::<Option<Range>>()
+            + self.by_base.capacity() * std::mem::size_of::<(u32, u16)>()
     }
 }
 
@@ -281,6 +407,9 @@ mod tests {
     #[test]
     fn insert_checked_refuses_duplicates() {
         let mut m = Mapping::new(1000);
+        for c in 0..3 {
+            assert!(m.add_core(CoreId(c), 7 * 900));
+        }
         for l in 0..900u32 {
             assert!(m.insert_checked(LineId(l), CoreId((l % 3) as u16), l as u64 * 7));
         }
@@ -296,12 +425,22 @@ mod tests {
         }
         assert!(!m.is_mapped(LineId(950)));
         assert!(!m.insert_checked(LineId(951), CoreId(0), u64::MAX));
-        assert!(!m.insert_checked(LineId(951), CoreId(UNMAPPED as u16), 1));
+        assert!(
+            !m.insert_checked(LineId(951), CoreId(5), 1),
+            "core 5 has no range"
+        );
+        assert!(
+            !m.insert_checked(LineId(951), CoreId(0), 7 * 900),
+            "past the core's range"
+        );
         assert!(m.insert_checked(LineId(950), CoreId(0), 1));
     }
 
     fn churn(lines: u32) {
         let mut m = Mapping::new(lines);
+        for c in 0..3 {
+            assert!(m.add_core(CoreId(c), 2 * lines as u64 + 2));
+        }
         let mut rng = 12345u64;
         let mut next = || {
             rng ^= rng << 13;
@@ -337,5 +476,50 @@ mod tests {
             assert_eq!(m.lookup(CoreId(c), cl), Some(LineId(l)));
             assert_eq!(m.position(LineId(l)), (CoreId(c), cl));
         }
+    }
+
+    #[test]
+    fn ranges_first_fit_grow_move_and_refuse() {
+        let mut m = Mapping::new(64);
+        assert!(m.add_core(CoreId(0), 100));
+        assert!(m.add_core(CoreId(3), 50));
+        assert!(
+            m.add_core(CoreId(1), 0),
+            "an empty core still gets a position"
+        );
+        for cl in 0..10 {
+            m.insert(LineId(cl as u32), CoreId(0), cl * 10);
+            m.insert(LineId(20 + cl as u32), CoreId(3), cl * 5);
+        }
+        // Core 0 cannot grow in place (core 3 follows it): it moves, and its lines with it.
+        assert!(m.resize_core(CoreId(0), 1000));
+        // Core 3 grows (into the space core 0 left, at position 0), then shrinks in place.
+        assert!(m.resize_core(CoreId(3), 60));
+        assert_eq!(m.range(CoreId(3)), Some(Range { base: 0, len: 60 }));
+        assert!(m.resize_core(CoreId(3), 46));
+        for cl in 0..10u64 {
+            assert_eq!(m.lookup(CoreId(0), cl * 10), Some(LineId(cl as u32)));
+            assert_eq!(m.position(LineId(cl as u32)), (CoreId(0), cl * 10));
+            assert_eq!(m.lookup(CoreId(3), cl * 5), Some(LineId(20 + cl as u32)));
+            assert_eq!(m.position(LineId(20 + cl as u32)), (CoreId(3), cl * 5));
+        }
+        assert_eq!(m.lookup(CoreId(3), 46), None, "past the shrunk range");
+        // The whole space is shared: a core as big as all of it no longer fits.
+        assert!(!m.add_core(CoreId(2), POSITIONS));
+        assert!(!m.resize_core(CoreId(3), POSITIONS));
+        assert_eq!(m.position(LineId(25)), (CoreId(3), 25));
+        // Used now: core 3 at 0..46, core 1 at 150..151, core 0 at 151..1151.
+        assert!(m.add_core(CoreId(2), POSITIONS - 1151));
+        assert!(!m.add_core(CoreId(5), 105));
+        assert!(m.add_core(CoreId(5), 104));
+        // Removing a core frees its positions for the next one.
+        for cl in 0..10u32 {
+            m.remove(LineId(cl));
+        }
+        m.remove_core(CoreId(0));
+        assert!(m.add_core(CoreId(4), 900));
+        m.insert(LineId(0), CoreId(4), 899);
+        assert_eq!(m.position(LineId(0)), (CoreId(4), 899));
+        assert_eq!(m.lookup(CoreId(3), 0), Some(LineId(20)));
     }
 }

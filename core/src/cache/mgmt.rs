@@ -28,6 +28,14 @@ pub enum MgmtError {
         /// Line size in force.
         line_size: crate::units::LineSize,
     },
+    /// The cores of the cache together would have more lines than the mapping can name
+    /// (`2^32 - 1`, see `map.rs`).
+    CoresTooLarge {
+        /// Lines the cores would have together.
+        lines: u64,
+        /// Line size in force.
+        line_size: crate::units::LineSize,
+    },
     /// The core has requests in flight or dirty data.
     Busy(String),
     /// Lazy modes are refused on a volatile cache device.
@@ -52,6 +60,11 @@ impl std::fmt::Display for MgmtError {
                 "a core of {} bytes has more than 2^32 lines of {line_size}; use a larger line size",
                 blocks * crate::units::BLOCK_BYTES
             ),
+            MgmtError::CoresTooLarge { lines, line_size } => write!(
+                f,
+                "the cores of this cache would have {lines} lines of {line_size} together, more than the 2^32 - 1 one cache can map; use a larger line size ({})",
+                larger_line_size(*lines, *line_size)
+            ),
             MgmtError::Busy(why) => f.write_str(why),
             MgmtError::VolatileLazy(m) => write!(
                 f,
@@ -63,8 +76,23 @@ impl std::fmt::Display for MgmtError {
 
 impl std::error::Error for MgmtError {}
 
+/// The smallest line size at which `lines` lines of `line_size` fit the position space, named
+/// for an error message.
+fn larger_line_size(lines: u64, line_size: crate::units::LineSize) -> String {
+    let bytes = lines.saturating_mul(line_size.bytes());
+    [4u64, 8, 16, 32, 64]
+        .iter()
+        .map(|k| k * 1024)
+        .find(|&b| bytes.div_ceil(b) < crate::map::POSITIONS)
+        .map_or("even 64 KiB lines are not enough".into(), |b| {
+            format!("{} KiB lines fit", b / 1024)
+        })
+}
+
 impl Cache {
-    /// Attaches core `core` of `size_blocks` blocks.
+    /// Attaches core `core` of `size_blocks` blocks. Refused when the core has more than
+    /// `2^32 - 1` lines, or when the cache's cores together would (the mapping gives each core a
+    /// range of one 32-bit position space, see `map.rs`); the message names a line size that fits.
     pub fn add_core(&mut self, core: CoreId, size_blocks: u64) -> Result<(), MgmtError> {
         if core.0 as usize >= crate::units::CORES_MAX - 1 {
             return Err(MgmtError::BadCoreId(core));
@@ -75,6 +103,13 @@ impl Cache {
         if size_blocks.div_ceil(self.bpl as u64) > u32::MAX as u64 {
             return Err(MgmtError::CoreTooLarge {
                 blocks: size_blocks,
+                line_size: self.cfg.line_size,
+            });
+        }
+        let lines = size_blocks.div_ceil(self.bpl as u64);
+        if !self.map.add_core(core, lines) {
+            return Err(MgmtError::CoresTooLarge {
+                lines: self.cores_lines() + lines,
                 line_size: self.cfg.line_size,
             });
         }
@@ -93,6 +128,15 @@ impl Cache {
         });
         self.tables_changed();
         Ok(())
+    }
+
+    /// Lines of every attached core together.
+    fn cores_lines(&self) -> u64 {
+        self.cores
+            .iter()
+            .flatten()
+            .map(|c| c.size_blocks.div_ceil(self.bpl as u64))
+            .sum()
     }
 
     /// Whether `core` has requests or writeback in flight.
@@ -119,7 +163,7 @@ impl Cache {
     }
 
     /// Changes the recorded size of `core` (SPEC C22: the device grew or shrank). Growing is
-    /// always accepted. Shrinking is refused while requests or writeback are in flight, and when
+    /// accepted unless the cores together would then have more than `2^32 - 1` lines. Shrinking is refused while requests or writeback are in flight, and when
     /// any cached line (clean or dirty) of the core lies past the new end: the cached data would
     /// name blocks the core no longer has. Requests see the new size at once; the core table
     /// records it with the next superblock.
@@ -166,6 +210,14 @@ impl Cache {
                 }
             }
         }
+        let lines = size_blocks.div_ceil(self.bpl as u64);
+        if !self.map.resize_core(core, lines) {
+            let old_lines = old.div_ceil(self.bpl as u64);
+            return Err(MgmtError::CoresTooLarge {
+                lines: self.cores_lines() - old_lines + lines,
+                line_size: self.cfg.line_size,
+            });
+        }
         if let Some(c) = self.cores[core.0 as usize].as_mut() {
             c.size_blocks = size_blocks;
         }
@@ -192,6 +244,7 @@ impl Cache {
             )));
         }
         self.invalidate_core(core).expect("checked");
+        self.map.remove_core(core);
         self.cores[core.0 as usize] = None;
         self.tables_changed();
         Ok(())
