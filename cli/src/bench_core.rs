@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tiercache_core::event::{Action, Event};
 use tiercache_core::mode::CacheMode;
-use tiercache_core::policy::{CleaningPolicy, EvictionPolicy, RateParams};
+use tiercache_core::policy::{CleaningPolicy, EvictionPolicy, PromotionPolicy, RateParams};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
 use tiercache_sim::rng::{Rng, Zipf};
@@ -34,6 +34,9 @@ pub struct Args {
     /// Eviction policy: lru or s3fifo.
     #[arg(long, default_value = "s3fifo")]
     eviction: String,
+    /// Promotion policy: always or nhit (nhit's sketch counts in the RAM figure).
+    #[arg(long, default_value = "always")]
+    promotion: String,
     /// Write one JSON object with the results to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -91,6 +94,15 @@ pub fn run(args: Args) -> Result<(), String> {
             ));
         }
     };
+    let promotion = match args.promotion.as_str() {
+        "always" => PromotionPolicy::Always,
+        "nhit" => PromotionPolicy::Nhit,
+        other => {
+            return Err(format!(
+                "unknown promotion policy '{other}'; use always or nhit"
+            ));
+        }
+    };
     if args.lines < 1024 {
         return Err("--lines must be at least 1024".into());
     }
@@ -102,6 +114,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut cfg = Config::new(lines, LineSize::K4);
     cfg.mode = CacheMode::Wb;
     cfg.eviction = eviction;
+    cfg.promotion = promotion;
     cfg.cleaning = CleaningPolicy::Nop;
     cfg.rate = RateParams {
         enabled: false,
@@ -212,7 +225,10 @@ pub fn run(args: Args) -> Result<(), String> {
         "tiercache bench core: {lines} lines of 4 KiB, {} requests per phase",
         args.ops
     );
-    println!("  eviction {}, mode wb, cleaning nop", args.eviction);
+    println!(
+        "  eviction {}, promotion {}, mode wb, cleaning nop",
+        args.eviction, args.promotion
+    );
     println!();
     println!(
         "  {:<34} {:>9} {:>9} {:>9}",
@@ -249,7 +265,7 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     println!();
     println!(
-        "  metadata RAM: {:.2} bytes per 4 KiB line (allocator-counted, all per-line structures)",
+        "  metadata RAM: {:.3} bytes per 4 KiB line (allocator-counted, all per-line structures)",
         bytes_per_line
     );
     println!(
@@ -265,6 +281,7 @@ pub fn run(args: Args) -> Result<(), String> {
             "lines": lines,
             "ops": args.ops,
             "eviction": args.eviction,
+            "promotion": args.promotion,
             "read_hit_ns": read_hit.p50,
             "read_hit_ns_p99": read_hit.p99,
             "read_partial_ns": read_partial.p50,

@@ -304,40 +304,66 @@ impl Cache {
             self.start_flush(r, actions);
             return;
         }
-        r.lock = self.initial_lock_kind(&r);
         // Throttle writes that would create new dirty lines.
         let lazy_write =
             matches!(op, Op::Write { .. }) && !cut && self.write_rules().write == WriteRule::Back;
+        // Reads and lazy writes look their lines up now (the lock kind and the throttle depend
+        // on them); if the request starts at once, its plan uses these parts as they are.
+        let looked_up = op == Op::Read || lazy_write;
+        if looked_up {
+            self.lookup_parts(&mut r);
+        }
+        r.lock = self.initial_lock_kind(&r);
         let new_dirty = if lazy_write {
-            self.new_dirty_lines(core, first, last)
+            Self::new_dirty_lines(&r, &self.state)
         } else {
             0
         };
-        self.reqs.insert(req, r);
         if new_dirty > 0 {
             let delay = self.rate.throttle_delay(self.now, new_dirty);
             if delay.0 > 0 {
                 self.counters.throttled_writes += 1;
                 self.counters.throttle_ns += delay.0;
+                self.reqs.insert(req, r);
                 self.throttled.push((self.now.plus(delay), req));
                 return;
             }
         }
+        // The common case: nobody waits (so no earlier request can overlap this one) and its
+        // lines are free: start it here, without parking it in `reqs` first. The same decision
+        // `admit` makes, minus a hash-table round trip.
+        if self.waiting.is_empty() && self.locks.can_lock(core, first, last, r.lock) {
+            return self.start(r, looked_up, actions);
+        }
+        self.reqs.insert(req, r);
         self.admit(req, actions);
     }
 
-    /// Lines of `first..=last` that are not dirty now (a write there makes them newly dirty).
-    fn new_dirty_lines(&self, core: CoreId, first: u64, last: u64) -> u32 {
-        (first..=last)
-            .filter(|&cl| {
-                self.map
-                    .lookup_hinted(core, cl, |l| {
-                        // A write hit will move the line between lists: load its links too.
-                        self.state.prefetch(l);
-                        self.lists.prefetch(l);
-                    })
-                    .is_none_or(|l| self.state.dirty(l) == 0)
-            })
+    /// Fills `r.parts` from the mapping as it is now, starting the loads of each mapped line's
+    /// records (state, tag and links) while the next key is looked up.
+    fn lookup_parts(&self, r: &mut Request) {
+        r.parts.clear();
+        for cl in r.first..=r.last {
+            let mask = self.part_mask(r, cl);
+            let line = self.map.lookup_hinted(r.core, cl, |l| {
+                self.state.prefetch(l);
+                self.lists.prefetch(l);
+            });
+            r.parts.push(Part {
+                line,
+                mask,
+                fill: 0,
+                new: false,
+            });
+        }
+    }
+
+    /// Lines of `r` (its parts just looked up) that are not dirty now (a write there makes them
+    /// newly dirty).
+    fn new_dirty_lines(r: &Request, state: &crate::state::LineStates) -> u32 {
+        r.parts
+            .iter()
+            .filter(|p| p.line.is_none_or(|l| state.dirty(l) == 0))
             .count() as u32
     }
 
@@ -361,18 +387,14 @@ impl Cache {
         self.mode.rules()
     }
 
-    /// Lock kind chosen at arrival; re-checked when the plan is made.
+    /// Lock kind chosen at arrival (a read's parts looked up); re-checked when the plan is made.
     fn initial_lock_kind(&self, r: &Request) -> LockKind {
         match r.op {
             Op::Read => {
-                let full_hit = (r.first..=r.last).all(|cl| {
-                    let mask = self.part_mask(r, cl);
-                    self.map
-                        .lookup_hinted(r.core, cl, |l| {
-                            self.state.prefetch(l);
-                            self.lists.prefetch(l);
-                        })
-                        .is_some_and(|l| self.state.valid(l) & mask == mask)
+                // `r.parts` were just looked up.
+                let full_hit = r.parts.iter().all(|p| {
+                    p.line
+                        .is_some_and(|l| self.state.valid(l) & p.mask == p.mask)
                 });
                 if full_hit {
                     LockKind::Shared
@@ -454,28 +476,23 @@ impl Cache {
         }
     }
 
-    /// Locks the request's lines and plans it.
+    /// Locks the lines of waiting request `id` and plans it.
     fn start_locked(&mut self, id: ReqId, actions: &mut Vec<Action>) {
-        let mut r = self.reqs.remove(&id).expect("request exists");
+        let r = self.reqs.remove(&id).expect("request exists");
+        self.start(r, false, actions);
+    }
+
+    /// Locks the request's lines and plans it. `fresh`: its parts were looked up during this
+    /// same event and nothing has changed the mapping since (else they are looked up again).
+    fn start(&mut self, mut r: Request, fresh: bool, actions: &mut Vec<Action>) {
         self.locks.lock(r.core, r.first, r.last, r.lock);
         r.locked = true;
+        if !fresh {
+            self.lookup_parts(&mut r);
+        }
         match r.op {
             Op::Read => self.plan_read(r, actions),
             _ => self.plan_write(r, actions),
-        }
-    }
-
-    /// Builds the parts of `r` from the current mapping.
-    fn build_parts(&self, r: &mut Request) {
-        r.parts.clear();
-        for cl in r.first..=r.last {
-            let mask = self.part_mask(r, cl);
-            r.parts.push(Part {
-                line: self.map.lookup(r.core, cl),
-                mask,
-                fill: 0,
-                new: false,
-            });
         }
     }
 
@@ -643,7 +660,6 @@ impl Cache {
         if self.bypass() {
             self.faults.counters.bypassed_requests += 1;
         }
-        self.build_parts(&mut r);
         let (valid, total) = self.count_valid(&r);
         r.outcome = if r.cut || !rules.read_clean_from_cache || self.class_allocation(r.class) == 0
         {
@@ -852,7 +868,6 @@ impl Cache {
     // ----- writes, write-zeroes, trims -----
 
     fn plan_write(&mut self, mut r: Request, actions: &mut Vec<Action>) {
-        self.build_parts(&mut r);
         if self.bypass() && matches!(r.op, Op::Write { .. }) && !r.fallback {
             self.faults.counters.bypassed_requests += 1;
         }
