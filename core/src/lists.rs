@@ -58,6 +58,8 @@ pub struct ListArena {
     w: u32,
     /// All ones in `w` bits: "no node" inside a word.
     nil: u64,
+    /// Tags are in `tags`, not beside the links (`2w + TAG_BITS > 64`).
+    aside: bool,
     /// Tags, when they do not fit beside the links (empty otherwise).
     tags: Vec<u16>,
     lines: u32,
@@ -72,15 +74,21 @@ impl ListArena {
     /// An arena for `lines` cache lines, all unlinked, with room for
     /// [`EXTRA_NODES_RESERVED`] sentinels and extra nodes before its vectors grow.
     pub fn new(lines: u32) -> ListArena {
+        Self::with_width(lines, link_bits(lines as usize + EXTRA_NODES_RESERVED))
+    }
+
+    /// [`ListArena::new`] with `w`-bit links (at least what the nodes need).
+    fn with_width(lines: u32, w: u32) -> ListArena {
         let cap = lines as usize + EXTRA_NODES_RESERVED;
         let mut a = ListArena {
             words: Vec::new(),
             w: 0,
             nil: 0,
+            aside: false,
             tags: Vec::new(),
             lines,
         };
-        a.set_width(link_bits(cap));
+        a.set_width(w.max(link_bits(cap)));
         a.words.reserve_exact(cap);
         a.words.resize(lines as usize, a.unlinked_word());
         if a.tags_aside() {
@@ -94,12 +102,13 @@ impl ListArena {
         assert!(w <= 32);
         self.w = w;
         self.nil = (1u64 << w) - 1;
+        self.aside = 2 * w + TAG_BITS > 64;
     }
 
     /// Whether tags live in `tags` rather than beside the links.
     #[inline]
     fn tags_aside(&self) -> bool {
-        2 * self.w + TAG_BITS > 64
+        self.aside
     }
 
     #[inline]
@@ -413,8 +422,10 @@ mod tests {
 
     #[test]
     fn tags_aside_when_links_are_wide() {
-        // Links of 27 bits leave 10 bits: tags go to the side array.
-        let mut a = ListArena::new(1 << 26);
+        // Links of 27 bits (a cache of 2^26 lines) leave 10 bits: tags go to the side array.
+        // A small arena with wide links behaves the same and costs no 512 MiB.
+        let lines = 1000;
+        let mut a = ListArena::with_width(lines, 27);
         assert!(a.tags_aside());
         let l = a.new_list();
         a.push_front(l, 5);
@@ -424,6 +435,23 @@ mod tests {
         assert_eq!(a.field(5, TAG_STATE), 0x12);
         assert_eq!(a.field(5, TAG_EVICTION), 7);
         assert_eq!(a.front(l), Some(5));
-        assert_eq!(a.heap_bytes(), ((1 << 26) + EXTRA_NODES_RESERVED) * 10);
+        assert_eq!(a.heap_bytes(), (lines as usize + EXTRA_NODES_RESERVED) * 10);
+        // Widening from 26-bit links (tags beside them) to 27 moves the tags aside.
+        let mut a = ListArena::with_width(10, 26);
+        assert!(!a.tags_aside());
+        let l = a.new_list();
+        for n in 0..10 {
+            a.push_front(l, n);
+            a.set_field(n, TAG_STATE, n as u8 + 1);
+        }
+        a.widen();
+        assert!(a.tags_aside());
+        for n in 0..10 {
+            assert_eq!(a.field(n, TAG_STATE), n as u8 + 1);
+        }
+        assert_eq!(
+            a.iter_from_back(l).collect::<Vec<_>>(),
+            (0..10).collect::<Vec<_>>()
+        );
     }
 }
