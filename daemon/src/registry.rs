@@ -243,7 +243,7 @@ fn journal_bytes(device_bytes: u64) -> u64 {
 }
 
 /// Metadata RAM per line (measured by `tiercache bench core`, rounded up) and the staging pool.
-const RAM_PER_LINE: u64 = 23;
+const RAM_PER_LINE: u64 = 20;
 
 /// A new cache's configuration on a device of `bytes`.
 pub fn plan_cache(
