@@ -29,7 +29,7 @@ use tiercache_core::event::{Action, BufRef, Dev, Event, IoError, ReqError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::{Cache, Config, Machine};
-use tiercache_io::{AlignedBuf, AsyncDone, AsyncReq, Backend, IoErr};
+use tiercache_io::{AlignedBuf, AsyncDone, Backend, IoErr};
 
 /// The most bytes of contiguous writes the engine merges into one IO.
 const MERGE_MAX_BYTES: u64 = 256 << 10;
@@ -91,27 +91,9 @@ struct Job {
     op: JobOp,
 }
 
-enum JobOp {
-    Read {
-        lba: u64,
-        buf: AlignedBuf,
-    },
-    Write {
-        lba: u64,
-        buf: AlignedBuf,
-        fua: bool,
-    },
-    WriteZeroes {
-        lba: u64,
-        blocks: u64,
-        fua: bool,
-    },
-    Trim {
-        lba: u64,
-        blocks: u64,
-    },
-    Flush,
-}
+/// What a job does: the owned-buffer request of the asynchronous backend call, which a
+/// synchronous device runs on an IO thread.
+type JobOp = tiercache_io::AsyncReq;
 
 /// A request's buffer while the core works on it.
 struct Slot {
@@ -469,16 +451,7 @@ impl Shared {
                 let job = sh.drive_capture(&mut g, ev);
                 sh.run_chain(g, job);
             });
-            let req = match op {
-                JobOp::Read { lba, buf } => AsyncReq::Read { lba, buf },
-                JobOp::Write { lba, buf, fua } => AsyncReq::Write { lba, buf, fua },
-                JobOp::WriteZeroes { lba, blocks, fua } => {
-                    AsyncReq::WriteZeroes { lba, blocks, fua }
-                }
-                JobOp::Trim { lba, blocks } => AsyncReq::Trim { lba, blocks },
-                JobOp::Flush => AsyncReq::Flush,
-            };
-            dev.submit_async(req, done);
+            dev.submit_async(op, done);
             return;
         }
         let job = Job {
@@ -638,16 +611,7 @@ fn done(io: IoId, r: Result<(), IoErr>) -> Event {
 
 /// Runs one IO; returns a read's buffer.
 fn run(dev: &dyn Backend, op: JobOp) -> (Option<AlignedBuf>, Result<(), IoErr>) {
-    match op {
-        JobOp::Read { lba, mut buf } => {
-            let r = dev.read(lba, &mut buf);
-            (Some(buf), r)
-        }
-        JobOp::Write { lba, buf, fua } => (None, dev.write(lba, &buf, fua)),
-        JobOp::WriteZeroes { lba, blocks, fua } => (None, dev.write_zeroes(lba, blocks, fua)),
-        JobOp::Trim { lba, blocks } => (None, dev.trim(lba, blocks)),
-        JobOp::Flush => (None, dev.flush()),
-    }
+    tiercache_io::run_sync(dev, op)
 }
 
 fn buf_ref(g: &Inner, b: BufRef, blocks: u32) -> &[u8] {

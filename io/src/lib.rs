@@ -210,7 +210,17 @@ pub type AsyncDone = Box<dyn FnOnce(Option<AlignedBuf>, Result<(), IoErr>) + Sen
 /// Runs an [`AsyncReq`] with the synchronous calls of `dev`, then `done`: what
 /// [`Backend::submit_async`] does for a backend without an asynchronous path.
 pub fn submit_sync<B: Backend + ?Sized>(dev: &B, req: AsyncReq, done: AsyncDone) {
-    let (buf, r) = match req {
+    let (buf, r) = run_sync(dev, req);
+    done(buf, r)
+}
+
+/// Runs an [`AsyncReq`] with the synchronous calls of `dev`: the request's buffer (reads and
+/// writes) and the result.
+pub fn run_sync<B: Backend + ?Sized>(
+    dev: &B,
+    req: AsyncReq,
+) -> (Option<AlignedBuf>, Result<(), IoErr>) {
+    match req {
         AsyncReq::Read { lba, mut buf } => {
             let r = dev.read(lba, &mut buf);
             (Some(buf), r)
@@ -222,8 +232,7 @@ pub fn submit_sync<B: Backend + ?Sized>(dev: &B, req: AsyncReq, done: AsyncDone)
         AsyncReq::WriteZeroes { lba, blocks, fua } => (None, dev.write_zeroes(lba, blocks, fua)),
         AsyncReq::Trim { lba, blocks } => (None, dev.trim(lba, blocks)),
         AsyncReq::Flush => (None, dev.flush()),
-    };
-    done(buf, r)
+    }
 }
 
 /// Checks a request of `len` bytes at `lba` against a device of `dev_blocks` blocks and returns
