@@ -436,6 +436,11 @@ impl Driver {
         };
         let (loaded, report) = tiercache_core::cache::open(base, &mut read)
             .unwrap_or_else(|e| panic!("a cleanly stopped cache does not load: {e}"));
+        if !report.clean && self.cache.meta_counters().stops_unclean > 0 {
+            // A core flush failed during the stop: the superblock says `Running`, and the load
+            // was a recovery (dirty lines only; the crash tests check what it brings back).
+            return;
+        }
         if !report.clean {
             let mut a = vec![0u8; 4096];
             let mut b = vec![0u8; 4096];
