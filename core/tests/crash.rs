@@ -29,14 +29,6 @@ use harness::{CrashPattern, Env, Knobs, Rng};
 use tiercache_core::mode::CacheMode;
 
 const NON_LAZY: [CacheMode; 4] = [CacheMode::Wt, CacheMode::Wa, CacheMode::Wi, CacheMode::Pt];
-const ALL: [CacheMode; 6] = [
-    CacheMode::Wt,
-    CacheMode::Wb,
-    CacheMode::Wa,
-    CacheMode::Wi,
-    CacheMode::Pt,
-    CacheMode::Wo,
-];
 
 /// What one seed did.
 #[derive(Default, Debug)]
@@ -55,7 +47,7 @@ fn run_seed(seed: u64) -> Outcome {
     let mut rng = Rng::new(seed ^ 0x0c4a_54ed);
     let mut frng = Rng::new(seed ^ 0xfa17);
     let persist = seed % 4 != 3;
-    let modes: &[CacheMode] = if persist { &ALL } else { &NON_LAZY };
+    let modes: &[CacheMode] = if persist { &CacheMode::ALL } else { &NON_LAZY };
     let (mut cfg, core_sizes) = random_config(&mut rng, modes);
     if persist {
         cfg = persistent(cfg, &mut rng);

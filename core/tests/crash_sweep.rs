@@ -64,24 +64,11 @@ use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{AcpParams, AlruParams, CleaningPolicy, EvictionPolicy, RateParams};
 use tiercache_core::units::{LineSize, Nanos};
 
-const MODES: [CacheMode; 6] = [
-    CacheMode::Wt,
-    CacheMode::Wb,
-    CacheMode::Wa,
-    CacheMode::Wi,
-    CacheMode::Pt,
-    CacheMode::Wo,
-];
+/// The modes swept (Open CAS's six), in a fixed order: a script's seed depends on it.
+const MODES: [CacheMode; 6] = CacheMode::ALL;
 
 fn mode_name(m: CacheMode) -> &'static str {
-    match m {
-        CacheMode::Wt => "wt",
-        CacheMode::Wb => "wb",
-        CacheMode::Wa => "wa",
-        CacheMode::Wi => "wi",
-        CacheMode::Pt => "pt",
-        CacheMode::Wo => "wo",
-    }
+    m.rules().name
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

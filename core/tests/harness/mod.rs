@@ -1284,9 +1284,15 @@ impl Env {
         }
         self.cache.stop();
         self.stop_requested = true;
+        self.run_stop(true)
+    }
+
+    /// Runs the cache until its stop is complete; with `stop_at_crash`, returns false as soon
+    /// as the crash point is reached.
+    fn run_stop(&mut self, stop_at_crash: bool) -> bool {
         let mut guard = 0;
         while !self.cache.is_stopped() {
-            if self.crashed {
+            if stop_at_crash && self.crashed {
                 return false;
             }
             if !self.complete_one() {
@@ -1298,7 +1304,7 @@ impl Env {
                 self.fail("stop never completed");
             }
         }
-        !self.crashed
+        !(stop_at_crash && self.crashed)
     }
 
     /// Once faults have stopped: time passes until every backoff has run out, and the cache
@@ -1489,17 +1495,7 @@ impl Env {
     pub fn stop_and_reload(mut self, seed: u64) -> Env {
         self.drain();
         self.cache.stop();
-        let mut guard = 0;
-        while !self.cache.is_stopped() {
-            if !self.complete_one() {
-                self.now = self.now.plus(Nanos::from_ms(200));
-                self.tick();
-            }
-            guard += 1;
-            if guard > 1_000_000 {
-                self.fail("stop never completed");
-            }
-        }
+        self.run_stop(false);
         let base = self.cache.config().clone();
         let img = &self.cache_dev.vol;
         let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
