@@ -45,7 +45,7 @@ pub fn measure(lines: u32, ops: u64) -> Result<EngineNumbers, String> {
                 device: String::new(),
             },
         }],
-        EngineConfig { io_threads: 2 },
+        EngineConfig::threads(2),
     )?;
     // Warm: a working set of 90% of the cache, written through (wt keeps clean copies).
     let set = lines as u64 * 9 / 10;

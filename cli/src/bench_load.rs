@@ -140,7 +140,7 @@ fn one(dir: &Path, lines: u32, dirty_pct: u32, writes: u64) -> Result<Row, Strin
         export_name: "bench".into(),
         device: String::new(),
     };
-    let ec = EngineConfig { io_threads: 8 };
+    let ec = EngineConfig::threads(8);
     let e = Engine::create(
         cfg.clone(),
         open(&cache_path)?,

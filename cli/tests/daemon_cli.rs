@@ -188,6 +188,11 @@ fn lifecycle_through_the_cli() {
     assert_eq!(s["risk"]["dirty_bytes"], 2000 * 4096);
     assert!(s["requests"]["write_misses"].as_u64().unwrap() >= 2000);
     assert!(s["requests"]["read_full_hits"].as_u64().unwrap() >= 2000);
+    // The engine's IO buffer pool: 64 MiB, every buffer back once the IOs are done.
+    let b = &s["engine"]["io_buffers"];
+    assert_eq!(b["bytes"], 64 << 20, "{s}");
+    assert!(b["peak"].as_u64().unwrap() >= 4096, "{s}");
+    assert!(s["engine"]["thread_ios"].as_u64().unwrap() >= 2000, "{s}");
 
     // Stop keeping dirty data; the device now holds a cache: plain start refuses it.
     let v = dm.json(&["stop-cache", "--cache-id", "1", "--no-writeback"]);

@@ -213,7 +213,7 @@ enum WbFor {
 }
 
 fn engine_config() -> EngineConfig {
-    EngineConfig { io_threads: 16 }
+    EngineConfig::threads(16)
 }
 
 /// A random cache identity.

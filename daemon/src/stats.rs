@@ -92,7 +92,12 @@ pub fn cache_stats(
             "evictions": k.evictions, "deferred": k.deferred, "alloc_failures": k.alloc_failures,
             "merged_core_reads": k.merged_core_reads,
             "engine": {"in_flight": es.in_flight, "in_flight_max": es.in_flight_max,
-                "requests": es.requests},
+                "requests": es.requests, "inline_ios": es.inline_ios,
+                "thread_ios": es.thread_ios, "async_ios": es.async_ios,
+                "merged_ios": es.merged_ios,
+                "io_buffers": {"bytes": es.buffer_bytes, "in_use": es.buffer_in_use,
+                    "peak": es.buffer_peak, "waits": es.buffer_waits,
+                    "larger_than_pool": es.buffer_oversize}},
             "policies": {
                 "eviction": c.policy_names().0, "promotion": c.policy_names().1,
                 "cleaning": c.policy_names().2,

@@ -8,14 +8,19 @@
 //!   the engine's lock and executes what comes out. IOs on *inline* devices (RAM) run right
 //!   there, so a RAM hit is one lock, one core decision and one copy, with no thread hop.
 //! - **IO threads** (a fixed pool) run IOs on every other device. An IO gets its own aligned
-//!   buffer (a write's data is copied into it under the lock; a read's data is copied out of
-//!   it under the lock when it completes), so no two threads ever share a buffer.
+//!   buffer from the engine's IO buffer pool (a write's data is copied into it under the lock;
+//!   a read's data is copied out of it under the lock when it completes), so no two threads
+//!   ever share a buffer.
 //! - **A ticker** applies `Tick` at the core's next deadline (cleaner wake-ups, throttled
 //!   writes, metadata retries) and at least every 50 ms.
 //!
-//! Memory is bounded and allocated up front where the core says how much: the staging pool
-//! (`pool_slots × pool_slot_blocks`). Request buffers belong to the caller; the owned-buffer
-//! calls ([`Engine::read_owned`], [`Engine::write_owned`]) avoid copying them.
+//! Memory is bounded and allocated up front: the core's staging pool (`pool_slots ×
+//! pool_slot_blocks`, the core says how much) and the IO buffer pool
+//! ([`EngineConfig::io_buffer_bytes`], a [`tiercache_io::BufPool`]). When the IO buffer pool
+//! has no room, an IO waits in a queue (oldest first) until IOs in flight give theirs back;
+//! only an IO larger than the whole pool gets a buffer of its own. Request buffers belong to
+//! the caller; the owned-buffer calls ([`Engine::read_owned`], [`Engine::write_owned`]) avoid
+//! copying them.
 //!
 //! How this scales past two CPUs is in `docs/ARCHITECTURE.md` ("How it scales").
 
@@ -29,7 +34,7 @@ use tiercache_core::event::{Action, BufRef, Dev, Event, IoError, ReqError};
 use tiercache_core::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::{Cache, Config, Machine};
-use tiercache_io::{AlignedBuf, AsyncDone, Backend, IoErr};
+use tiercache_io::{AlignedBuf, AsyncDone, Backend, BufPool, IoErr};
 
 /// The most bytes of contiguous writes the engine merges into one IO.
 const MERGE_MAX_BYTES: u64 = 256 << 10;
@@ -42,11 +47,31 @@ pub type Device = Arc<dyn Backend>;
 pub struct EngineConfig {
     /// IO threads for devices that are not inline (the most IOs in flight at once).
     pub io_threads: usize,
+    /// Bytes of the IO buffer pool (rounded up to a power of two), allocated when the engine
+    /// starts: the buffers of the IOs on devices that are not inline. At least the largest
+    /// request (32 MiB over NBD) so that such a request waits for room instead of allocating.
+    pub io_buffer_bytes: usize,
 }
+
+/// The default [`EngineConfig::io_buffer_bytes`]: 64 MiB.
+pub const IO_BUFFER_BYTES: usize = 64 << 20;
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { io_threads: 16 }
+        EngineConfig {
+            io_threads: 16,
+            io_buffer_bytes: IO_BUFFER_BYTES,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The default configuration with `io_threads` IO threads.
+    pub fn threads(io_threads: usize) -> EngineConfig {
+        EngineConfig {
+            io_threads,
+            ..EngineConfig::default()
+        }
     }
 }
 
@@ -79,6 +104,14 @@ pub struct EngineStats {
     pub async_ios: u64,
     /// Requests completed.
     pub requests: u64,
+    /// IOs that waited for room in the IO buffer pool.
+    pub buffer_waits: u64,
+    /// IOs that got a buffer of their own because they are larger than the whole pool.
+    pub buffer_oversize: u64,
+    /// Bytes of the IO buffer pool, in use now, and the most in use at once.
+    pub buffer_bytes: u64,
+    pub buffer_in_use: u64,
+    pub buffer_peak: u64,
 }
 
 /// One IO handed to an IO thread.
@@ -110,6 +143,13 @@ struct Inner {
     /// Where the data of a read running on an IO thread goes: (destination, blocks).
     reads: tiercache_core::hash::FxHashMap<IoId, BufRef>,
     pool: Vec<AlignedBuf>,
+    /// Buffers of IOs on devices that are not inline.
+    bufs: BufPool,
+    /// IOs waiting for room in `bufs`, oldest first (their source buffers stay put: the core
+    /// does not reuse a buffer before the IO that names it completes).
+    starved: VecDeque<Action>,
+    /// The buffer [`Shared::retry_starved`] got for the IO it starts.
+    handoff: Option<AlignedBuf>,
     next_req: u64,
     stats: EngineStats,
     /// Set by [`Engine::kill`]: no new IO is started, completions are dropped.
@@ -171,6 +211,8 @@ impl Shared {
     fn drive(&self, g: &mut Inner, ev: Event) {
         let mut events = std::mem::take(&mut g.events);
         let mut actions = std::mem::take(&mut g.actions);
+        // Buffers may have come back since the last drive (every completion drives).
+        self.retry_starved(g, &mut events);
         events.push_back(ev);
         while let Some(ev) = events.pop_front() {
             let Inner { m, reqs, .. } = &mut *g;
@@ -222,8 +264,52 @@ impl Shared {
         }
     }
 
+    /// A buffer of `blocks` for IO action `a` from the pool; `None` if `a` was queued to wait
+    /// for room (or behind IOs already waiting: they go first).
+    fn io_buf(&self, g: &mut Inner, a: &Action, blocks: u32) -> Option<AlignedBuf> {
+        if let Some(b) = g.handoff.take() {
+            return Some(b);
+        }
+        let len = blocks as usize * 512;
+        if !g.bufs.fits(len) {
+            g.stats.buffer_oversize += 1;
+            return Some(AlignedBuf::new(len));
+        }
+        let b = if g.starved.is_empty() {
+            g.bufs.try_get(len)
+        } else {
+            None
+        };
+        if b.is_none() {
+            g.stats.buffer_waits += 1;
+            g.starved.push_back(a.clone());
+        }
+        b
+    }
+
+    /// Starts the IOs waiting for buffers that now fit, oldest first.
+    fn retry_starved(&self, g: &mut Inner, events: &mut VecDeque<Event>) {
+        while let Some(a) = g.starved.front() {
+            let blocks = match a {
+                Action::Read { blocks, .. } | Action::Write { blocks, .. } => *blocks,
+                _ => unreachable!("only reads and writes wait for buffers"),
+            };
+            if g.dead {
+                g.starved.clear();
+                return;
+            }
+            let Some(b) = g.bufs.try_get(blocks as usize * 512) else {
+                return;
+            };
+            let a = g.starved.pop_front().expect("front exists");
+            g.handoff = Some(b);
+            self.execute(g, a, events);
+            debug_assert!(g.handoff.is_none(), "the IO took its buffer");
+        }
+    }
+
     fn execute(&self, g: &mut Inner, a: Action, events: &mut VecDeque<Event>) {
-        match a {
+        match a.clone() {
             Action::Complete { req, result } => {
                 let slot = g.reqs.remove(&req).expect("completion of a live request");
                 g.done.insert(req, (result, slot.buf));
@@ -249,8 +335,10 @@ impl Shared {
                     g.stats.inline_ios += 1;
                     events.push_back(done(io, r));
                 } else {
+                    let Some(b) = self.io_buf(g, &a, blocks) else {
+                        return;
+                    };
                     g.reads.insert(io, buf);
-                    let b = AlignedBuf::new(blocks as usize * 512);
                     self.submit(g, io, d, JobOp::Read { lba: lba.0, buf: b });
                 }
             }
@@ -268,7 +356,9 @@ impl Shared {
                     g.stats.inline_ios += 1;
                     events.push_back(done(io, r));
                 } else {
-                    let mut b = AlignedBuf::new(blocks as usize * 512);
+                    let Some(mut b) = self.io_buf(g, &a, blocks) else {
+                        return;
+                    };
                     b.copy_from_slice(buf_ref(g, buf, blocks));
                     self.submit(
                         g,
@@ -385,7 +475,22 @@ impl Shared {
                 _ => 0,
             })
             .sum();
-        let mut b = AlignedBuf::new(total);
+        let mut b = if !g.bufs.fits(total) {
+            g.stats.buffer_oversize += 1;
+            AlignedBuf::new(total)
+        } else if let Some(b) = g
+            .starved
+            .is_empty()
+            .then(|| g.bufs.try_get(total))
+            .flatten()
+        {
+            b
+        } else {
+            // No room: the writes wait one by one (unmerged).
+            g.stats.buffer_waits += acts.len() as u64;
+            g.starved.extend(acts.iter().cloned());
+            return;
+        };
         let mut off = 0;
         let mut ios = Vec::with_capacity(acts.len() - 1);
         for a in acts {
@@ -686,6 +791,9 @@ impl Engine {
                 done: Default::default(),
                 reads: Default::default(),
                 pool,
+                bufs: BufPool::new(ec.io_buffer_bytes),
+                starved: VecDeque::new(),
+                handoff: None,
                 next_req: 1,
                 stats: EngineStats::default(),
                 dead: false,
@@ -943,7 +1051,14 @@ impl Engine {
 
     /// Engine counters.
     pub fn stats(&self) -> EngineStats {
-        self.sh.lock().stats
+        let g = self.sh.lock();
+        let b = g.bufs.stats();
+        EngineStats {
+            buffer_bytes: b.bytes,
+            buffer_in_use: b.in_use,
+            buffer_peak: b.peak,
+            ..g.stats
+        }
     }
 
     fn request(

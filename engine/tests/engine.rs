@@ -24,7 +24,15 @@ use common::*;
 
 #[test]
 fn requests_from_several_threads_read_back_in_every_mode() {
-    for mode in [CacheMode::Wt, CacheMode::Wb, CacheMode::Wo, CacheMode::Wa] {
+    // The last two run with an IO buffer pool of two pages: IOs wait for buffers.
+    for (mode, tiny_pool) in [
+        (CacheMode::Wt, false),
+        (CacheMode::Wb, false),
+        (CacheMode::Wo, false),
+        (CacheMode::Wa, false),
+        (CacheMode::Wt, true),
+        (CacheMode::Wb, true),
+    ] {
         let cache: Device = Arc::new(FaultBackend::new(
             RamBackend::new(16 << 11),
             FaultConfig::default(),
@@ -39,7 +47,10 @@ fn requests_from_several_threads_read_back_in_every_mode() {
                 dev: core,
                 record: record(0),
             }],
-            EngineConfig { io_threads: 4 },
+            EngineConfig {
+                io_buffer_bytes: if tiny_pool { 8 << 10 } else { 64 << 20 },
+                ..EngineConfig::threads(4)
+            },
         )
         .expect("create");
         std::thread::scope(|s| {
@@ -82,10 +93,23 @@ fn requests_from_several_threads_read_back_in_every_mode() {
         });
         let st = e.stats();
         println!(
-            "{mode}: {} requests, {} IOs on IO threads (at most {} at once), {} inline",
-            st.requests, st.thread_ios, st.in_flight_max, st.inline_ios
+            "{mode}: {} requests, {} IOs on IO threads (at most {} at once), {} inline; IO \
+             buffers: pool {} B, peak {} B, {} waits, {} larger than the pool",
+            st.requests,
+            st.thread_ios,
+            st.in_flight_max,
+            st.inline_ios,
+            st.buffer_bytes,
+            st.buffer_peak,
+            st.buffer_waits,
+            st.buffer_oversize
         );
         assert!(st.in_flight_max >= 2, "IO threads ran IOs concurrently");
+        assert!(st.buffer_peak <= st.buffer_bytes);
+        assert_eq!(st.buffer_in_use, 0, "every IO gave its buffer back");
+        if tiny_pool {
+            assert!(st.buffer_waits > 0, "IOs waited for the two-page pool");
+        }
         e.stop().expect("stop");
     }
 }
@@ -121,7 +145,7 @@ fn power_cut_loses_no_flushed_write() {
                 dev: core.clone(),
                 record: record(0),
             }],
-            EngineConfig { io_threads: 4 },
+            EngineConfig::threads(4),
         )
         .expect("create");
         let ops = 200 + rng.below(1500);
@@ -136,7 +160,7 @@ fn power_cut_loses_no_flushed_write() {
             &cfg,
             cache.clone(),
             vec![(CoreId(0), core.clone() as Device)],
-            EngineConfig { io_threads: 4 },
+            EngineConfig::threads(4),
         )
         .unwrap_or_else(|err| {
             panic!("round {round} ({mode}, {pattern:?}): recovery failed: {err}")

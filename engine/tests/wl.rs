@@ -38,13 +38,8 @@ fn wl_serves_stops_reloads_and_writes_back() {
     let cache: Device = Arc::new(RamBackend::new(32 << 11));
     let core: Device = Arc::new(RamBackend::new(8192));
     let cfg = wl_config(32 << 20, 8 << 20, LineSize::K4, 3);
-    let e = Engine::create_wl(
-        cfg,
-        cache.clone(),
-        spec(&core),
-        EngineConfig { io_threads: 4 },
-    )
-    .expect("create");
+    let e = Engine::create_wl(cfg, cache.clone(), spec(&core), EngineConfig::threads(4))
+        .expect("create");
     assert!(e.is_wl());
     let mut buf = vec![0u8; 8 * BS];
     for b in 0..64u64 {
@@ -150,7 +145,7 @@ fn wl_power_cut_loses_no_flushed_write() {
             cfg,
             cache.clone(),
             spec(&(core.clone() as Device)),
-            EngineConfig { io_threads: 4 },
+            EngineConfig::threads(4),
         )
         .expect("create");
         let ops = 200 + rng.below(1200);
@@ -172,7 +167,7 @@ fn wl_power_cut_loses_no_flushed_write() {
             &base(),
             cache.clone(),
             vec![(CoreId(0), core.clone() as Device)],
-            EngineConfig { io_threads: 4 },
+            EngineConfig::threads(4),
         )
         .unwrap_or_else(|err| panic!("round {round} ({pattern:?}): recovery failed: {err}"));
         let verify = |e: &Engine, what: &str| {

@@ -178,7 +178,7 @@ fn every_committed_wl_image_loads_and_reads_back() {
             })
             .sum();
         assert!(behind > 0, "{s}: the cores already hold everything");
-        let ec = EngineConfig { io_threads: 2 };
+        let ec = EngineConfig::threads(2);
         let (e, report) =
             Engine::open(&base(), cache.clone(), cores.clone(), ec).expect("the image loads");
         assert!(e.is_wl(), "{s}: a write log");
@@ -268,7 +268,7 @@ fn damage_in_the_write_log_is_refused_or_harmless() {
                         .iter()
                         .map(|(c, i)| (CoreId(*c), ram_from(i)))
                         .collect();
-                    let ec = EngineConfig { io_threads: 2 };
+                    let ec = EngineConfig::threads(2);
                     let (e, _) = Engine::open(&base(), ram_from(&img), cores, ec)
                         .unwrap_or_else(|e| panic!("log block {blk} byte {at}: {e}"));
                     check_reads(&e, &x, &format!("log block {blk} byte {at} flipped"));
@@ -381,8 +381,8 @@ mod generate {
                 record: record(*c),
             })
             .collect();
-        let e = Engine::create_wl(cfg, cache.clone(), specs, EngineConfig { io_threads: 2 })
-            .expect("create");
+        let e =
+            Engine::create_wl(cfg, cache.clone(), specs, EngineConfig::threads(2)).expect("create");
         let write = |newest: &mut BTreeMap<(u16, u64), u64>, c: u16, lba: u64, n: u64, v: u64| {
             let mut buf = vec![0u8; n as usize * BS];
             for i in 0..n {

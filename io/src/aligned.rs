@@ -1,6 +1,9 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::pool::Arena;
 
 /// Alignment of an [`AlignedBuf`] in bytes, enough for `O_DIRECT` on any common device.
 pub const ALIGN: usize = 4096;
@@ -11,6 +14,8 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
     cap: usize,
+    /// The pool the memory came from (given back there on drop), if any.
+    home: Option<Arc<Arena>>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
@@ -28,7 +33,29 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             std::alloc::handle_alloc_error(layout)
         };
-        AlignedBuf { ptr, len, cap }
+        AlignedBuf {
+            ptr,
+            len,
+            cap,
+            home: None,
+        }
+    }
+
+    /// A buffer of `len` bytes on a block of `cap` bytes of a pool's arena, given back to it
+    /// on drop.
+    pub(crate) fn from_arena(ptr: NonNull<u8>, len: usize, cap: usize, home: Arc<Arena>) -> Self {
+        debug_assert!(len <= cap && Self::is_aligned(ptr.as_ptr()));
+        AlignedBuf {
+            ptr,
+            len,
+            cap,
+            home: Some(home),
+        }
+    }
+
+    /// Whether the buffer came from a [`crate::BufPool`].
+    pub fn pooled(&self) -> bool {
+        self.home.is_some()
     }
 
     /// The length in bytes, as requested.
@@ -50,7 +77,8 @@ impl AlignedBuf {
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: ptr is valid for cap >= len initialised (zeroed) bytes owned by self.
+        // SAFETY: ptr is valid for cap >= len initialised bytes owned by self (zeroed at
+        // allocation; a pool's block holds what its last user wrote).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -64,6 +92,10 @@ impl DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.release(self.ptr, self.cap);
+            return;
+        }
         let layout = Layout::from_size_align(self.cap, ALIGN).expect("layout was valid at new");
         // SAFETY: ptr was allocated by alloc_zeroed with this same layout.
         unsafe { dealloc(self.ptr.as_ptr(), layout) }

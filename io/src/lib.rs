@@ -13,6 +13,8 @@
 //! - [`TimeoutBackend`]: a wrapper that fails an IO with `TimedOut` after a configurable time
 //!   and keeps late writes from being overtaken.
 //!
+//! [`BufPool`] is a bounded, preallocated pool of aligned IO buffers (the engine's).
+//!
 //! The API is synchronous: the engine calls it from its worker threads. A backend with an
 //! asynchronous path of its own ([`RbdBackend`]: librbd's aio with completion callbacks) also
 //! offers [`Backend::submit_async`], which returns at once and reports the completion through a
@@ -28,6 +30,7 @@ mod fault;
 mod file;
 mod nbd;
 mod overlay;
+mod pool;
 mod ram;
 mod rbd;
 mod timeout;
@@ -42,6 +45,7 @@ pub use fault::{
 pub use file::{FileBackend, FileOptions, IoPath};
 pub use nbd::{NbdBackend, NbdEvent, NbdExportInfo, NbdOptions};
 pub use overlay::OverlayBackend;
+pub use pool::{BufPool, PoolStats};
 pub use ram::RamBackend;
 pub use rbd::{
     DEFAULT_CLIENT_ID, DIRTY_KEY, RbdBackend, RbdIdentity, RbdOptions, RbdTarget, parse_rbd,

@@ -462,7 +462,7 @@ fn device_errors_are_eio_and_the_connection_survives() {
                     device: String::new(),
                 },
             }],
-            EngineConfig { io_threads: 2 },
+            EngineConfig::threads(2),
         )
         .unwrap(),
     );

@@ -77,7 +77,7 @@ pub fn engine(core_mib: u64, cache_mib: u64) -> Arc<Engine> {
                 device: String::new(),
             },
         }],
-        EngineConfig { io_threads: 4 },
+        EngineConfig::threads(4),
     )
     .expect("engine");
     Arc::new(e)
