@@ -193,8 +193,9 @@ enum OwnIo {
     Super { tail_pos: u64, tail_seq: u64 },
     /// Read of log data for a client read.
     ClientRead { req: ReqId },
-    /// Read of log data into a staging slot for writeback.
-    WbRead { op: u64 },
+    /// Read of log data into a staging slot for writeback: one read for the writeback chunks
+    /// of batch `batch` (see [`WriteLog::wb_batches`]).
+    WbRead { batch: u64 },
     /// Cache-device flush of a management step (clean stop, invalidate), covering every entry
     /// before `covers_seq`.
     MgmtFlush { covers_seq: u64 },
@@ -235,6 +236,8 @@ struct WbOp {
     blocks: u32,
     /// Staging slot (global index), for writes.
     slot: Option<u32>,
+    /// Where its data starts in the slot (blocks): the chunks of a batch share one slot.
+    slot_off: u32,
     /// What the internal request is.
     what: WbWhat,
 }
@@ -246,6 +249,20 @@ enum WbWhat {
     Zero,
     Flush,
 }
+
+/// Writeback chunks being gathered into one read: log data from `start` to `end` (physical
+/// blocks of the cache device) into staging slot `slot`.
+#[derive(Debug)]
+struct OpenBatch {
+    slot: u32,
+    start: u64,
+    end: u64,
+    ops: Vec<u64>,
+}
+
+/// The most blocks between two entries' data that a batch reads along (headers of the entries
+/// between, TRIMs and WRITE_ZEROES among them) rather than starting another read.
+const MAX_BATCH_GAP: u64 = 8;
 
 /// Counters of the write log (SPEC C20's `wl` fields and `rbd status`-like state).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -338,6 +355,15 @@ pub struct WriteLog {
     wb_ops: HashMap<u64, WbOp>,
     next_op: u64,
     free_slots: Vec<u32>,
+    /// Writeback chunks holding each staging slot (by global slot index minus the read
+    /// cache's slots); a slot is free again when its last chunk is done.
+    slot_refs: Vec<u32>,
+    /// The read cache's slots (staging slot indices start here).
+    inner_slots: u32,
+    /// Batches of writeback chunks whose log data one read brings into one slot: batch id ->
+    /// the chunks' ops, in log order.
+    wb_batches: HashMap<u64, Vec<u64>>,
+    next_batch: u64,
     /// Writeback of the front generation: its flushes still to complete, and whether they
     /// were issued.
     wb_flushes_left: u32,
@@ -470,6 +496,10 @@ impl WriteLog {
             wb_ops: HashMap::new(),
             next_op: 0,
             free_slots,
+            slot_refs: vec![0; cfg.staging_slots as usize],
+            inner_slots,
+            wb_batches: HashMap::new(),
+            next_batch: 0,
             wb_flushes_left: 0,
             wb_flushing: false,
             wb_flush_upto: None,
@@ -1647,6 +1677,7 @@ impl WriteLog {
         self.wb_cursor = self.wb_cursor.max(front_seq);
         let mut i = (self.wb_cursor - front_seq) as usize;
         let mut reached_end = true;
+        let mut batch = None;
         while i < n {
             let e = &self.entries[i];
             debug_assert_eq!(e.seq, front_seq + i as u64, "entries are consecutive");
@@ -1668,7 +1699,7 @@ impl WriteLog {
                         let o = &self.entries[(s - front_seq) as usize];
                         o.overlaps(core, lba, blocks)
                     });
-                    if blocked || !self.start_entry_wb(i, kind, acts) {
+                    if blocked || !self.start_entry_wb(i, kind, &mut batch, acts) {
                         reached_end = false;
                         break;
                     }
@@ -1679,6 +1710,7 @@ impl WriteLog {
             }
             i += 1;
         }
+        self.close_batch(&mut batch, acts);
         if self.wb_flushing {
             // A prefix's flush: the rest of the generation goes on meanwhile.
             return;
@@ -1734,6 +1766,7 @@ impl WriteLog {
                 offset: 0,
                 blocks: 0,
                 slot: None,
+                slot_off: 0,
                 what: WbWhat::Flush,
             });
             self.inner_events.push_back(Event::Flush {
@@ -1752,7 +1785,13 @@ impl WriteLog {
 
     /// Starts writeback of entry `i`, or as much of it as staging allows. Returns false when
     /// staging ran out (the caller stops).
-    fn start_entry_wb(&mut self, i: usize, kind: LogKind, acts: &mut Vec<Action>) -> bool {
+    fn start_entry_wb(
+        &mut self,
+        i: usize,
+        kind: LogKind,
+        batch: &mut Option<OpenBatch>,
+        acts: &mut Vec<Action>,
+    ) -> bool {
         let e = self.entries[i].clone();
         match kind {
             LogKind::Pad | LogKind::Void => {
@@ -1770,6 +1809,7 @@ impl WriteLog {
                     offset: 0,
                     blocks: e.blocks,
                     slot: None,
+                    slot_off: 0,
                     what,
                 });
                 let req = ReqId(INTERNAL_REQ | op);
@@ -1796,6 +1836,9 @@ impl WriteLog {
             }
             LogKind::Write => {
                 let slot_blocks = self.pool_slot_blocks();
+                if e.blocks <= slot_blocks {
+                    return self.batch_entry_wb(i, batch, acts);
+                }
                 let chunks = e.blocks.div_ceil(slot_blocks);
                 if self.free_slots.len() < chunks.min(self.cfg.staging_slots) as usize
                     || (chunks > self.cfg.staging_slots && !self.wb_ops.is_empty())
@@ -1833,16 +1876,20 @@ impl WriteLog {
                 offset: off,
                 blocks: n,
                 slot: Some(slot),
+                slot_off: 0,
                 what: WbWhat::Data,
             });
-            let io = self.new_io(OwnIo::WbRead { op });
-            acts.push(Action::Read {
-                io,
-                dev: Dev::Cache,
-                lba: Lba(ext_src_lba(&self.cfg, e.pos + 1 + off as u64)),
-                blocks: n,
-                buf: BufRef::Pool { slot, offset: 0 },
-            });
+            self.slot_refs[(slot - self.inner_slots) as usize] += 1;
+            let start = ext_src_lba(&self.cfg, e.pos + 1 + off as u64);
+            self.close_batch(
+                &mut Some(OpenBatch {
+                    slot,
+                    start,
+                    end: start + n as u64,
+                    ops: vec![op],
+                }),
+                acts,
+            );
             off += n;
             more += 1;
         }
@@ -1859,24 +1906,121 @@ impl WriteLog {
         };
     }
 
-    fn wb_read_done(&mut self, op: u64, ok: bool) {
-        let o = self.wb_ops[&op];
+    /// Starts writeback of entry `i` (a write that fits one staging slot) as a chunk of the
+    /// open batch, or of a new one: one read brings the log data of a batch's chunks into
+    /// one slot (written-back entries are adjacent in the ring, so that read is one IO
+    /// instead of one per entry). Returns false when staging or the writeback budget ran out.
+    fn batch_entry_wb(
+        &mut self,
+        i: usize,
+        batch: &mut Option<OpenBatch>,
+        acts: &mut Vec<Action>,
+    ) -> bool {
+        let e = &self.entries[i];
+        let (seq, blocks) = (e.seq, e.blocks as u64);
+        let p = ext_src_lba(&self.cfg, e.pos + 1);
+        let slot_blocks = self.pool_slot_blocks() as u64;
+        let active = self.wb_active.len();
+        let staging = self.cfg.staging_slots as usize;
+        // Entries in writeback at most, and the fewest a new batch starts with room for: with
+        // one slot freed per finished entry, batches would be one entry each.
+        let min_batch = (staging / 4).max(1);
+        let cap = staging + min_batch;
+        if let Some(b) = batch.as_ref() {
+            let joins = p >= b.end
+                && p - b.end <= MAX_BATCH_GAP
+                && p + blocks - b.start <= slot_blocks
+                && active < cap;
+            if !joins {
+                self.close_batch(batch, acts);
+            }
+        }
+        if batch.is_none() {
+            if active > 0 && active + min_batch > cap {
+                return false;
+            }
+            let Some(slot) = self.free_slots.pop() else {
+                return false;
+            };
+            *batch = Some(OpenBatch {
+                slot,
+                start: p,
+                end: p,
+                ops: Vec::new(),
+            });
+        }
+        let (slot, start) = batch.as_ref().map(|b| (b.slot, b.start)).expect("batch");
+        let op = self.new_op(WbOp {
+            seq,
+            offset: 0,
+            blocks: blocks as u32,
+            slot: Some(slot),
+            slot_off: (p - start) as u32,
+            what: WbWhat::Data,
+        });
+        let b = batch.as_mut().expect("batch");
+        b.end = p + blocks;
+        b.ops.push(op);
+        self.slot_refs[(slot - self.inner_slots) as usize] += 1;
+        self.entries[i].state = EState::Wb { issued: 1, done: 0 };
+        self.wb_active.insert(seq);
+        true
+    }
+
+    /// Issues the read of a batch's log data into its slot.
+    fn close_batch(&mut self, batch: &mut Option<OpenBatch>, acts: &mut Vec<Action>) {
+        let Some(b) = batch.take() else {
+            return;
+        };
+        let id = self.next_batch;
+        self.next_batch += 1;
+        let io = self.new_io(OwnIo::WbRead { batch: id });
+        acts.push(Action::Read {
+            io,
+            dev: Dev::Cache,
+            lba: Lba(b.start),
+            blocks: (b.end - b.start) as u32,
+            buf: BufRef::Pool {
+                slot: b.slot,
+                offset: 0,
+            },
+        });
+        self.wb_batches.insert(id, b.ops);
+    }
+
+    /// A writeback chunk is done with its staging slot.
+    fn release_slot(&mut self, slot: u32) {
+        let r = &mut self.slot_refs[(slot - self.inner_slots) as usize];
+        *r -= 1;
+        if *r == 0 {
+            self.free_slots.push(slot);
+        }
+    }
+
+    fn wb_read_done(&mut self, batch: u64, ok: bool) {
+        let ops = self.wb_batches.remove(&batch).expect("writeback batch");
         if !ok {
             self.counters.wb_errors += 1;
-            // Read it again later.
-            self.wb_ops.remove(&op);
-            self.free_slots.push(o.slot.expect("slot"));
-            self.chunk_failed(o);
+            // Read them again later.
+            for op in ops {
+                let o = self.wb_ops.remove(&op).expect("writeback chunk");
+                self.release_slot(o.slot.expect("slot"));
+                self.chunk_failed(o);
+            }
             return;
         }
-        let e = self.entry_mut(o.seq).clone();
-        self.inner_events.push_back(Event::Write {
-            req: ReqId(INTERNAL_REQ | op),
-            core: CoreId(e.core),
-            lba: Lba(e.lba + o.offset as u64),
-            blocks: o.blocks,
-            fua: false,
-        });
+        for op in ops {
+            let o = self.wb_ops[&op];
+            let e = self.entry_mut(o.seq);
+            let (core, lba) = (e.core, e.lba);
+            self.inner_events.push_back(Event::Write {
+                req: ReqId(INTERNAL_REQ | op),
+                core: CoreId(core),
+                lba: Lba(lba + o.offset as u64),
+                blocks: o.blocks,
+                fua: false,
+            });
+        }
     }
 
     /// A chunk failed: the entry's writeback restarts from scratch after a delay (its chunks
@@ -1922,7 +2066,7 @@ impl WriteLog {
     fn internal_done(&mut self, op: u64, result: Result<(), ReqError>) {
         let o = self.wb_ops.remove(&op).expect("internal request");
         if let Some(s) = o.slot {
-            self.free_slots.push(s);
+            self.release_slot(s);
         }
         if o.what == WbWhat::Flush {
             if result.is_err() {
@@ -2052,7 +2196,7 @@ impl WriteLog {
                 }
                 self.finish_read_if_done(req, acts);
             }
-            OwnIo::WbRead { op } => self.wb_read_done(op, ok),
+            OwnIo::WbRead { batch } => self.wb_read_done(batch, ok),
             OwnIo::MgmtFlush { covers_seq } => {
                 let next = if ok {
                     self.durable_seq = self.durable_seq.max(covers_seq);
@@ -2099,7 +2243,7 @@ impl WriteLog {
                 let op = &self.wb_ops[&(req.0 & !INTERNAL_REQ)];
                 BufRef::Pool {
                     slot: op.slot.expect("a data request has a slot"),
-                    offset,
+                    offset: op.slot_off + offset,
                 }
             }
             BufRef::Meta { id, offset } => BufRef::Meta {
