@@ -407,6 +407,12 @@ pub struct WriteLog {
     wb_cursor: u64,
     /// Entries in writeback now.
     wb_active: BTreeSet<u64>,
+    /// The same entries by (core, first block, sequence number) -> end block, to find the
+    /// ones overlapping a range without looking at each.
+    wb_ranges: BTreeMap<(u16, u64, u64), u64>,
+    /// The longest entry (blocks) that was in writeback: how far before a range an
+    /// overlapping entry may start.
+    wb_max_blocks: u64,
     /// Blocks of logged data dropped by `invalidate`.
     invalidated_blocks: u64,
     /// Errors of the log's own IOs on the cache device (the read cache counts its own).
@@ -525,6 +531,8 @@ impl WriteLog {
             wb_paused: false,
             wb_cursor: 0,
             wb_active: BTreeSet::new(),
+            wb_ranges: BTreeMap::new(),
+            wb_max_blocks: 0,
             invalidated_blocks: 0,
             log_device: DeviceErrors::default(),
             log_failing: None,
@@ -1695,10 +1703,13 @@ impl WriteLog {
                     // Any overlapping entry in writeback blocks it: an earlier one (log order),
                     // or a later one still in flight after a failed flush made this one go
                     // again (it goes again after this one).
-                    let blocked = self.wb_active.iter().any(|&s| {
-                        let o = &self.entries[(s - front_seq) as usize];
-                        o.overlaps(core, lba, blocks)
-                    });
+                    let blocked = self.wb_overlaps(core, lba, blocks);
+                    debug_assert_eq!(
+                        blocked,
+                        self.wb_active.iter().any(|&s| {
+                            self.entries[(s - front_seq) as usize].overlaps(core, lba, blocks)
+                        })
+                    );
                     if blocked || !self.start_entry_wb(i, kind, &mut batch, acts) {
                         reached_end = false;
                         break;
@@ -1831,7 +1842,7 @@ impl WriteLog {
                     }
                 });
                 self.entries[i].state = EState::Wb { issued: 1, done: 0 };
-                self.wb_active.insert(e.seq);
+                self.wb_activate(e.seq);
                 true
             }
             LogKind::Write => {
@@ -1849,7 +1860,7 @@ impl WriteLog {
                 // rounds (its chunks do not overlap each other): `continue_partial` issues
                 // chunks from the recorded offset while slots last.
                 self.entries[i].state = EState::Wb { issued: 0, done: 0 };
-                self.wb_active.insert(e.seq);
+                self.wb_activate(e.seq);
                 self.wb_partial = Some((e.seq, 0));
                 self.continue_partial(acts);
                 true
@@ -1923,9 +1934,14 @@ impl WriteLog {
         let active = self.wb_active.len();
         let staging = self.cfg.staging_slots as usize;
         // Entries in writeback at most, and the fewest a new batch starts with room for: with
-        // one slot freed per finished entry, batches would be one entry each.
+        // one slot freed per finished entry, batches would be one entry each. While writes
+        // wait for room, writeback is what they wait for: it goes twice as deep.
         let min_batch = (staging / 4).max(1);
-        let cap = staging + min_batch;
+        let cap = if self.space_waiting {
+            2 * staging
+        } else {
+            staging + min_batch
+        };
         if let Some(b) = batch.as_ref() {
             let joins = p >= b.end
                 && p - b.end <= MAX_BATCH_GAP
@@ -1963,7 +1979,7 @@ impl WriteLog {
         b.ops.push(op);
         self.slot_refs[(slot - self.inner_slots) as usize] += 1;
         self.entries[i].state = EState::Wb { issued: 1, done: 0 };
-        self.wb_active.insert(seq);
+        self.wb_activate(seq);
         true
     }
 
@@ -2038,6 +2054,23 @@ impl WriteLog {
         self.settle_entry(o.seq);
     }
 
+    /// Entry `seq` goes into writeback.
+    fn wb_activate(&mut self, seq: u64) {
+        let e = self.entry_mut(seq);
+        let (core, lba, blocks) = (e.core, e.lba, e.blocks as u64);
+        self.wb_active.insert(seq);
+        self.wb_ranges.insert((core, lba, seq), lba + blocks);
+        self.wb_max_blocks = self.wb_max_blocks.max(blocks);
+    }
+
+    /// Whether an entry in writeback overlaps the range (as [`Entry::overlaps`]).
+    fn wb_overlaps(&self, core: u16, lba: u64, blocks: u32) -> bool {
+        let lo = lba.saturating_sub(self.wb_max_blocks);
+        self.wb_ranges
+            .range((core, lo, 0)..(core, lba + blocks as u64, 0))
+            .any(|(_, &end)| end > lba)
+    }
+
     fn settle_entry(&mut self, seq: u64) {
         let partial = self.wb_partial.is_some_and(|(s, _)| s == seq);
         let e = self.entry_mut(seq);
@@ -2045,7 +2078,9 @@ impl WriteLog {
             && issued == done
             && !partial
         {
+            let (core, lba) = (e.core, e.lba);
             self.wb_active.remove(&seq);
+            self.wb_ranges.remove(&(core, lba, seq));
             if self.failed_entries.remove(&seq) {
                 self.entry_mut(seq).state = EState::Logged;
                 self.wb_cursor = self.wb_cursor.min(seq);
