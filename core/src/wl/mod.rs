@@ -25,7 +25,13 @@
 //!   `gen_max_writes` entries or 1/512 of the ring) is flushed on its cores and retired early,
 //!   the rest of the generation going on meanwhile: room comes back in small steps, not a
 //!   whole generation at a time. If a core flush fails, what the generation had written back
-//!   is written again (entries still in flight too, after them), in log order.
+//!   is written again (entries still in flight too, after them), in log order. Entries that
+//!   fit a staging slot are staged in batches: one read of the cache device brings the data of
+//!   adjacent entries (the headers between them along) into one slot, each entry then written
+//!   to its core from its place in the slot; the slot is free again when the last of them is
+//!   done. At most `staging_slots` + 1/4 entries are in writeback (twice `staging_slots` while
+//!   the log is 3/4 full or writes wait for room), and a new batch starts only with room for
+//!   1/4 of `staging_slots`.
 //! - **Reads**: the log index first; blocks it does not cover go to the read cache (which
 //!   promotes misses by its policy) and the core.
 //! - **Recovery** ([`scan`]) reads the log superblock, then every entry from the tail while each
@@ -1934,10 +1940,12 @@ impl WriteLog {
         let active = self.wb_active.len();
         let staging = self.cfg.staging_slots as usize;
         // Entries in writeback at most, and the fewest a new batch starts with room for: with
-        // one slot freed per finished entry, batches would be one entry each. While writes
-        // wait for room, writeback is what they wait for: it goes twice as deep.
+        // one slot freed per finished entry, batches would be one entry each. While the log
+        // is 3/4 full or writes wait for room, writeback is what they wait for: it goes twice
+        // as deep.
         let min_batch = (staging / 4).max(1);
-        let cap = if self.space_waiting {
+        let (used, ring) = self.log_fill();
+        let cap = if self.space_waiting || used * 4 >= ring * 3 {
             2 * staging
         } else {
             staging + min_batch
