@@ -332,8 +332,8 @@ impl Cache {
         // The common case: nobody waits (so no earlier request can overlap this one) and its
         // lines are free: start it here, without parking it in `reqs` first. The same decision
         // `admit` makes, minus a hash-table round trip.
-        if self.waiting.is_empty() && self.locks.can_lock(core, first, last, r.lock) {
-            return self.start(r, looked_up, actions);
+        if self.waiting.is_empty() && self.locks.try_lock(core, first, last, r.lock) {
+            return self.plan(r, looked_up, actions);
         }
         self.reqs.insert(req, r);
         self.admit(req, actions);
@@ -484,8 +484,13 @@ impl Cache {
 
     /// Locks the request's lines and plans it. `fresh`: its parts were looked up during this
     /// same event and nothing has changed the mapping since (else they are looked up again).
-    fn start(&mut self, mut r: Request, fresh: bool, actions: &mut Vec<Action>) {
+    fn start(&mut self, r: Request, fresh: bool, actions: &mut Vec<Action>) {
         self.locks.lock(r.core, r.first, r.last, r.lock);
+        self.plan(r, fresh, actions);
+    }
+
+    /// Plans a request whose lines were just locked (see [`Cache::start`] for `fresh`).
+    fn plan(&mut self, mut r: Request, fresh: bool, actions: &mut Vec<Action>) {
         r.locked = true;
         if !fresh {
             self.lookup_parts(&mut r);
