@@ -603,59 +603,85 @@ impl Cache {
 
     fn issue_reads(&mut self, r: &mut Request, runs: Vec<Run>, actions: &mut Vec<Action>) {
         for &run in &runs {
-            let kind = if run.dev == Dev::Cache {
-                IoKind::CacheRead
-            } else {
-                IoKind::CoreRead
-            };
-            let io = self.new_io(IoOwner::Req { req: r.id, kind });
-            if run.dev == Dev::Cache {
-                self.counters.cache_blocks_read += run.blocks as u64;
-            } else {
-                self.counters.core_blocks_read += run.blocks as u64;
-            }
-            actions.push(Action::Read {
-                io,
-                dev: run.dev,
-                lba: Lba(run.lba),
-                blocks: run.blocks,
-                buf: BufRef::Req {
-                    req: r.id,
-                    offset: run.buf_off,
-                },
-            });
-            r.pending += 1;
+            self.issue_read(r, run, actions);
         }
         self.runs_buf = runs;
     }
 
+    /// Issues one device read of `r`.
+    #[inline]
+    fn issue_read(&mut self, r: &mut Request, run: Run, actions: &mut Vec<Action>) {
+        let kind = if run.dev == Dev::Cache {
+            IoKind::CacheRead
+        } else {
+            IoKind::CoreRead
+        };
+        let io = self.new_io(IoOwner::Req { req: r.id, kind });
+        if run.dev == Dev::Cache {
+            self.counters.cache_blocks_read += run.blocks as u64;
+        } else {
+            self.counters.core_blocks_read += run.blocks as u64;
+        }
+        actions.push(Action::Read {
+            io,
+            dev: run.dev,
+            lba: Lba(run.lba),
+            blocks: run.blocks,
+            buf: BufRef::Req {
+                req: r.id,
+                offset: run.buf_off,
+            },
+        });
+        r.pending += 1;
+    }
+
     fn issue_writes(&mut self, r: &mut Request, runs: Vec<Run>, fua: bool, a: &mut Vec<Action>) {
         for &run in &runs {
-            let kind = if run.dev == Dev::Cache {
-                IoKind::CacheWrite
-            } else {
-                IoKind::CoreWrite
-            };
-            let io = self.new_io(IoOwner::Req { req: r.id, kind });
-            if run.dev == Dev::Cache {
-                self.counters.cache_blocks_written += run.blocks as u64;
-            } else {
-                self.counters.core_blocks_written += run.blocks as u64;
-            }
-            a.push(Action::Write {
-                io,
-                dev: run.dev,
-                lba: Lba(run.lba),
-                blocks: run.blocks,
-                buf: BufRef::Req {
-                    req: r.id,
-                    offset: run.buf_off,
-                },
-                fua,
-            });
-            r.pending += 1;
+            self.issue_write(r, run, fua, a);
         }
         self.runs_buf = runs;
+    }
+
+    /// Issues one device write of `r`.
+    #[inline]
+    fn issue_write(&mut self, r: &mut Request, run: Run, fua: bool, a: &mut Vec<Action>) {
+        let kind = if run.dev == Dev::Cache {
+            IoKind::CacheWrite
+        } else {
+            IoKind::CoreWrite
+        };
+        let io = self.new_io(IoOwner::Req { req: r.id, kind });
+        if run.dev == Dev::Cache {
+            self.counters.cache_blocks_written += run.blocks as u64;
+        } else {
+            self.counters.core_blocks_written += run.blocks as u64;
+        }
+        a.push(Action::Write {
+            io,
+            dev: run.dev,
+            lba: Lba(run.lba),
+            blocks: run.blocks,
+            buf: BufRef::Req {
+                req: r.id,
+                offset: run.buf_off,
+            },
+            fua,
+        });
+        r.pending += 1;
+    }
+
+    /// The one cache IO of a request within one mapped line whose blocks `mask` (contiguous,
+    /// as every part's mask is) all go to or come from the cache: what the run builder would
+    /// produce, without it.
+    #[inline]
+    fn single_cache_run(&self, r: &Request, line: LineId, mask: BlockMask) -> Run {
+        let b = mask.trailing_zeros();
+        Run {
+            dev: Dev::Cache,
+            lba: self.cache_lba(line, b).0,
+            buf_off: self.buf_off(r, r.first, b),
+            blocks: mask.count_ones(),
+        }
     }
 
     // ----- reads -----
@@ -684,6 +710,26 @@ impl Cache {
             } else {
                 self.counters.alloc_failures += 1;
                 r.outcome = Outcome::PassThrough;
+            }
+        }
+        if let [p] = r.parts[..]
+            && let Some(l) = p.line
+            && !backfill
+        {
+            // One line, every block from the cache (a full hit): one cache read.
+            let v = self.state.valid(l) & p.mask;
+            let from_cache = if rules.read_clean_from_cache {
+                v
+            } else {
+                v & self.state.dirty(l)
+            };
+            if from_cache == p.mask {
+                r.plan = Plan::Read { backfill };
+                r.phase = Phase::Io;
+                let run = self.single_cache_run(&r, l, p.mask);
+                self.issue_read(&mut r, run, actions);
+                self.reqs.insert(r.id, r);
+                return;
             }
         }
         let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
@@ -936,6 +982,18 @@ impl Cache {
         r.phase = Phase::Io;
         let fua = r.op.fua();
         match plan {
+            Plan::WriteBack if r.parts.len() == 1 => {
+                // One line: one cache write (a part's mask is contiguous).
+                let p = r.parts[0];
+                let e = self.locks.entry(lock_key(r.core, r.first));
+                if e.wb {
+                    e.wb_mask &= !p.mask;
+                    self.counters.writeback_races += 1;
+                }
+                let l = p.line.expect("write-back lines are mapped");
+                let run = self.single_cache_run(&r, l, p.mask);
+                self.issue_write(&mut r, run, fua, actions);
+            }
             Plan::WriteBack => {
                 let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
                 for i in 0..r.parts.len() {
