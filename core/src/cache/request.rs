@@ -278,7 +278,7 @@ impl Cache {
         } else {
             false
         };
-        let mut r = Request {
+        let fields = Request {
             id: req,
             op,
             core,
@@ -299,6 +299,16 @@ impl Cache {
             outcome: Outcome::Miss,
             fallback: false,
             overlay: Vec::new(),
+        };
+        // Requests live in boxes recycled through `req_pool`: a request moves between
+        // functions and in and out of `reqs` several times in its life, and a box moves as a
+        // pointer where the request itself is a copy of over 100 bytes.
+        let mut r = match self.req_pool.pop() {
+            Some(mut b) => {
+                *b = fields;
+                b
+            }
+            None => Box::new(fields),
         };
         if op == Op::Flush {
             self.start_flush(r, actions);
@@ -484,13 +494,13 @@ impl Cache {
 
     /// Locks the request's lines and plans it. `fresh`: its parts were looked up during this
     /// same event and nothing has changed the mapping since (else they are looked up again).
-    fn start(&mut self, r: Request, fresh: bool, actions: &mut Vec<Action>) {
+    fn start(&mut self, r: Box<Request>, fresh: bool, actions: &mut Vec<Action>) {
         self.locks.lock(r.core, r.first, r.last, r.lock);
         self.plan(r, fresh, actions);
     }
 
     /// Plans a request whose lines were just locked (see [`Cache::start`] for `fresh`).
-    fn plan(&mut self, mut r: Request, fresh: bool, actions: &mut Vec<Action>) {
+    fn plan(&mut self, mut r: Box<Request>, fresh: bool, actions: &mut Vec<Action>) {
         r.locked = true;
         if !fresh {
             self.lookup_parts(&mut r);
@@ -686,7 +696,7 @@ impl Cache {
 
     // ----- reads -----
 
-    fn plan_read(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn plan_read(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         let rules = self.read_rules();
         if self.bypass() {
             self.faults.counters.bypassed_requests += 1;
@@ -785,7 +795,7 @@ impl Cache {
         self.reqs.insert(r.id, r);
     }
 
-    fn read_io_done(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn read_io_done(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         match r.phase {
             Phase::Io => {
                 if let Some(e) = r.core_err {
@@ -879,7 +889,7 @@ impl Cache {
     }
 
     /// Touches and reclassifies the lines a read used, then completes it.
-    fn finish_read(&mut self, r: Request, actions: &mut Vec<Action>) {
+    fn finish_read(&mut self, r: Box<Request>, actions: &mut Vec<Action>) {
         let reclassify = self.read_rules().reclassifies;
         for p in &r.parts {
             let Some(l) = p.line else { continue };
@@ -918,7 +928,7 @@ impl Cache {
 
     // ----- writes, write-zeroes, trims -----
 
-    fn plan_write(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn plan_write(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         if self.bypass() && matches!(r.op, Op::Write { .. }) && !r.fallback {
             self.faults.counters.bypassed_requests += 1;
         }
@@ -1071,7 +1081,7 @@ impl Cache {
         self.reqs.insert(r.id, r);
     }
 
-    fn write_io_done(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn write_io_done(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         let fua = r.op.fua();
         if r.phase == Phase::FlushBeforeDrop {
             if let Some(e) = r.core_err {
@@ -1167,7 +1177,7 @@ impl Cache {
 
     /// The core now has the request's data: drop the cache's copy of its blocks, after a core
     /// flush if any of them is dirty (unless the write was FUA).
-    fn drop_after_core_write(&mut self, mut r: Request, fua: bool, actions: &mut Vec<Action>) {
+    fn drop_after_core_write(&mut self, mut r: Box<Request>, fua: bool, actions: &mut Vec<Action>) {
         let any_dirty = r
             .parts
             .iter()
@@ -1198,7 +1208,7 @@ impl Cache {
     /// A lazy write whose cache write failed goes to the core instead: it gives its locks back
     /// and waits at the head of the queue for its lines exclusive with no writeback in flight
     /// (an older writeback must not land after it), then is planned as a write-invalidate.
-    fn fallback_to_core(&mut self, mut r: Request) {
+    fn fallback_to_core(&mut self, mut r: Box<Request>) {
         self.faults.counters.lazy_write_fallbacks += 1;
         if r.locked {
             self.locks.unlock(r.core, r.first, r.last, r.lock);
@@ -1297,7 +1307,7 @@ impl Cache {
 
     // ----- flushes -----
 
-    fn start_flush(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn start_flush(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         r.plan = Plan::Flush;
         r.phase = Phase::Io;
         r.lock = LockKind::Shared;
@@ -1398,7 +1408,12 @@ impl Cache {
     }
 
     /// Completes `r`: counters, unlock, reply.
-    fn finish(&mut self, r: Request, result: Result<(), ReqError>, actions: &mut Vec<Action>) {
+    fn finish(
+        &mut self,
+        mut r: Box<Request>,
+        result: Result<(), ReqError>,
+        actions: &mut Vec<Action>,
+    ) {
         let cls = &mut self.class_counters[r.class as usize];
         let core = &mut self.cores[r.core.0 as usize]
             .as_mut()
@@ -1437,10 +1452,13 @@ impl Cache {
             }
             Self::reply(actions, r.id, result);
         }
-        let mut parts = r.parts;
+        let mut parts = std::mem::take(&mut r.parts);
         if self.parts_pool.len() < 256 && parts.capacity() <= 64 {
             parts.clear();
             self.parts_pool.push(parts);
+        }
+        if self.req_pool.len() < 256 {
+            self.req_pool.push(r);
         }
     }
 
