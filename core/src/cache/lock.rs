@@ -16,6 +16,7 @@
 
 use crate::hash::FxHashMap;
 use crate::units::{BlockMask, CoreId};
+use std::collections::hash_map::Entry;
 
 /// Lock table key for (core, core line).
 #[inline]
@@ -82,38 +83,80 @@ impl LockTable {
 
     /// Whether core lines `first..=last` of `core` can be taken as `kind`.
     pub fn can_lock(&self, core: CoreId, first: u64, last: u64, kind: LockKind) -> bool {
-        (first..=last).all(|cl| match self.map.get(&lock_key(core, cl)) {
-            None => true,
-            Some(e) => match kind {
-                LockKind::Shared => !e.writer,
-                LockKind::Exclusive => !e.writer && e.readers == 0,
-                LockKind::ExclusiveNoWb => !e.writer && e.readers == 0 && !e.wb,
-            },
+        (first..=last).all(|cl| {
+            self.map
+                .get(&lock_key(core, cl))
+                .is_none_or(|e| Self::allows(e, kind))
         })
+    }
+
+    /// Whether an entry allows taking its line as `kind`.
+    #[inline]
+    fn allows(e: &LockEntry, kind: LockKind) -> bool {
+        match kind {
+            LockKind::Shared => !e.writer,
+            LockKind::Exclusive => !e.writer && e.readers == 0,
+            LockKind::ExclusiveNoWb => !e.writer && e.readers == 0 && !e.wb,
+        }
+    }
+
+    /// Marks an entry taken as `kind` (which it must allow).
+    #[inline]
+    fn take(e: &mut LockEntry, kind: LockKind) {
+        match kind {
+            LockKind::Shared => {
+                assert!(!e.writer);
+                e.readers += 1;
+            }
+            LockKind::Exclusive | LockKind::ExclusiveNoWb => {
+                assert!(!e.writer && e.readers == 0);
+                e.writer = true;
+            }
+        }
     }
 
     /// Takes core lines `first..=last` of `core` as `kind`; `can_lock` must hold.
     pub fn lock(&mut self, core: CoreId, first: u64, last: u64, kind: LockKind) {
         for cl in first..=last {
-            let e = self.entry(lock_key(core, cl));
-            match kind {
-                LockKind::Shared => {
-                    assert!(!e.writer);
-                    e.readers += 1;
+            Self::take(self.entry(lock_key(core, cl)), kind);
+        }
+    }
+
+    /// `can_lock` and, if it holds, `lock`: true if the lines were taken. A request within
+    /// one line (the common case) costs one probe of the table instead of two.
+    #[inline]
+    pub fn try_lock(&mut self, core: CoreId, first: u64, last: u64, kind: LockKind) -> bool {
+        if first != last {
+            if !self.can_lock(core, first, last, kind) {
+                return false;
+            }
+            self.lock(core, first, last, kind);
+            return true;
+        }
+        match self.map.entry(lock_key(core, first)) {
+            Entry::Vacant(v) => {
+                Self::take(v.insert(LockEntry::default()), kind);
+                true
+            }
+            Entry::Occupied(mut o) => {
+                let e = o.get_mut();
+                if !Self::allows(e, kind) {
+                    return false;
                 }
-                LockKind::Exclusive | LockKind::ExclusiveNoWb => {
-                    assert!(!e.writer && e.readers == 0);
-                    e.writer = true;
-                }
+                Self::take(e, kind);
+                true
             }
         }
     }
 
-    /// Releases core lines `first..=last` of `core` taken as `kind`.
+    /// Releases core lines `first..=last` of `core` taken as `kind` (one probe per line; the
+    /// entry goes when nothing holds it any more).
     pub fn unlock(&mut self, core: CoreId, first: u64, last: u64, kind: LockKind) {
         for cl in first..=last {
-            let key = lock_key(core, cl);
-            let e = self.map.get_mut(&key).expect("unlock of a line not locked");
+            let Entry::Occupied(mut o) = self.map.entry(lock_key(core, cl)) else {
+                panic!("unlock of a line not locked");
+            };
+            let e = o.get_mut();
             match kind {
                 LockKind::Shared => {
                     assert!(e.readers > 0);
@@ -124,7 +167,9 @@ impl LockTable {
                     e.writer = false;
                 }
             }
-            self.tidy(key);
+            if e.unused() {
+                o.remove();
+            }
         }
     }
 

@@ -278,7 +278,7 @@ impl Cache {
         } else {
             false
         };
-        let mut r = Request {
+        let fields = Request {
             id: req,
             op,
             core,
@@ -299,6 +299,16 @@ impl Cache {
             outcome: Outcome::Miss,
             fallback: false,
             overlay: Vec::new(),
+        };
+        // Requests live in boxes recycled through `req_pool`: a request moves between
+        // functions and in and out of `reqs` several times in its life, and a box moves as a
+        // pointer where the request itself is a copy of over 100 bytes.
+        let mut r = match self.req_pool.pop() {
+            Some(mut b) => {
+                *b = fields;
+                b
+            }
+            None => Box::new(fields),
         };
         if op == Op::Flush {
             self.start_flush(r, actions);
@@ -332,8 +342,8 @@ impl Cache {
         // The common case: nobody waits (so no earlier request can overlap this one) and its
         // lines are free: start it here, without parking it in `reqs` first. The same decision
         // `admit` makes, minus a hash-table round trip.
-        if self.waiting.is_empty() && self.locks.can_lock(core, first, last, r.lock) {
-            return self.start(r, looked_up, actions);
+        if self.waiting.is_empty() && self.locks.try_lock(core, first, last, r.lock) {
+            return self.plan(r, looked_up, actions);
         }
         self.reqs.insert(req, r);
         self.admit(req, actions);
@@ -484,8 +494,13 @@ impl Cache {
 
     /// Locks the request's lines and plans it. `fresh`: its parts were looked up during this
     /// same event and nothing has changed the mapping since (else they are looked up again).
-    fn start(&mut self, mut r: Request, fresh: bool, actions: &mut Vec<Action>) {
+    fn start(&mut self, r: Box<Request>, fresh: bool, actions: &mut Vec<Action>) {
         self.locks.lock(r.core, r.first, r.last, r.lock);
+        self.plan(r, fresh, actions);
+    }
+
+    /// Plans a request whose lines were just locked (see [`Cache::start`] for `fresh`).
+    fn plan(&mut self, mut r: Box<Request>, fresh: bool, actions: &mut Vec<Action>) {
         r.locked = true;
         if !fresh {
             self.lookup_parts(&mut r);
@@ -598,64 +613,90 @@ impl Cache {
 
     fn issue_reads(&mut self, r: &mut Request, runs: Vec<Run>, actions: &mut Vec<Action>) {
         for &run in &runs {
-            let kind = if run.dev == Dev::Cache {
-                IoKind::CacheRead
-            } else {
-                IoKind::CoreRead
-            };
-            let io = self.new_io(IoOwner::Req { req: r.id, kind });
-            if run.dev == Dev::Cache {
-                self.counters.cache_blocks_read += run.blocks as u64;
-            } else {
-                self.counters.core_blocks_read += run.blocks as u64;
-            }
-            actions.push(Action::Read {
-                io,
-                dev: run.dev,
-                lba: Lba(run.lba),
-                blocks: run.blocks,
-                buf: BufRef::Req {
-                    req: r.id,
-                    offset: run.buf_off,
-                },
-            });
-            r.pending += 1;
+            self.issue_read(r, run, actions);
         }
         self.runs_buf = runs;
+    }
+
+    /// Issues one device read of `r`.
+    #[inline]
+    fn issue_read(&mut self, r: &mut Request, run: Run, actions: &mut Vec<Action>) {
+        let kind = if run.dev == Dev::Cache {
+            IoKind::CacheRead
+        } else {
+            IoKind::CoreRead
+        };
+        let io = self.new_io(IoOwner::Req { req: r.id, kind });
+        if run.dev == Dev::Cache {
+            self.counters.cache_blocks_read += run.blocks as u64;
+        } else {
+            self.counters.core_blocks_read += run.blocks as u64;
+        }
+        actions.push(Action::Read {
+            io,
+            dev: run.dev,
+            lba: Lba(run.lba),
+            blocks: run.blocks,
+            buf: BufRef::Req {
+                req: r.id,
+                offset: run.buf_off,
+            },
+        });
+        r.pending += 1;
     }
 
     fn issue_writes(&mut self, r: &mut Request, runs: Vec<Run>, fua: bool, a: &mut Vec<Action>) {
         for &run in &runs {
-            let kind = if run.dev == Dev::Cache {
-                IoKind::CacheWrite
-            } else {
-                IoKind::CoreWrite
-            };
-            let io = self.new_io(IoOwner::Req { req: r.id, kind });
-            if run.dev == Dev::Cache {
-                self.counters.cache_blocks_written += run.blocks as u64;
-            } else {
-                self.counters.core_blocks_written += run.blocks as u64;
-            }
-            a.push(Action::Write {
-                io,
-                dev: run.dev,
-                lba: Lba(run.lba),
-                blocks: run.blocks,
-                buf: BufRef::Req {
-                    req: r.id,
-                    offset: run.buf_off,
-                },
-                fua,
-            });
-            r.pending += 1;
+            self.issue_write(r, run, fua, a);
         }
         self.runs_buf = runs;
     }
 
+    /// Issues one device write of `r`.
+    #[inline]
+    fn issue_write(&mut self, r: &mut Request, run: Run, fua: bool, a: &mut Vec<Action>) {
+        let kind = if run.dev == Dev::Cache {
+            IoKind::CacheWrite
+        } else {
+            IoKind::CoreWrite
+        };
+        let io = self.new_io(IoOwner::Req { req: r.id, kind });
+        if run.dev == Dev::Cache {
+            self.counters.cache_blocks_written += run.blocks as u64;
+        } else {
+            self.counters.core_blocks_written += run.blocks as u64;
+        }
+        a.push(Action::Write {
+            io,
+            dev: run.dev,
+            lba: Lba(run.lba),
+            blocks: run.blocks,
+            buf: BufRef::Req {
+                req: r.id,
+                offset: run.buf_off,
+            },
+            fua,
+        });
+        r.pending += 1;
+    }
+
+    /// The one cache IO of a request within one mapped line whose blocks `mask` (contiguous,
+    /// as every part's mask is) all go to or come from the cache: what the run builder would
+    /// produce, without it.
+    #[inline]
+    fn single_cache_run(&self, r: &Request, line: LineId, mask: BlockMask) -> Run {
+        let b = mask.trailing_zeros();
+        Run {
+            dev: Dev::Cache,
+            lba: self.cache_lba(line, b).0,
+            buf_off: self.buf_off(r, r.first, b),
+            blocks: mask.count_ones(),
+        }
+    }
+
     // ----- reads -----
 
-    fn plan_read(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn plan_read(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         let rules = self.read_rules();
         if self.bypass() {
             self.faults.counters.bypassed_requests += 1;
@@ -679,6 +720,26 @@ impl Cache {
             } else {
                 self.counters.alloc_failures += 1;
                 r.outcome = Outcome::PassThrough;
+            }
+        }
+        if let [p] = r.parts[..]
+            && let Some(l) = p.line
+            && !backfill
+        {
+            // One line, every block from the cache (a full hit): one cache read.
+            let v = self.state.valid(l) & p.mask;
+            let from_cache = if rules.read_clean_from_cache {
+                v
+            } else {
+                v & self.state.dirty(l)
+            };
+            if from_cache == p.mask {
+                r.plan = Plan::Read { backfill };
+                r.phase = Phase::Io;
+                let run = self.single_cache_run(&r, l, p.mask);
+                self.issue_read(&mut r, run, actions);
+                self.reqs.insert(r.id, r);
+                return;
             }
         }
         let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
@@ -734,7 +795,7 @@ impl Cache {
         self.reqs.insert(r.id, r);
     }
 
-    fn read_io_done(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn read_io_done(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         match r.phase {
             Phase::Io => {
                 if let Some(e) = r.core_err {
@@ -828,7 +889,7 @@ impl Cache {
     }
 
     /// Touches and reclassifies the lines a read used, then completes it.
-    fn finish_read(&mut self, r: Request, actions: &mut Vec<Action>) {
+    fn finish_read(&mut self, r: Box<Request>, actions: &mut Vec<Action>) {
         let reclassify = self.read_rules().reclassifies;
         for p in &r.parts {
             let Some(l) = p.line else { continue };
@@ -867,7 +928,7 @@ impl Cache {
 
     // ----- writes, write-zeroes, trims -----
 
-    fn plan_write(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn plan_write(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         if self.bypass() && matches!(r.op, Op::Write { .. }) && !r.fallback {
             self.faults.counters.bypassed_requests += 1;
         }
@@ -931,6 +992,18 @@ impl Cache {
         r.phase = Phase::Io;
         let fua = r.op.fua();
         match plan {
+            Plan::WriteBack if r.parts.len() == 1 => {
+                // One line: one cache write (a part's mask is contiguous).
+                let p = r.parts[0];
+                let e = self.locks.entry(lock_key(r.core, r.first));
+                if e.wb {
+                    e.wb_mask &= !p.mask;
+                    self.counters.writeback_races += 1;
+                }
+                let l = p.line.expect("write-back lines are mapped");
+                let run = self.single_cache_run(&r, l, p.mask);
+                self.issue_write(&mut r, run, fua, actions);
+            }
             Plan::WriteBack => {
                 let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
                 for i in 0..r.parts.len() {
@@ -1008,7 +1081,7 @@ impl Cache {
         self.reqs.insert(r.id, r);
     }
 
-    fn write_io_done(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn write_io_done(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         let fua = r.op.fua();
         if r.phase == Phase::FlushBeforeDrop {
             if let Some(e) = r.core_err {
@@ -1104,7 +1177,7 @@ impl Cache {
 
     /// The core now has the request's data: drop the cache's copy of its blocks, after a core
     /// flush if any of them is dirty (unless the write was FUA).
-    fn drop_after_core_write(&mut self, mut r: Request, fua: bool, actions: &mut Vec<Action>) {
+    fn drop_after_core_write(&mut self, mut r: Box<Request>, fua: bool, actions: &mut Vec<Action>) {
         let any_dirty = r
             .parts
             .iter()
@@ -1135,7 +1208,7 @@ impl Cache {
     /// A lazy write whose cache write failed goes to the core instead: it gives its locks back
     /// and waits at the head of the queue for its lines exclusive with no writeback in flight
     /// (an older writeback must not land after it), then is planned as a write-invalidate.
-    fn fallback_to_core(&mut self, mut r: Request) {
+    fn fallback_to_core(&mut self, mut r: Box<Request>) {
         self.faults.counters.lazy_write_fallbacks += 1;
         if r.locked {
             self.locks.unlock(r.core, r.first, r.last, r.lock);
@@ -1234,7 +1307,7 @@ impl Cache {
 
     // ----- flushes -----
 
-    fn start_flush(&mut self, mut r: Request, actions: &mut Vec<Action>) {
+    fn start_flush(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
         r.plan = Plan::Flush;
         r.phase = Phase::Io;
         r.lock = LockKind::Shared;
@@ -1335,7 +1408,12 @@ impl Cache {
     }
 
     /// Completes `r`: counters, unlock, reply.
-    fn finish(&mut self, r: Request, result: Result<(), ReqError>, actions: &mut Vec<Action>) {
+    fn finish(
+        &mut self,
+        mut r: Box<Request>,
+        result: Result<(), ReqError>,
+        actions: &mut Vec<Action>,
+    ) {
         let cls = &mut self.class_counters[r.class as usize];
         let core = &mut self.cores[r.core.0 as usize]
             .as_mut()
@@ -1374,10 +1452,13 @@ impl Cache {
             }
             Self::reply(actions, r.id, result);
         }
-        let mut parts = r.parts;
+        let mut parts = std::mem::take(&mut r.parts);
         if self.parts_pool.len() < 256 && parts.capacity() <= 64 {
             parts.clear();
             self.parts_pool.push(parts);
+        }
+        if self.req_pool.len() < 256 {
+            self.req_pool.push(r);
         }
     }
 
