@@ -844,6 +844,10 @@ impl Cache {
     fn admin_step(&mut self, actions: &mut Vec<Action>) {
         let now = self.now;
         let m = self.meta.as_mut().expect("persistent");
+        if m.run.is_some() && now < m.admin_retry_at {
+            // A failed superblock write waits before it is tried again.
+            return;
+        }
         if m.run.is_none() {
             if now < m.admin_retry_at {
                 return;
@@ -1007,6 +1011,16 @@ impl Cache {
             run.failed = true;
         }
         if run.in_flight > 0 {
+            return;
+        }
+        if run.failed && run.phase == Phase::Super {
+            // The superblock write may have landed although it failed (a power cut or an
+            // outage mid-write): what it names must stay intact, so only the superblock write
+            // is tried again, later, with the same contents. (Starting a checkpoint over would
+            // write its chunks into the region that superblock names.)
+            run.failed = false;
+            m.counters.errors += 1;
+            m.admin_retry_at = now.plus(Nanos(RETRY_NS));
             return;
         }
         if run.failed {
