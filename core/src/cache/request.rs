@@ -1109,6 +1109,7 @@ impl Cache {
                     self.unmap_new(&mut r);
                     return self.drop_after_core_write(r, fua, actions);
                 }
+                let mut over_dirty = false;
                 for p in &r.parts {
                     let l = p.line.expect("write-through lines are mapped");
                     #[allow(unused_mut)]
@@ -1118,8 +1119,16 @@ impl Cache {
                         v = crate::units::full_mask(self.bpl);
                     }
                     let d = self.state.dirty(l);
+                    over_dirty |= d & p.mask != 0;
                     self.state.set(&mut self.lists, l, v, d);
                     self.meta_note(l);
+                }
+                if over_dirty {
+                    // Blocks that stay dirty now hold this write in the cache, and after a
+                    // crash their dirty copy wins over the core's: the next flush (and the
+                    // journal commit's preflush, before a FUA write is acknowledged) must
+                    // cover this cache write.
+                    self.cache_flush.writes_done += 1;
                 }
                 self.finish(r, Ok(()), actions);
             }
