@@ -123,6 +123,10 @@ TIERCACHE_CRASH_SEEDS=600 CANARY_ARGS=--release \
 # a test build within seconds (about 140 failing crash points in its first variant).
 TIERCACHE_SWEEP_VARIANTS=1 \
     step "canary: journal commit without the flush before it, caught by the crash sweep" canary canary-no-preflush crash_sweep
+# No write intent before a change to a line a checkpoint proved clean: a crash brings back a
+# clean copy that differs from the core (the sweep's CLEAN COPY DIFFERS check, in seconds).
+TIERCACHE_SWEEP_VARIANTS=1 \
+    step "canary: no write intent before changing a proven clean line, caught by the crash sweep" canary canary-skip-intent crash_sweep
 
 # Mode wl: a flush that does not wait for earlier log entries loses flushed writes at a crash.
 step "canary: wl flush before earlier log entries are written, caught by the wl crash check" \

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use tiercache_core::Config;
 use tiercache_core::cache::{LoadReport, open, read_superblock, read_tables};
 use tiercache_core::units::LineSize;
-use tiercache_format::checkpoint::decode_chunk;
+use tiercache_format::checkpoint::decode_chunk_proven;
 use tiercache_format::journal::Entry;
 use tiercache_format::record::{self, RecordKind};
 use tiercache_format::superblock::{
@@ -407,10 +407,12 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
         for i in 0..chunks {
             dev.read(region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES, &mut buf)?;
             let ok = match record::decode(&buf) {
-                Ok((r, _)) if r.kind == RecordKind::Checkpoint => match decode_chunk(r.payload) {
-                    Ok((first, seq, _)) => first == i * lpc && seq == sb.journal_seq,
-                    Err(_) => false,
-                },
+                Ok((r, _)) if r.kind == RecordKind::Checkpoint => {
+                    match decode_chunk_proven(r.payload, r.version) {
+                        Ok((first, seq, _, _)) => first == i * lpc && seq == sb.journal_seq,
+                        Err(_) => false,
+                    }
+                }
                 _ => false,
             };
             if !ok {

@@ -68,7 +68,7 @@ impl Persist {
     ) -> Persist {
         Persist {
             superblock: tiercache_format::superblock::Superblock {
-                version: tiercache_format::FORMAT_VERSION,
+                version: tiercache_format::superblock::SUPERBLOCK_VERSION,
                 generation: 0,
                 cache_id,
                 device_bytes,

@@ -9,8 +9,9 @@
 //! the crash may land while the cache is created, a core added, during writes, flushes, trims,
 //! writeback, mode switches, IO-class reloads, journal commits and checkpoints. The cache is
 //! recovered from its device image (`tiercache_core::cache::open`), and every block — the
-//! recovered cache's dirty copy if it has one, else the core's — must hold the newest write
-//! covered by a completed flush or something newer (SPEC durability points 1–2). The recovered
+//! recovered cache's copy if it has one (dirty, or clean and proven), else the core's — must
+//! hold the newest write covered by a completed flush or something newer (SPEC durability
+//! points 1–2), and every clean block the recovery kept must equal the core's. The recovered
 //! cache then runs on against the oracle, is stopped cleanly and loaded again (warm), and every
 //! block is read back: no stale data and no flip-flop (point 3) across two restarts.
 //!
@@ -36,6 +37,8 @@ struct Outcome {
     crashed: bool,
     persistent: bool,
     recovered_dirty: bool,
+    /// Clean lines the recovery brought back warm (proven equal to the core).
+    warm_lines: u32,
     pattern: Option<CrashPattern>,
     errors: u64,
     commits: u64,
@@ -116,6 +119,11 @@ fn run_seed(seed: u64) -> Outcome {
     }
     let (mut images, recovered) = env.crash_check(pattern);
     out.recovered_dirty = recovered.as_ref().is_some_and(|c| c.dirty_lines() > 0);
+    out.warm_lines = if recovered.is_some() {
+        env.last_warm_clean
+    } else {
+        0
+    };
     // Cores the crash came before: the restart adds them with empty images.
     for (i, &n) in core_sizes.iter().enumerate() {
         images
@@ -163,6 +171,8 @@ fn crash_at_a_device_write_leaves_only_legal_data() {
     let mut crashes = [0u32; 4];
     let mut persistent_crashes = 0;
     let mut recovered_dirty = 0;
+    let mut recovered_warm = 0;
+    let mut warm_lines = 0u64;
     let mut errors = 0;
     let mut commits = 0;
     let mut checkpoints = 0;
@@ -182,13 +192,15 @@ fn crash_at_a_device_write_leaves_only_legal_data() {
             persistent_crashes += o.persistent as u32;
         }
         recovered_dirty += o.recovered_dirty as u32;
+        recovered_warm += (o.warm_lines > 0) as u32;
+        warm_lines += o.warm_lines as u64;
         errors += o.errors;
         outages += o.outages;
         commits += o.commits;
         checkpoints += o.checkpoints;
     }
     println!(
-        "crash test over {n} seeds: crashes kept/dropped/torn/reordered = {crashes:?} ({persistent_crashes} of persistent caches, {recovered_dirty} recovered with dirty data), journal commits {commits}, checkpoints {checkpoints}, IO errors injected {errors}, outages {outages}"
+        "crash test over {n} seeds: crashes kept/dropped/torn/reordered = {crashes:?} ({persistent_crashes} of persistent caches, {recovered_dirty} recovered with dirty data, {recovered_warm} with {warm_lines} clean lines back warm), journal commits {commits}, checkpoints {checkpoints}, IO errors injected {errors}, outages {outages}"
     );
     if n >= 50 {
         assert!(
@@ -200,6 +212,10 @@ fn crash_at_a_device_write_leaves_only_legal_data() {
         assert!(
             recovered_dirty > 0 && checkpoints > 0,
             "coverage too thin: no recovery with dirty data, or no checkpoint"
+        );
+        assert!(
+            recovered_warm > 0,
+            "coverage too thin: no recovery brought clean lines back warm"
         );
     }
 }

@@ -23,16 +23,18 @@
 //! write is carried out) — plus one point N+1 after the script's end (a power cut after the
 //! clean stop, counted in `stop`) — and for each crash pattern — un-flushed writes all kept, all dropped,
 //! K seeded torn (per block) and K seeded reordered (per write) variants — the harness:
-//! recovers the cache from the device image (`Env::crash_check`: recovery must succeed and
-//! every block must hold the newest flushed write or a later one), restarts over what
+//! recovers the cache from the device image (`Env::crash_check`: recovery must succeed, every
+//! block must hold the newest flushed write or a later one, and every clean block the recovery
+//! kept — warm after the crash, proven by a checkpoint — must equal the core's), restarts over what
 //! survived, reads every block (each settles on its recovered value), runs a few more requests
 //! and a writeback against the oracle, stops cleanly, loads warm and reads every block again
 //! (no stale read, no flip-flop across the second restart).
 //!
 //! It prints a table, mode × step: crash points, recoveries (pattern runs that loaded a cache
-//! from the crash image), those with dirty data, restarts on a device that held no cache yet,
-//! points mid-stop; and asserts coverage (every cell has crash points, every lazy mode
-//! recovered dirty data, every mode was cut mid-stop). Every failing point is reported at the
+//! from the crash image), those with dirty data, those that brought clean lines back warm and
+//! how many, restarts on a device that held no cache yet, points mid-stop; and asserts
+//! coverage (every cell has crash points, every lazy mode recovered dirty data, every mode
+//! recovered clean lines warm, every mode was cut mid-stop). Every failing point is reported at the
 //! end with a replay line.
 //!
 //! Environment: `TIERCACHE_SWEEP_K=N` seeded torn and reordered variants per crash point (2);
@@ -432,6 +434,9 @@ fn patterns(k: u64) -> Vec<(String, CrashPattern)> {
 struct Point {
     recoveries: u64,
     recovered_dirty: u64,
+    /// Recoveries that brought clean lines back warm, and those lines.
+    recovered_warm: u64,
+    warm_lines: u64,
     /// Pattern runs that found no cache on the device (crash before its first superblock).
     fresh: u64,
     mid_stop: bool,
@@ -473,6 +478,8 @@ fn run_point(
             Some(cache) => {
                 pt.recoveries += 1;
                 pt.recovered_dirty += (cache.dirty_lines() > 0) as u64;
+                pt.recovered_warm += (env.last_warm_clean > 0) as u64;
+                pt.warm_lines += env.last_warm_clean as u64;
             }
             None => pt.fresh += 1,
         }
@@ -586,6 +593,9 @@ struct Cell {
     points: u64,
     recoveries: u64,
     dirty: u64,
+    /// Recoveries that brought clean lines back warm, and those lines.
+    warm: u64,
+    warm_lines: u64,
     fresh: u64,
     mid_stop: u64,
     nested: u64,
@@ -597,6 +607,11 @@ struct Sweep {
     /// Journal commits and checkpoints of the uncut scripts.
     commits: u64,
     checkpoints: u64,
+    /// Write intents journaled, requests that waited for one, allocations refused while one
+    /// was pending (uncut scripts).
+    intents: u64,
+    intent_waits: u64,
+    refused_allocs: u64,
     failures: Vec<String>,
 }
 
@@ -623,6 +638,9 @@ fn sweep(f: &Filter) -> Sweep {
         writes: 0,
         commits: 0,
         checkpoints: 0,
+        intents: 0,
+        intent_waits: 0,
+        refused_allocs: 0,
         failures: Vec::new(),
     };
     let cases = MODES
@@ -646,6 +664,10 @@ fn sweep(f: &Filter) -> Sweep {
         let mc = env.cache.meta_counters();
         out.commits += mc.commits;
         out.checkpoints += mc.checkpoints;
+        let ic = env.cache.intent_counters();
+        out.intents += ic.intents;
+        out.intent_waits += ic.waits;
+        out.refused_allocs += ic.refused_allocs;
         // The script's own run, loaded from its clean stop, reads back as written.
         let mut e = env.stop_and_reload(seed_of(c) ^ 0x10ad);
         e.verify_all();
@@ -683,6 +705,8 @@ fn sweep(f: &Filter) -> Sweep {
                     cell.points += 1;
                     cell.recoveries += pt.recoveries;
                     cell.dirty += pt.recovered_dirty;
+                    cell.warm += pt.recovered_warm;
+                    cell.warm_lines += pt.warm_lines;
                     cell.fresh += pt.fresh;
                     cell.mid_stop += pt.mid_stop as u64;
                     cell.nested += pt.nested;
@@ -776,6 +800,17 @@ fn crash_at_every_device_write_of_every_mode_and_step() {
             "coverage: {} had no crash point mid-stop",
             mode_name(mode)
         );
+        // Every mode's script holds clean lines after its first checkpoint: some recoveries
+        // must bring them back warm (proven equal to the core), not only drop them.
+        let warm: u64 = STEPS
+            .iter()
+            .map(|&s| table.get(&(mi, s)).map_or(0, |c| c.warm))
+            .sum();
+        assert!(
+            warm > 0,
+            "coverage: {} never recovered clean lines warm after a crash",
+            mode_name(mode)
+        );
     }
 }
 
@@ -783,22 +818,32 @@ fn print_table(sw: &Sweep, f: &Filter) {
     let (k, v, table) = (f.k, f.variants, &sw.table);
     let mut out = String::new();
     out.push_str(&format!(
-        "crash sweep: 6 modes x {v} variants, {} device writes (with {} journal commits and {} checkpoints), each a crash point, and one after each script's end; patterns per point: kept, dropped, {k} torn, {k} reordered\n",
-        sw.writes, sw.commits, sw.checkpoints
+        "crash sweep: 6 modes x {v} variants, {} device writes (with {} journal commits and {} checkpoints; {} write intents, {} requests waited for one, {} allocations refused meanwhile), each a crash point, and one after each script's end; patterns per point: kept, dropped, {k} torn, {k} reordered\n",
+        sw.writes, sw.commits, sw.checkpoints, sw.intents, sw.intent_waits, sw.refused_allocs
     ));
     out.push_str(&format!(
-        "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}\n",
-        "mode", "step", "points", "recoveries", "w/ dirty", "fresh", "mid-stop"
+        "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>12}{:>8}{:>10}\n",
+        "mode",
+        "step",
+        "points",
+        "recoveries",
+        "w/ dirty",
+        "w/ warm",
+        "warm lines",
+        "fresh",
+        "mid-stop"
     ));
     let mut sum = Cell::default();
     for (&(mi, s), c) in table {
         out.push_str(&format!(
-            "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>10}\n",
+            "{:<6}{:<13}{:>8}{:>12}{:>10}{:>8}{:>12}{:>8}{:>10}\n",
             mode_name(MODES[mi]),
             s.name(),
             c.points,
             c.recoveries,
             c.dirty,
+            c.warm,
+            c.warm_lines,
             c.fresh,
             if s == Step::Stop {
                 c.mid_stop.to_string()
@@ -809,6 +854,8 @@ fn print_table(sw: &Sweep, f: &Filter) {
         sum.points += c.points;
         sum.recoveries += c.recoveries;
         sum.dirty += c.dirty;
+        sum.warm += c.warm;
+        sum.warm_lines += c.warm_lines;
         sum.fresh += c.fresh;
         sum.mid_stop += c.mid_stop;
         sum.nested += c.nested;
@@ -820,8 +867,8 @@ fn print_table(sw: &Sweep, f: &Filter) {
         ));
     }
     out.push_str(&format!(
-        "total: {} crash points, {} recoveries ({} with dirty data), {} restarts on a device with no cache yet, {} points mid-stop; checked: recovery, every block legal, re-read after restart, clean stop, warm load, every block again\n",
-        sum.points, sum.recoveries, sum.dirty, sum.fresh, sum.mid_stop
+        "total: {} crash points, {} recoveries ({} with dirty data, {} with {} clean lines back warm), {} restarts on a device with no cache yet, {} points mid-stop; checked: recovery, every block legal, every clean block kept equal to the core, re-read after restart, clean stop, warm load, every block again\n",
+        sum.points, sum.recoveries, sum.dirty, sum.warm, sum.warm_lines, sum.fresh, sum.mid_stop
     ));
     println!("{out}");
 }

@@ -38,6 +38,9 @@ struct Expected {
     lines: u32,
     dirty_lines: u32,
     dropped_clean_lines: u32,
+    /// Clean lines a recovery brings back warm (proven; format version 2). Absent from the
+    /// version-1 files: 0.
+    warm_clean_lines: u32,
     /// Core id -> size in blocks.
     cores: BTreeMap<u16, u64>,
     /// (core, block) -> (what the block holds, CRC32C of its 512 bytes).
@@ -65,6 +68,7 @@ impl Expected {
                 ["lines", v] => e.lines = num(v) as u32,
                 ["dirty_lines", v] => e.dirty_lines = num(v) as u32,
                 ["dropped_clean_lines", v] => e.dropped_clean_lines = num(v) as u32,
+                ["warm_clean_lines", v] => e.warm_clean_lines = num(v) as u32,
                 ["core", id, "blocks", n] => {
                     e.cores.insert(num(id) as u16, num(n));
                 }
@@ -92,6 +96,9 @@ impl Expected {
         s += &format!("lines {}\n", self.lines);
         s += &format!("dirty_lines {}\n", self.dirty_lines);
         s += &format!("dropped_clean_lines {}\n", self.dropped_clean_lines);
+        if self.format_version >= 2 {
+            s += &format!("warm_clean_lines {}\n", self.warm_clean_lines);
+        }
         for (c, n) in &self.cores {
             s += &format!("core {c} blocks {n}\n");
         }
@@ -312,7 +319,7 @@ fn check_image_set(name: &str) {
     let (cache, report) =
         open(&base_config(), &mut read).unwrap_or_else(|e| panic!("{name}: load failed: {e}"));
     assert_eq!(
-        report.superblock.version, exp.format_version,
+        report.format_version, exp.format_version,
         "{name}: format version"
     );
     assert_eq!(report.clean, exp.clean, "{name}: clean");
@@ -321,6 +328,10 @@ fn check_image_set(name: &str) {
     assert_eq!(
         report.dropped_clean_lines, exp.dropped_clean_lines,
         "{name}: clean lines dropped"
+    );
+    assert_eq!(
+        report.warm_clean_lines, exp.warm_clean_lines,
+        "{name}: clean lines back warm after the crash"
     );
     let table: BTreeMap<u16, u64> = report
         .cores
@@ -387,7 +398,7 @@ fn every_committed_image_loads_and_reads_back() {
         generate::write_images();
     }
     let sets = image_sets();
-    for required in ["v1-clean", "v1-crashed"] {
+    for required in ["v1-clean", "v1-crashed", "v2-clean", "v2-crashed"] {
         assert!(
             sets.iter().any(|s| s == required),
             "image set {required} is missing from core/tests/images"
@@ -550,10 +561,16 @@ mod generate {
         write_set(&format!("v{v}-clean"), &images, &e);
 
         // Crashed while running (nothing lost: every completed write kept): dirty lines come
-        // back, clean ones are dropped.
+        // back; clean ones are dropped (version 1), or come back warm where the running
+        // checkpoint proved them and no write intent followed (version 2).
         let mut env = new_env(b"tiercache-v1-crs", 2);
         workload(&mut env);
         batch(&mut env, &[(W, 0, 8, 4), (R, 0, 30, 2)]);
+        if v >= 2 {
+            // A trim of a clean line the running checkpoint proved: its write intent makes
+            // recovery drop it, while the other clean lines come back warm.
+            batch(&mut env, &[(ReqOp::Trim, 0, 41, 1)]);
+        }
         assert!(
             env.cache.meta_counters().checkpoints > 0,
             "a running checkpoint"
@@ -569,8 +586,15 @@ mod generate {
             Ok(())
         };
         let (_, report) = open(&base_config(), &mut read).expect("the new image loads");
-        assert!(report.dropped_clean_lines > 0, "clean lines to drop");
+        // Version 2: clean lines a checkpoint proved and no write intent followed come back
+        // warm; the others are dropped.
+        assert!(
+            report.dropped_clean_lines > 0 && report.warm_clean_lines > 0,
+            "clean lines to drop and to keep: {report:?}"
+        );
         e.dropped_clean_lines = report.dropped_clean_lines;
+        e.warm_clean_lines = report.warm_clean_lines;
+        e.lines = report.lines;
         write_set(&format!("v{v}-crashed"), &images, &e);
     }
 }

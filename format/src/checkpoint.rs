@@ -22,8 +22,15 @@
 //!      9    1 IO class
 //!     10    n valid bits, one per 512-byte block (n = blocks per line / 8)
 //!   10+n    n dirty bits
-//!  10+2n    …  zero to the record size
+//!  10+2n    1 flags (format version 2; zero in version 1): bit 0 `proven` — the line's clean
+//!             blocks were equal to the core when captured and every change since is covered by
+//!             a later journal intent op, so they survive a crash; other bits zero
+//!  11+2n    …  zero to the record size
 //! ```
+//!
+//! A chunk with a nonzero flags byte is framed as format version 2
+//! ([`chunk_version`]); [`decode_chunk_proven`] takes the frame's version and refuses flags in
+//! a version-1 chunk.
 //!
 //! The decoder checks what an encoder guarantees: an unmapped line has no state, dirty blocks
 //! are valid, no bit beyond the line's blocks, a class below 34.
@@ -77,6 +84,26 @@ pub const CHUNK_HEADER: usize = 20;
 /// On a record an encoder must never produce (dirty not valid, bits beyond the line, an
 /// unmapped line with state) or a bad line size: those are bugs in the caller.
 pub fn encode_chunk(first: u32, seq: u64, lines: &[LineRecord], line_size: u32) -> Vec<u8> {
+    encode_chunk_proven(first, seq, lines, &[], line_size)
+}
+
+/// The format version a chunk with these proven flags is framed with.
+pub fn chunk_version(proven: &[bool]) -> u16 {
+    if proven.iter().any(|&p| p) { 2 } else { 1 }
+}
+
+/// [`encode_chunk`] with a proven flag per line (`proven[i]` for `lines[i]`; missing: false).
+///
+/// # Panics
+/// As [`encode_chunk`], and on a proven flag for an unmapped line.
+pub fn encode_chunk_proven(
+    first: u32,
+    seq: u64,
+    lines: &[LineRecord],
+    proven: &[bool],
+    line_size: u32,
+) -> Vec<u8> {
+    assert!(proven.len() <= lines.len(), "more flags than lines");
     check_line_size(line_size).expect("valid line size");
     let n = mask_bytes(line_size);
     let per = checkpoint_bytes_per_line(line_size) as usize;
@@ -90,7 +117,9 @@ pub fn encode_chunk(first: u32, seq: u64, lines: &[LineRecord], line_size: u32) 
         .u32(u32::try_from(lines.len()).expect("chunk too long"))
         .u32(line_size)
         .u64(seq);
-    for l in lines {
+    for (i, l) in lines.iter().enumerate() {
+        let flag = proven.get(i).copied().unwrap_or(false);
+        assert!(!flag || l.core.is_some(), "proven flag on an unmapped line");
         assert_eq!(l.dirty & !l.valid, 0, "dirty blocks must be valid");
         assert_eq!(l.valid & !blocks_mask, 0, "bits beyond the line");
         assert!(l.class < CLASSES, "class {}", l.class);
@@ -109,14 +138,26 @@ pub fn encode_chunk(first: u32, seq: u64, lines: &[LineRecord], line_size: u32) 
             }
         }
         w.bytes(&l.valid.to_le_bytes()[..n])
-            .bytes(&l.dirty.to_le_bytes()[..n]);
+            .bytes(&l.dirty.to_le_bytes()[..n])
+            .u8(flag as u8);
         w.pad_to(start + per);
     }
     w.buf
 }
 
-/// Decodes a chunk payload: the first line, the checkpoint sequence and the records.
+/// Decodes a chunk payload: the first line, the checkpoint sequence and the records (a
+/// version-1 chunk: no proven flags).
 pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), DecodeError> {
+    decode_chunk_proven(payload, 1).map(|(f, s, r, _)| (f, s, r))
+}
+
+/// A decoded chunk: first line, checkpoint sequence, records, proven flags.
+pub type ChunkProven = (u32, u64, Vec<LineRecord>, Vec<bool>);
+
+/// Decodes a chunk payload framed as format `version`: the first line, the checkpoint
+/// sequence, the records and each line's proven flag (all false in a version-1 chunk, where a
+/// flag is refused as damage).
+pub fn decode_chunk_proven(payload: &[u8], version: u16) -> Result<ChunkProven, DecodeError> {
     const WHAT: &str = "checkpoint";
     let bad = |detail: String| DecodeError::BadField { what: WHAT, detail };
     let mut r = Reader::new(payload, WHAT);
@@ -145,6 +186,7 @@ pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), Decod
         (1u128 << (line_size / 512)) - 1
     };
     let mut out = Vec::with_capacity(count as usize);
+    let mut flags = Vec::with_capacity(count as usize);
     for i in 0..count {
         let rec = r.take(per)?;
         let mut x = Reader::new(rec, WHAT);
@@ -157,8 +199,14 @@ pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), Decod
         m[..n].copy_from_slice(x.take(n)?);
         let dirty = u128::from_le_bytes(m);
         let line = first + i;
+        let flag = x.u8()?;
         if x.take(per - x.pos())?.iter().any(|&b| b != 0) {
             return Err(bad(format!("line {line}: padding not zero")));
+        }
+        if flag > 1 || (flag != 0 && version < 2) {
+            return Err(bad(format!(
+                "line {line}: flags {flag:#x} in a version {version} chunk"
+            )));
         }
         if dirty & !valid != 0 || valid & !blocks_mask != 0 {
             return Err(bad(format!(
@@ -169,7 +217,7 @@ pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), Decod
             return Err(bad(format!("line {line}: IO class {class}")));
         }
         let core = if core == UNMAPPED {
-            if core_line != 0 || class != 0 || valid != 0 {
+            if core_line != 0 || class != 0 || valid != 0 || flag != 0 {
                 return Err(bad(format!("line {line}: unmapped but has state")));
             }
             None
@@ -183,6 +231,7 @@ pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), Decod
             valid,
             dirty,
         });
+        flags.push(flag == 1);
     }
-    Ok((first, seq, out))
+    Ok((first, seq, out, flags))
 }

@@ -14,7 +14,12 @@
 //!             2 unmap  line u32
 //!             3 state  line u32, valid n bytes, dirty n bytes (n = blocks per line / 8)
 //!             4 class  line u32, class u8
+//!             5 intent line u32, count u32 (format version 2): the clean state of lines
+//!                      line..line+count is not proven equal to the core from here on
 //! ```
+//!
+//! An entry holding an intent op is framed as format version 2 ([`Entry::version`]); every
+//! other entry keeps version 1, so an older tiercache reads the journals it could always read.
 
 use crate::DecodeError;
 use crate::checkpoint::{CLASSES, UNMAPPED};
@@ -55,6 +60,15 @@ pub enum LineOp {
         /// IO class.
         class: u8,
     },
+    /// Write intent (format version 2): the cache or core copy of lines `line..line + count`
+    /// may change from here on, so their clean state recorded earlier (checkpoint or journal)
+    /// no longer proves them equal to the core after a crash.
+    Intent {
+        /// First cache line.
+        line: u32,
+        /// Lines.
+        count: u32,
+    },
 }
 
 /// A journal entry.
@@ -82,6 +96,15 @@ fn geometry(line_size: u32) -> Option<(usize, u128)> {
 }
 
 impl Entry {
+    /// The format version an entry is framed with: 2 if it holds an intent op, else 1.
+    pub fn version(&self) -> u16 {
+        if self.ops.iter().any(|o| matches!(o, LineOp::Intent { .. })) {
+            2
+        } else {
+            1
+        }
+    }
+
     /// The entry's payload.
     ///
     /// # Panics
@@ -120,6 +143,10 @@ impl Entry {
                 LineOp::Class { line, class } => {
                     assert!(class < CLASSES);
                     w.u8(4).u32(line).u8(class);
+                }
+                LineOp::Intent { line, count } => {
+                    assert!(count > 0, "empty intent");
+                    w.u8(5).u32(line).u32(count);
                 }
             }
         }
@@ -174,6 +201,13 @@ impl Entry {
                         return Err(bad(format!("op {i}: class {class}")));
                     }
                     LineOp::Class { line, class }
+                }
+                5 => {
+                    let (line, count) = (r.u32()?, r.u32()?);
+                    if count == 0 || line.checked_add(count).is_none() {
+                        return Err(bad(format!("op {i}: intent for lines {line}+{count}")));
+                    }
+                    LineOp::Intent { line, count }
                 }
                 t => return Err(bad(format!("op {i}: unknown tag {t}"))),
             };

@@ -33,7 +33,7 @@ pub mod tables;
 pub mod wlog;
 
 /// The newest format version this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 
 /// Why bytes could not be decoded. Every variant is a value, never a panic.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -4,7 +4,8 @@
 //! offset size field
 //!      0    4 magic    b"tcRC"
 //!      4    2 kind     what the payload is (RecordKind)
-//!      6    2 version  format version that wrote it
+//!      6    2 version  oldest format version that reads the payload (1, or 2 for a journal
+//!                      entry with an intent op and a checkpoint chunk with proven flags)
 //!      8    4 length   payload bytes (at most RECORD_PAYLOAD_MAX)
 //!     12    4 crc      CRC32C of bytes 0..12 followed by the payload
 //!     16    …  payload
@@ -70,11 +71,27 @@ pub struct Record<'a> {
     pub payload: &'a [u8],
 }
 
-/// Encodes a record of `kind` with `payload`, at the current format version.
+/// Encodes a record of `kind` with `payload`, framed as format version 1 (every structure
+/// version 2 left unchanged).
 ///
 /// # Panics
 /// If the payload is larger than [`RECORD_PAYLOAD_MAX`] (a bug in the caller, not input).
 pub fn encode(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
+    encode_versioned(kind, 1, payload)
+}
+
+/// Encodes a record of `kind` with `payload`, framed as format `version` (the oldest version
+/// whose readers understand the payload: 2 for a journal entry with an intent op or a
+/// checkpoint chunk with proven flags, 1 for everything else).
+///
+/// # Panics
+/// If the payload is larger than [`RECORD_PAYLOAD_MAX`], or `version` is 0 or newer than
+/// [`FORMAT_VERSION`] (bugs in the caller, not input).
+pub fn encode_versioned(kind: RecordKind, version: u16, payload: &[u8]) -> Vec<u8> {
+    assert!(
+        (1..=FORMAT_VERSION).contains(&version),
+        "record version {version}"
+    );
     let len = u32::try_from(payload.len())
         .ok()
         .filter(|&l| l <= RECORD_PAYLOAD_MAX);
@@ -82,7 +99,7 @@ pub fn encode(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
     let mut w = Writer::new();
     w.bytes(&RECORD_MAGIC)
         .u16(kind as u16)
-        .u16(FORMAT_VERSION)
+        .u16(version)
         .u32(len);
     let crc = crc32c_update(crc32c(&w.buf), payload);
     w.u32(crc).bytes(payload);

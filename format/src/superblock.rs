@@ -41,6 +41,9 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"tiercach";
 pub const SUPERBLOCK_BYTES: usize = 4096;
 /// Byte offsets of the two copies.
 pub const SUPERBLOCK_OFFSETS: [u64; 2] = [0, 64 << 10];
+/// The version a superblock is written with: its layout is the same in format version 2 (which
+/// changed journal entries and checkpoint chunks only, each framed with its own version).
+pub const SUPERBLOCK_VERSION: u16 = 1;
 /// Bytes of the header the checksum covers in this version.
 const USED_V1: u16 = 136;
 /// Bytes covered by the checksum of a superblock that names a write-log region (mode `wl`):
@@ -300,7 +303,7 @@ impl Superblock {
         let wl = self.layout.log != Region::default();
         let used = if wl { USED_WL } else { USED_V1 };
         w.bytes(&SUPERBLOCK_MAGIC)
-            .u16(FORMAT_VERSION)
+            .u16(SUPERBLOCK_VERSION)
             .u16(used)
             .u32(0);
         w.u64(self.generation)

@@ -22,7 +22,7 @@ fn unhex(s: &str) -> Vec<u8> {
 fn sample() -> Superblock {
     let (layout, lines) = Layout::plan(64 << 30, 4096, 64 << 20).unwrap();
     Superblock {
-        version: FORMAT_VERSION,
+        version: tiercache_format::superblock::SUPERBLOCK_VERSION,
         generation: 7,
         cache_id: *b"0123456789abcdef",
         device_bytes: 64 << 30,
@@ -218,6 +218,58 @@ mod checkpoint {
 
     const GOLDEN_CHUNK_V1: &str = "0a0000000300000000100000630000000000000005000000000000000001ff0f000000000000000000000000ff0000000000000000000000020000000321810000000000";
 
+    const GOLDEN_CHUNK_V2: &str = "0a0000000300000000100000630000000000000005000000000000000001ff0f010000000000000000000000ff0000000000000000000000020000000321810001000000";
+
+    #[test]
+    fn chunk_v2_proven_flags_bytes_and_round_trip() {
+        use tiercache_format::checkpoint::{
+            chunk_version, decode_chunk_proven, encode_chunk_proven,
+        };
+        let proven = vec![true, false, true];
+        let p = encode_chunk_proven(10, 99, &lines(), &proven, 4096);
+        println!("checkpoint chunk v2: {}", hex(&p));
+        assert_eq!(hex(&p), GOLDEN_CHUNK_V2, "checkpoint v2 encoding changed");
+        assert_eq!(chunk_version(&proven), 2);
+        assert_eq!(chunk_version(&[false, false]), 1);
+        assert_eq!(
+            decode_chunk_proven(&p, 2).unwrap(),
+            (10, 99, lines(), proven.clone())
+        );
+        // A flag in a chunk framed as version 1 is damage, as is any other flag bit.
+        assert!(decode_chunk_proven(&p, 1).is_err());
+        assert!(decode_chunk(&p).is_err());
+        let mut x = p.clone();
+        x[20 + 12] = 2;
+        assert!(decode_chunk_proven(&x, 2).is_err());
+        // Flags on an unmapped line are refused.
+        let mut x = p.clone();
+        x[20 + 16 + 12] = 1;
+        assert!(decode_chunk_proven(&x, 2).is_err());
+        // Version-1 chunks decode through the version-2 path with every flag false.
+        let v1 = encode_chunk(10, 99, &lines(), 4096);
+        assert_eq!(
+            decode_chunk_proven(&v1, 2).unwrap(),
+            (10, 99, lines(), vec![false; 3])
+        );
+        // Every line size has room for the flags byte.
+        for ls in [4096u32, 8192, 16384, 32768, 65536] {
+            let full = if ls == 65536 {
+                u128::MAX
+            } else {
+                (1u128 << (ls / 512)) - 1
+            };
+            let l = vec![LineRecord {
+                core: Some(7),
+                core_line: 9,
+                class: 2,
+                valid: full,
+                dirty: full >> 1,
+            }];
+            let p = encode_chunk_proven(0, 1, &l, &[true], ls);
+            assert_eq!(decode_chunk_proven(&p, 2).unwrap().3, vec![true]);
+        }
+    }
+
     #[test]
     fn chunk_v1_bytes_and_round_trip() {
         let p = encode_chunk(10, 99, &lines(), 4096);
@@ -329,6 +381,41 @@ mod journal {
     }
 
     const GOLDEN_JOURNAL_V1: &str = "630000000000000000200000040000000104000000014d00000000000000020304000000fffff0000404000000000209000000";
+
+    const GOLDEN_JOURNAL_V2: &str =
+        "0700000000000000001000000200000005400000001000000003400000000100";
+
+    #[test]
+    fn entry_v2_intent_bytes_and_round_trip() {
+        let e = Entry {
+            seq: 7,
+            line_size: 4096,
+            ops: vec![
+                LineOp::Intent {
+                    line: 64,
+                    count: 16,
+                },
+                LineOp::State {
+                    line: 64,
+                    valid: 0x01,
+                    dirty: 0,
+                },
+            ],
+        };
+        let p = e.encode();
+        println!("journal entry v2: {}", hex(&p));
+        assert_eq!(hex(&p), GOLDEN_JOURNAL_V2, "journal v2 encoding changed");
+        assert_eq!(Entry::decode(&p).unwrap(), e);
+        assert_eq!(e.version(), 2);
+        assert_eq!(entry().version(), 1);
+        // An empty or overflowing intent is refused.
+        let mut x = p.clone();
+        x[21..25].copy_from_slice(&0u32.to_le_bytes());
+        assert!(Entry::decode(&x).is_err());
+        let mut x = p.clone();
+        x[17..21].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Entry::decode(&x).is_err());
+    }
 
     #[test]
     fn entry_v1_bytes_and_round_trip() {

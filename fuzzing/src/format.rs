@@ -113,7 +113,7 @@ pub fn gen_superblock(rng: &mut Rng) -> Sample {
     let mut cache_id = [0u8; 16];
     cache_id.copy_from_slice(&rng.bytes(16));
     let sb = Superblock {
-        version: FORMAT_VERSION,
+        version: tiercache_format::superblock::SUPERBLOCK_VERSION,
         generation: rng.interesting(64),
         cache_id,
         device_bytes,
@@ -162,7 +162,7 @@ pub fn superblock(data: &[u8]) -> bool {
     assert_eq!(
         again,
         Superblock {
-            version: FORMAT_VERSION,
+            version: tiercache_format::superblock::SUPERBLOCK_VERSION,
             ..sb
         },
         "superblock re-encode"
@@ -199,10 +199,15 @@ pub fn gen_checkpoint_chunk(rng: &mut Rng) -> Sample {
     let first = rng.below(u32::MAX as u64 - n as u64) as u32;
     let seq = rng.interesting(64);
     let lines = gen_line_records(rng, ls, n);
-    let bytes = checkpoint::encode_chunk(first, seq, &lines, ls);
+    // Format 2: proven flags on some mapped lines.
+    let proven: Vec<bool> = lines
+        .iter()
+        .map(|l| l.core.is_some() && rng.one_in(2))
+        .collect();
+    let bytes = checkpoint::encode_chunk_proven(first, seq, &lines, &proven, ls);
     assert_eq!(
-        checkpoint::decode_chunk(&bytes),
-        Ok((first, seq, lines)),
+        checkpoint::decode_chunk_proven(&bytes, 2),
+        Ok((first, seq, lines, proven)),
         "checkpoint chunk round trip"
     );
     round_trip_checked();
@@ -210,7 +215,13 @@ pub fn gen_checkpoint_chunk(rng: &mut Rng) -> Sample {
     let mut fields = vec![Field::le(0, 4), Field::le(4, 4), Field::le(8, 4)];
     for i in 0..n.min(16) {
         let o = CHUNK_HEADER + i * per;
-        fields.extend([Field::le(o, 8), Field::le(o + 8, 1), Field::le(o + 9, 1)]);
+        let flags = o + 10 + 2 * (ls as usize / 512).div_ceil(8);
+        fields.extend([
+            Field::le(o, 8),
+            Field::le(o + 8, 1),
+            Field::le(o + 9, 1),
+            Field::le(flags, 1),
+        ]);
     }
     Sample {
         bytes,
@@ -221,11 +232,11 @@ pub fn gen_checkpoint_chunk(rng: &mut Rng) -> Sample {
 
 /// Checks a chunk payload: if it decodes, the encoder gives back the same bytes.
 fn check_chunk(data: &[u8]) -> bool {
-    let Ok((first, seq, lines)) = checkpoint::decode_chunk(data) else {
+    let Ok((first, seq, lines, proven)) = checkpoint::decode_chunk_proven(data, 2) else {
         return false;
     };
     let ls = u32::from_le_bytes(data[8..12].try_into().expect("decoded: has a header"));
-    let again = checkpoint::encode_chunk(first, seq, &lines, ls);
+    let again = checkpoint::encode_chunk_proven(first, seq, &lines, &proven, ls);
     assert_eq!(again, data, "checkpoint chunk re-encode is not byte-exact");
     round_trip_checked();
     true
@@ -246,7 +257,11 @@ fn gen_entry(rng: &mut Rng) -> Entry {
     let ops = (0..n)
         .map(|_| {
             let line = rng.interesting(32) as u32;
-            match rng.below(4) {
+            match rng.below(5) {
+                4 => LineOp::Intent {
+                    line: line.min(u32::MAX - 64),
+                    count: 1 + rng.below(64) as u32,
+                },
                 0 => LineOp::Map {
                     line,
                     core: rng.below(UNMAPPED as u64) as u8,
@@ -289,6 +304,10 @@ fn entry_fields(e: &Entry) -> Vec<Field> {
             LineOp::Class { .. } => {
                 fields.push(Field::le(o + 5, 1));
                 o += 6;
+            }
+            LineOp::Intent { .. } => {
+                fields.push(Field::le(o + 5, 4));
+                o += 9;
             }
         }
     }
@@ -569,7 +588,7 @@ pub fn gen_record(rng: &mut Rng) -> Sample {
     let (r, used) = record::decode(&bytes).expect("an encoded record decodes");
     assert_eq!(
         (r.kind, r.version, r.payload, used),
-        (kind, FORMAT_VERSION, &payload[..], bytes.len()),
+        (kind, 1, &payload[..], bytes.len()),
         "record round trip"
     );
     round_trip_checked();
@@ -601,8 +620,13 @@ pub fn record(data: &[u8]) -> bool {
         return false;
     };
     assert!(used <= data.len() && used == RECORD_HEADER + r.payload.len());
-    let again = record::encode(r.kind, r.payload);
-    if r.version == FORMAT_VERSION {
+    let version = if (1..=FORMAT_VERSION).contains(&r.version) {
+        r.version
+    } else {
+        1
+    };
+    let again = record::encode_versioned(r.kind, version, r.payload);
+    if version == r.version {
         assert_eq!(again, data[..used], "record re-encode is not byte-exact");
     }
     let (r2, used2) = record::decode(&again).expect("a re-encoded record decodes");

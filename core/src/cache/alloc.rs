@@ -51,6 +51,12 @@ impl Cache {
                 LineId(l)
             }
             _ => match self.evict_for(class) {
+                // A victim whose region has no durable write intent yet waits in limbo; this
+                // allocation fails (pass-through) and a later one gets a line.
+                Some(l) if self.intent_limbo(l) => {
+                    self.intent_refused_alloc();
+                    return None;
+                }
                 Some(l) => l,
                 None => {
                     self.ondemand_clean = self.ondemand_clean.max(128);
@@ -154,6 +160,7 @@ impl Cache {
 
     /// Unmaps an unlinked line: mapping, state and class count. The line stays unlinked.
     fn unmap_line(&mut self, line: LineId) {
+        self.intent_unmapping(line);
         let class = self.lists.class(line);
         self.class_lines[class as usize] -= 1;
         self.map.remove(line);
@@ -169,7 +176,7 @@ impl Cache {
         self.eviction.remove(&mut self.lists, line, class);
         self.unmap_line(line);
         // A slot the persistent metadata may still name waits in limbo before reuse.
-        if !self.meta_limbo(line, durable_dirty) {
+        if !self.meta_limbo(line, durable_dirty) && !self.intent_limbo(line) {
             self.lists.push_back(self.free, line.0);
         }
     }

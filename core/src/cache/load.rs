@@ -1,6 +1,7 @@
 //! Loading a persistent cache: superblock, tables, checkpoint, journal replay — after a clean
-//! stop (warm: every line comes back) or after a crash (dirty lines come back, clean ones are
-//! dropped; see `meta.rs` for why). Pure: the driver supplies a function that reads bytes of
+//! stop (warm: every line comes back) or after a crash (dirty lines come back, and clean blocks
+//! only of lines the checkpoint proves equal to the core with no write intent or new mapping
+//! after it in the journal; see `meta.rs` and `intent.rs` for why). Pure: the driver supplies a function that reads bytes of
 //! the cache device; nothing is written here. The loaded cache then writes a superblock (clean
 //! load) or a checkpoint (recovery) before it serves ([`Cache::is_ready`]).
 
@@ -11,7 +12,7 @@ use crate::hash::FxHashMap;
 use crate::units::{CoreId, LineId, LineSize};
 use std::collections::BTreeMap;
 use tiercache_format::DecodeError;
-use tiercache_format::checkpoint::{LineRecord, decode_chunk};
+use tiercache_format::checkpoint::{LineRecord, decode_chunk_proven};
 use tiercache_format::journal::{Entry, LineOp};
 use tiercache_format::record::{self, RecordKind};
 use tiercache_format::superblock::{
@@ -31,14 +32,22 @@ pub struct LoadReport {
     pub other_copy_error: Option<String>,
     /// The cache was stopped cleanly (otherwise this load is a recovery).
     pub clean: bool,
+    /// The newest format version among the structures loaded (superblock, checkpoint chunks,
+    /// journal entries replayed): 2 once a checkpoint proved lines or a write intent was
+    /// journaled.
+    pub format_version: u16,
     /// Cores in the core table.
     pub cores: Vec<CoreEntry>,
     /// Lines loaded, and how many of them hold dirty data.
     pub lines: u32,
     /// Lines with dirty blocks.
     pub dirty_lines: u32,
-    /// Lines whose clean data was dropped because the cache was not stopped cleanly.
+    /// Lines whose clean data was dropped because the cache was not stopped cleanly (and
+    /// nothing proved them equal to the core).
     pub dropped_clean_lines: u32,
+    /// After a crash: lines whose clean blocks came back because the checkpoint proved them
+    /// equal to the core and no write intent followed (warm lines after a crash).
+    pub warm_clean_lines: u32,
     /// Checkpoint chunks read.
     pub checkpoint_chunks: u32,
     /// Journal records replayed, and the sequence numbers they span.
@@ -169,6 +178,7 @@ fn apply_op(rec: &mut LineRecord, op: &LineOp) {
                 rec.class = class;
             }
         }
+        LineOp::Intent { .. } => unreachable!("intents are replayed as ranges"),
     }
 }
 
@@ -178,6 +188,7 @@ fn op_line(op: &LineOp) -> u32 {
         | LineOp::Unmap { line }
         | LineOp::State { line, .. }
         | LineOp::Class { line, .. } => line,
+        LineOp::Intent { line, .. } => line,
     }
 }
 
@@ -231,11 +242,29 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
     // Journal: the consecutive run of records from the superblock's start.
     let (found, max_seq) = scan_journal(read, &sb)?;
     let mut per_line: FxHashMap<u32, Vec<LineOp>> = FxHashMap::default();
+    // Lines with a write intent (or a new mapping) after the checkpoint: not proven.
+    let mut unproven = vec![0u64; (sb.lines as usize).div_ceil(64)];
     let mut seq = sb.journal_seq;
     let mut replayed = 0u64;
+    let mut format_version = sb.version;
     while let Some(e) = found.get(&seq) {
+        format_version = format_version.max(e.version());
         for op in &e.ops {
-            per_line.entry(op_line(op)).or_default().push(*op);
+            match *op {
+                LineOp::Intent { line, count } => {
+                    let end = line.saturating_add(count).min(sb.lines);
+                    for l in line..end {
+                        unproven[l as usize / 64] |= 1 << (l % 64);
+                    }
+                }
+                LineOp::Map { line, .. } => {
+                    if line < sb.lines {
+                        unproven[line as usize / 64] |= 1 << (line % 64);
+                    }
+                    per_line.entry(line).or_default().push(*op);
+                }
+                _ => per_line.entry(op_line(op)).or_default().push(*op),
+            }
         }
         replayed += 1;
         seq += 1;
@@ -259,10 +288,12 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
         superblock_copy: copy,
         other_copy_error: other,
         clean,
+        format_version,
         cores,
         lines: 0,
         dirty_lines: 0,
         dropped_clean_lines: 0,
+        warm_clean_lines: 0,
         checkpoint_chunks: 0,
         journal_records: replayed,
         journal_span: (sb.journal_seq, seq.saturating_sub(1)),
@@ -271,7 +302,7 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
     for i in 0..chunks {
         let first = i * lpc;
         let count = (first + lpc).min(sb.lines) - first;
-        let recs = if sb.has_checkpoint {
+        let (recs, proven) = if sb.has_checkpoint {
             let region = sb.layout.checkpoint[sb.checkpoint as usize];
             let buf = read_vec(
                 read,
@@ -283,7 +314,8 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
             if r.kind != RecordKind::Checkpoint {
                 return Err(damaged(&what, format!("{:?} record", r.kind)));
             }
-            let (f, cp_seq, recs) = decode_chunk(r.payload).map_err(|e| damaged(&what, e))?;
+            let (f, cp_seq, recs, proven) =
+                decode_chunk_proven(r.payload, r.version).map_err(|e| damaged(&what, e))?;
             if cp_seq != sb.journal_seq {
                 return Err(damaged(
                     &what,
@@ -303,9 +335,13 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
                 ));
             }
             report.checkpoint_chunks += 1;
-            recs
+            report.format_version = report.format_version.max(r.version);
+            (recs, proven)
         } else {
-            vec![LineRecord::default(); count as usize]
+            (
+                vec![LineRecord::default(); count as usize],
+                vec![false; count as usize],
+            )
         };
         // The mapping table is far bigger than the CPU's caches: start loading the slot each
         // line will probe a few lines ahead, so the misses overlap.
@@ -329,14 +365,16 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
                 }
             }
             let Some(core) = rec.core else { continue };
-            if !clean {
-                if rec.dirty == 0 {
-                    if rec.valid != 0 {
-                        report.dropped_clean_lines += 1;
-                    }
+            let proven = proven[k] && unproven[l as usize / 64] & (1 << (l % 64)) == 0;
+            if !clean && rec.valid != rec.dirty {
+                if proven {
+                    report.warm_clean_lines += 1;
+                } else if rec.dirty == 0 {
+                    report.dropped_clean_lines += 1;
                     continue;
+                } else {
+                    rec.valid = rec.dirty;
                 }
-                rec.valid = rec.dirty;
             }
             if rec.valid == 0 {
                 continue;
@@ -359,6 +397,12 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
     }
 
     let m = cache.meta.as_mut().expect("persistent");
+    if clean {
+        // The final checkpoint may prove every line: a change needs an intent first. (After a
+        // crash every region stays open: nothing is served before the recovery checkpoint,
+        // which proves every clean block kept.)
+        m.intents.all_proven();
+    }
     m.next_seq = (max_seq + 1).max(sb.journal_seq);
     m.reset_tasks();
     m.push_task(if clean {

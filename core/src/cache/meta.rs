@@ -17,12 +17,16 @@
 //!   that captured it clean or unmapped is covered by a device flush. So after a crash a dirty
 //!   record always finds its own data — the block holds the data of some write to it since the
 //!   last flush, never another core line's.
-//! - **Clean state is not journaled.** After a crash, clean blocks are dropped (the cache
-//!   restarts cold for them: a clean copy overwritten in place since the last checkpoint cannot
-//!   be told from one that was not, and a wrong "clean" copy would flip-flop against the core).
-//!   After a clean stop the final checkpoint holds every line, clean ones included: warm start.
+//! - **Clean state is not journaled, but proven.** A checkpoint flags lines whose clean blocks
+//!   it proves equal to the core, and a journal *write intent* for a line's region is made
+//!   durable before the first change since that could break the proof (`intent.rs`). After a
+//!   crash, clean blocks come back only for proven lines with no intent after their checkpoint;
+//!   the others are dropped (a clean copy overwritten in place cannot be told from one that was
+//!   not, and a wrong "clean" copy would flip-flop against the core). After a clean stop the
+//!   final checkpoint holds every line, clean ones included: warm start.
 //! - **Checkpoints** (fuzzy, while running) bound the journal: every line's current state is
-//!   written in fixed-size chunks to the other checkpoint region, the device is flushed, then
+//!   written in fixed-size chunks to the other checkpoint region, the device (and every core,
+//!   for the proofs) is flushed, then
 //!   the superblock flips to it with the journal's new start. Replaying the journal from that
 //!   start over the checkpoint gives each line its newest journaled state.
 //! - **The superblock** (two copies, alternating) is written after its tables (configuration
@@ -36,7 +40,7 @@ use crate::hash::{FxHashMap, FxHashSet};
 use crate::lists::ListId;
 use crate::units::{CoreId, Lba, LineId, Nanos, ReqId};
 use std::collections::VecDeque;
-use tiercache_format::checkpoint::{LineRecord, encode_chunk};
+use tiercache_format::checkpoint::{LineRecord, chunk_version, encode_chunk_proven};
 use tiercache_format::journal::{Entry, LineOp};
 use tiercache_format::record::{self, RecordKind};
 use tiercache_format::superblock::{
@@ -67,6 +71,9 @@ pub(crate) enum MetaIo {
     /// A clean stop's flush of a core that has writes no flush covered yet (`covers`: the
     /// core's completed writes at issue).
     StopCoreFlush { core: CoreId, covers: u64 },
+    /// A checkpoint's flush of a core, after its chunks were captured: the lines it records as
+    /// proven hold data the core has durably (`intent.rs`).
+    CheckpointCoreFlush { core: CoreId, covers: u64 },
 }
 
 /// A clean stop's core flushes: the superblock may say `Clean` (clean lines equal to their
@@ -119,6 +126,8 @@ struct TaskRun {
     sb: Superblock,
     copy: usize,
     tables_gen: u64,
+    /// Checkpoint: it may record lines as proven (no core flush failed since the last one).
+    prove: bool,
 }
 
 /// A finished request whose reply waits for a commit. It keeps its line locks until then, so
@@ -141,6 +150,9 @@ struct Commit {
     buf: u32,
     /// Lines captured: (line, captured with dirty blocks).
     lines: Vec<(u32, bool)>,
+    /// Intent regions in the record, and the intent generation they complete.
+    intents: Vec<u32>,
+    intent_gen: u64,
     waiters: Vec<Waiter>,
     /// Copies of the record still being written, and whether one failed.
     writes_left: u8,
@@ -208,6 +220,8 @@ pub(crate) struct Meta {
     pub(crate) stopped: bool,
     pub(crate) stop_cores: StopCores,
     pub(crate) counters: MetaCounters,
+    /// Write intents (`intent.rs`).
+    pub(crate) intents: super::intent::Intents,
 }
 
 impl Meta {
@@ -245,6 +259,7 @@ impl Meta {
             stopped: false,
             stop_cores: StopCores::Idle,
             counters: MetaCounters::default(),
+            intents: super::intent::Intents::new(p.superblock.lines, p.superblock.line_size),
         }
     }
 
@@ -283,6 +298,7 @@ impl Meta {
     /// Whether a commit, a durability flush or a task is pending or running.
     pub(crate) fn has_work(&self) -> bool {
         !self.queued.is_empty()
+            || self.intents.has_work()
             || !self.waiters_next.is_empty()
             || self.commit.is_some()
             || !self.dd_queue.is_empty()
@@ -469,7 +485,7 @@ impl Cache {
         let Some(m) = self.meta.as_mut() else { return };
         m.touched = false;
         if m.ready && m.commit.is_none() && self.now >= m.retry_at {
-            if !m.queued.is_empty() || !m.waiters_next.is_empty() {
+            if !m.queued.is_empty() || !m.waiters_next.is_empty() || m.intents.has_queued() {
                 self.start_commit(actions);
             } else if !m.dd_queue.is_empty() && !m.flush_in_flight {
                 let m = self.meta.as_mut().expect("persistent");
@@ -501,6 +517,7 @@ impl Cache {
             && m.tasks.is_empty()
             && m.commit.is_none()
             && m.queued.is_empty()
+            && !m.intents.has_queued()
             && m.waiters_next.is_empty()
             && self.reqs.is_empty()
             && self.jobs.is_empty()
@@ -602,12 +619,17 @@ impl Cache {
         }
         let m = self.meta.as_mut().expect("persistent");
         let seq = m.next_seq;
+        let (intents, intent_gen) = m.intents.take_for_commit(&mut ops);
         let entry = Entry {
             seq,
             line_size,
             ops,
         };
-        let rec = pad(record::encode(RecordKind::Journal, &entry.encode()));
+        let rec = pad(record::encode_versioned(
+            RecordKind::Journal,
+            entry.version(),
+            &entry.encode(),
+        ));
         let len = rec.len() as u64;
         let jb = m.journal_bytes();
         let (at, skipped) = if m.head + len > jb {
@@ -616,6 +638,7 @@ impl Cache {
             (m.head, 0)
         };
         if m.used + skipped + len > jb {
+            m.intents.commit_failed(&intents, intent_gen);
             // No room until a checkpoint moves the journal's start: ask for one and wait.
             if m.run.is_none() && !m.tasks.iter().any(|t| matches!(t, Task::Checkpoint { .. })) {
                 m.push_task(Task::Checkpoint {
@@ -638,6 +661,8 @@ impl Cache {
             skipped,
             buf,
             lines: captured,
+            intents,
+            intent_gen,
             waiters,
             writes_left: 2,
             write_err: None,
@@ -670,7 +695,8 @@ impl Cache {
         c.write_err = None;
         let (at, len, buf) = (c.at, c.len, c.buf);
         // A FUA request is durable when it completes: so must the record holding its change be.
-        let fua = c.waiters.iter().any(|w| w.fua);
+        // So must an intent, before the change it announces is made.
+        let fua = c.waiters.iter().any(|w| w.fua) || !c.intents.is_empty();
         for copy in [0, half] {
             let io = self.new_io(IoOwner::Meta {
                 kind: MetaIo::CommitWrite,
@@ -739,6 +765,14 @@ impl Cache {
                     self.note_core_error(core, IoClass::Flush, e, false);
                     return self.stop_core_flushed(core, None);
                 }
+                MetaIo::CheckpointCoreFlush { core, .. } => {
+                    // The checkpoint must not prove lines of this core: it starts over
+                    // (later) proving nothing.
+                    self.counters.core_errors += 1;
+                    self.note_core_error(core, IoClass::Flush, e, false);
+                    self.meta.as_mut().expect("persistent").intents.no_proof = true;
+                    return self.admin_io_done(None, result, actions);
+                }
             };
             self.counters.cache_errors += 1;
             self.note_cache_error(class, e);
@@ -777,6 +811,43 @@ impl Cache {
             }
             MetaIo::Admin { buf } => self.admin_io_done(buf, result, actions),
             MetaIo::StopCoreFlush { core, covers } => self.stop_core_flushed(core, Some(covers)),
+            MetaIo::CheckpointCoreFlush { core, covers } => {
+                if let Some(c) = self.cores.get_mut(core.0 as usize).and_then(|c| c.as_mut()) {
+                    c.flush.durable_upto = c.flush.durable_upto.max(covers);
+                }
+                self.note_core_ok(core);
+                self.admin_io_done(None, result, actions);
+            }
+        }
+    }
+
+    /// A checkpoint's flushes of every core with writes no flush covered yet, beside its
+    /// chunks' cache flush (counted as IOs of the running task).
+    fn checkpoint_core_flushes(&mut self, actions: &mut Vec<Action>) {
+        let due: Vec<(CoreId, u64)> = self
+            .cores
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                c.flush
+                    .needs_flush()
+                    .then_some((CoreId(i as u16), c.flush.writes_done))
+            })
+            .collect();
+        for (core, covers) in due {
+            let io = self.new_io(IoOwner::Meta {
+                kind: MetaIo::CheckpointCoreFlush { core, covers },
+            });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Core(core),
+            });
+            self.meta
+                .as_mut()
+                .and_then(|m| m.run.as_mut())
+                .expect("a task")
+                .in_flight += 1;
         }
     }
 
@@ -822,6 +893,10 @@ impl Cache {
         }
         m.free_buf(c.buf);
         self.release_waiters(c.waiters, None, actions);
+        if !c.intents.is_empty() {
+            // Written with FUA: durable.
+            self.intents_durable(&c.intents, c.intent_gen, actions);
+        }
     }
 
     /// A commit's flush or write failed: its lines go back on the queue and it is retried at the
@@ -834,9 +909,13 @@ impl Cache {
         for &(l, _) in &c.lines {
             m.queued.insert(l);
         }
+        m.intents.commit_failed(&c.intents, c.intent_gen);
         m.free_buf(c.buf);
         m.retry_at = self.now.plus(Nanos(RETRY_NS));
         self.release_waiters(c.waiters, Some(e), actions);
+        if !c.intents.is_empty() {
+            self.intents_failed(c.intent_gen, e, actions);
+        }
     }
 
     // ----- admin tasks: superblock, checkpoint, journal zeroing -----
@@ -844,13 +923,34 @@ impl Cache {
     fn admin_step(&mut self, actions: &mut Vec<Action>) {
         let now = self.now;
         let m = self.meta.as_mut().expect("persistent");
+        if m.run.is_some() && now < m.admin_retry_at {
+            // A failed superblock write waits before it is tried again.
+            return;
+        }
         if m.run.is_none() {
             if now < m.admin_retry_at {
                 return;
             }
-            let Some(task) = m.tasks.pop_front() else {
+            let Some(mut task) = m.tasks.pop_front() else {
                 return;
             };
+            // New tables (a core removed, say) must not be durable beside a checkpoint that
+            // still proves lines they dropped while those lines' intents are not durable yet
+            // (after a crash the lines could come back for a core that is gone, or for another
+            // device given the same id): such a superblock write becomes a checkpoint, which
+            // writes the tables with the state that dropped the lines.
+            let intents_pending =
+                m.intents.has_queued() || m.commit.as_ref().is_some_and(|c| !c.intents.is_empty());
+            if intents_pending
+                && task
+                    == (Task::Superblock {
+                        state: CacheState::Running,
+                    })
+            {
+                task = Task::Checkpoint {
+                    state: CacheState::Running,
+                };
+            }
             let copy = 1 - m.sb_copy;
             let mut sb = m.sb;
             sb.generation += 1;
@@ -883,6 +983,7 @@ impl Cache {
                 sb,
                 copy,
                 tables_gen: m.tables_gen,
+                prove: !m.intents.no_proof,
             });
         }
         self.admin_issue(actions);
@@ -957,22 +1058,34 @@ impl Cache {
                     let lpc = lines_per_chunk(m.sb.line_size);
                     let first = i * lpc;
                     let last = (first + lpc).min(m.sb.lines);
-                    let cp_seq = run.cp_seq;
+                    let (cp_seq, prove) = (run.cp_seq, run.prove);
                     let recs: Vec<LineRecord> =
                         (first..last).map(|l| self.line_record(LineId(l))).collect();
-                    let rec = pad(record::encode(
+                    let proven = self.intent_capture(first, last, prove);
+                    let rec = pad(record::encode_versioned(
                         RecordKind::Checkpoint,
-                        &encode_chunk(first, cp_seq, &recs, self.cfg.line_size.bytes() as u32),
+                        chunk_version(&proven),
+                        &encode_chunk_proven(
+                            first,
+                            cp_seq,
+                            &recs,
+                            &proven,
+                            self.cfg.line_size.bytes() as u32,
+                        ),
                     ));
                     debug_assert!(rec.len() as u64 <= CHECKPOINT_CHUNK_BYTES);
                     let at = region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES;
                     self.admin_write(actions, at, rec, false);
                 }
                 Phase::ChunkFlush | Phase::TablesFlush => {
+                    let cores = run.phase == Phase::ChunkFlush && run.prove;
                     self.admin_io(actions, None, |io| Action::Flush {
                         io,
                         dev: Dev::Cache,
                     });
+                    if cores {
+                        self.checkpoint_core_flushes(actions);
+                    }
                     return;
                 }
                 Phase::Tables => {
@@ -1009,6 +1122,16 @@ impl Cache {
         if run.in_flight > 0 {
             return;
         }
+        if run.failed && run.phase == Phase::Super {
+            // The superblock write may have landed although it failed (a power cut or an
+            // outage mid-write): what it names must stay intact, so only the superblock write
+            // is tried again, later, with the same contents. (Starting a checkpoint over would
+            // write its chunks into the region that superblock names.)
+            run.failed = false;
+            m.counters.errors += 1;
+            m.admin_retry_at = now.plus(Nanos(RETRY_NS));
+            return;
+        }
         if run.failed {
             // Start the task over later; the superblock in force is untouched.
             let task = run.task;
@@ -1034,6 +1157,11 @@ impl Cache {
                 let run = m.run.take().expect("a task");
                 if matches!(run.task, Task::Checkpoint { .. }) {
                     m.counters.checkpoints += 1;
+                    if !run.prove {
+                        // This one proved nothing; the next one tries again.
+                        m.intents.no_proof = false;
+                        m.intents.counters.unproven_checkpoints += 1;
+                    }
                     let cp = run.cp_seq;
                     while m.live.front().is_some_and(|&(s, _)| s < cp) {
                         let (_, b) = m.live.pop_front().expect("non-empty");

@@ -16,6 +16,7 @@
 mod alloc;
 mod check;
 pub mod health;
+mod intent;
 mod load;
 pub mod lock;
 mod meta;
@@ -47,6 +48,7 @@ pub use health::{
     CoreFaults, DeviceErrors, FaultCounters, FaultParams, Health, HealthState, Problem,
     WritebackFailure, WritebackFaults, WritebackStatus,
 };
+pub use intent::IntentCounters;
 pub use load::{LoadReport, open, read_superblock, read_tables, scan_journal};
 pub use meta::journal_half;
 pub use meta::{MetaCounters, RECORD_ALIGN};

@@ -505,10 +505,43 @@ impl Cache {
         if !fresh {
             self.lookup_parts(&mut r);
         }
+        self.plan_locked(r, actions);
+    }
+
+    /// Plans a request holding its locks, its parts looked up. A change to lines whose clean
+    /// state may be proven waits first for a durable write intent (`intent.rs`).
+    fn plan_locked(&mut self, r: Request, actions: &mut Vec<Action>) {
+        if r.op != Op::Read
+            && self.meta.is_some()
+            && let Some(upto) = self.intent_gate(r.core, r.first, r.parts.iter().map(|p| p.line))
+        {
+            let id = r.id;
+            self.reqs.insert(id, r);
+            return self.intent_park(id, upto);
+        }
         match r.op {
             Op::Read => self.plan_read(r, actions),
             _ => self.plan_write(r, actions),
         }
+    }
+
+    /// A request parked by [`Self::plan_locked`] fails: the intent it waited for could not be
+    /// written. Nothing of it was done.
+    pub(crate) fn fail_after_intent(
+        &mut self,
+        id: ReqId,
+        e: crate::event::IoError,
+        actions: &mut Vec<Action>,
+    ) {
+        let r = self.reqs.remove(&id).expect("parked request");
+        self.finish(r, Err(ReqError::Io(e)), actions);
+    }
+
+    /// A request parked by [`Self::plan_locked`] may go on: look its lines up again and plan.
+    pub(crate) fn resume_after_intent(&mut self, id: ReqId, actions: &mut Vec<Action>) {
+        let mut r = self.reqs.remove(&id).expect("parked request");
+        self.lookup_parts(&mut r);
+        self.plan_locked(r, actions);
     }
 
     /// Valid blocks of the request: (valid, total).
@@ -1149,6 +1182,7 @@ impl Cache {
                     self.unmap_new(&mut r);
                     return self.drop_after_core_write(r, fua, actions);
                 }
+                let mut over_dirty = false;
                 for p in &r.parts {
                     let l = p.line.expect("write-through lines are mapped");
                     #[allow(unused_mut)]
@@ -1158,8 +1192,16 @@ impl Cache {
                         v = crate::units::full_mask(self.bpl);
                     }
                     let d = self.state.dirty(l);
+                    over_dirty |= d & p.mask != 0;
                     self.state.set(&mut self.lists, l, v, d);
                     self.meta_note(l);
+                }
+                if over_dirty {
+                    // Blocks that stay dirty now hold this write in the cache, and after a
+                    // crash their dirty copy wins over the core's: the next flush (and the
+                    // journal commit's preflush, before a FUA write is acknowledged) must
+                    // cover this cache write.
+                    self.cache_flush.writes_done += 1;
                 }
                 self.finish(r, Ok(()), actions);
             }

@@ -328,14 +328,15 @@ pub struct CrashImages {
     pub cores: BTreeMap<u16, Vec<u8>>,
 }
 
-/// What a read of core block `b` returns after a crash: the recovered cache's dirty copy if
-/// it has one (persistent caches), else the core image's.
+/// What a read of core block `b` returns after a crash: the recovered cache's copy if it has
+/// one (dirty, or clean and proven equal to the core; persistent caches), else the core
+/// image's.
 fn post_crash(cache: Option<&Cache>, images: &CrashImages, core: u16, b: u64) -> Content {
     if let Some(c) = cache {
         let bpl = c.config().line_size.blocks() as u64;
-        if let Some((line, _v, d)) = c.line_state(CoreId(core), b / bpl) {
+        if let Some((line, v, _d)) = c.line_state(CoreId(core), b / bpl) {
             let bit = b % bpl;
-            if d >> bit & 1 == 1 {
+            if v >> bit & 1 == 1 {
                 let cb = c.config().data_offset.0 + line.0 as u64 * bpl + bit;
                 let s = cb as usize * BS;
                 return decode_block(&images.cache[s..s + BS], core, b);
@@ -448,6 +449,9 @@ pub struct Env {
     pub crash_exact: bool,
     /// `Cache::stop` was called (by `stop_or_crash`): a crash since then is a crash mid-stop.
     pub stop_requested: bool,
+    /// Lines the last `crash_check` recovery brought back with clean blocks (warm after a
+    /// crash).
+    pub last_warm_clean: u32,
 }
 
 impl Env {
@@ -502,6 +506,7 @@ impl Env {
             results: None,
             crash_exact: false,
             stop_requested: false,
+            last_warm_clean: 0,
         }
     }
 
@@ -1407,7 +1412,10 @@ impl Env {
                 Ok(())
             };
             match tiercache_core::cache::open(&base, &mut read) {
-                Ok((c, _report)) => Some(c),
+                Ok((c, report)) => {
+                    self.last_warm_clean = report.warm_clean_lines;
+                    Some(c)
+                }
                 Err(e) if e.contains("holds no tiercache cache") => None,
                 Err(e) => self.fail(&format!(
                     "CRASH ({pattern:?}) after device write {}: recovery failed: {e}",
@@ -1422,6 +1430,22 @@ impl Env {
             let n = self.core_blocks(core);
             for b in 0..n {
                 let got = post_crash(recovered.as_ref(), &images, core, b);
+                // A clean block the recovery kept must equal the core's: else the block flips
+                // once the line is evicted (SPEC point 3).
+                let on_core = post_crash(None, &images, core, b);
+                if got != on_core
+                    && let Some(c) = recovered.as_ref()
+                {
+                    let bpl = c.config().line_size.blocks() as u64;
+                    let (_, v, d) = c.line_state(CoreId(core), b / bpl).expect("from the cache");
+                    let bit = b % bpl;
+                    if v >> bit & 1 == 1 && d >> bit & 1 == 0 {
+                        self.fail(&format!(
+                            "CRASH ({pattern:?}) after device write {}: CLEAN COPY DIFFERS: core {core} block {b}: the recovered cache's clean copy holds {got:?}, the core {on_core:?} (a flip-flop once evicted)",
+                            self.device_writes
+                        ));
+                    }
+                }
                 let legal = self.crash_legal(core, b);
                 if !legal.contains(&got) {
                     let m = &self.cores[&core].1[b as usize];
@@ -1521,15 +1545,17 @@ impl Env {
                 let Some((_, v, dd)) = before.filter(|x| x.1 != 0) else {
                     continue;
                 };
-                // After an unclean stop only dirty lines come back, with only their dirty
-                // blocks valid.
+                let after = cache.line_state(CoreId(core), cl).map(|x| (x.1, x.2));
+                // After an unclean stop dirty lines come back, and clean blocks only of lines
+                // the final checkpoint proved (all of the line's valid blocks, or only its
+                // dirty ones).
                 let (v, dd) = match (unclean, dd) {
                     (false, _) => (v, dd),
+                    (true, _) if after == Some((v, dd)) => (v, dd),
                     (true, 0) => continue,
                     (true, d) => (d, d),
                 };
                 with_data += 1;
-                let after = cache.line_state(CoreId(core), cl).map(|x| (x.1, x.2));
                 if after != Some((v, dd)) {
                     self.fail(&format!(
                         "load after a clean stop: core {core} line {cl} was {:?}, loaded {after:?}",
