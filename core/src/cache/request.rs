@@ -510,7 +510,7 @@ impl Cache {
 
     /// Plans a request holding its locks, its parts looked up. A change to lines whose clean
     /// state may be proven waits first for a durable write intent (`intent.rs`).
-    fn plan_locked(&mut self, r: Request, actions: &mut Vec<Action>) {
+    fn plan_locked(&mut self, r: Box<Request>, actions: &mut Vec<Action>) {
         if r.op != Op::Read
             && self.meta.is_some()
             && let Some(upto) = self.intent_gate(r.core, r.first, r.parts.iter().map(|p| p.line))
