@@ -1580,8 +1580,11 @@ impl Registry {
         let k = c.cores.get_mut(&i).expect("found above");
         // SPEC C22: a core that grew is picked up by the next connection; a shrink below cached
         // data is refused (and the export with it).
-        let now = current_blocks(&k.device)
-            .or_else(|| k.rbd.as_ref().and_then(|r| r.refresh_size().ok()));
+        let now = current_blocks(&k.device).or_else(|| {
+            k.rbd.as_ref().and_then(|r| {
+                r.refresh_size_within(k.io_timeout.unwrap_or(RBD_SIZE_WAIT).min(RBD_SIZE_WAIT))
+            })
+        });
         if let Some(now) = now
             && now != k.size_blocks
         {
@@ -1962,6 +1965,10 @@ fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> 
     }
     Ok(())
 }
+
+/// How long a new connection waits for an RBD image's current size when the core has no IO
+/// timeout of its own (the registry is locked meanwhile).
+const RBD_SIZE_WAIT: Duration = Duration::from_secs(5);
 
 /// The size in blocks a local core device has now (files and block devices; `None` for others
 /// or when it cannot be read).

@@ -13,8 +13,9 @@ use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io::ErrorKind;
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 /// The image metadata key of the dirty marker (SPEC C18).
 pub const DIRTY_KEY: &str = "tiercache.dirty";
@@ -813,6 +814,8 @@ pub struct RbdBackend {
     obj_size: u64,
     /// The size in blocks last seen.
     size_blocks: AtomicU64,
+    /// A [`RbdBackend::refresh_size_within`] query is still waiting for librbd.
+    size_query: AtomicBool,
     /// Whether a completed write is already durable on the cluster: librbd's own cache is off
     /// for this image (`rbd_cache = false` in its effective configuration), so a write
     /// completes only once the OSDs committed it. A flush then has nothing to make durable.
@@ -872,6 +875,7 @@ impl RbdBackend {
             },
             obj_size: 0,
             size_blocks: AtomicU64::new(0),
+            size_query: AtomicBool::new(false),
             completer: OnceLock::new(),
             completed_durable: false,
         };
@@ -920,6 +924,32 @@ impl RbdBackend {
         let blocks = size / BLOCK as u64;
         self.size_blocks.store(blocks, Ordering::Relaxed);
         Ok(blocks)
+    }
+
+    /// [`RbdBackend::refresh_size`] on a thread of its own, waited for at most `limit`; `None`
+    /// when it fails, takes longer, or an earlier such query has not returned yet (then none
+    /// is started). With the cluster unresponsive, librbd's size call can wait for a header
+    /// refresh for as long as the cluster is down; a caller that must not hang with it (a new
+    /// NBD connection, with the daemon's registry locked) uses the size last seen instead. A
+    /// query that outlives the wait finishes on its thread and updates the size then.
+    pub fn refresh_size_within(self: &Arc<Self>, limit: Duration) -> Option<u64> {
+        if self.size_query.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tc-rbd-size".into())
+            .spawn(move || {
+                let r = me.refresh_size();
+                me.size_query.store(false, Ordering::Release);
+                let _ = tx.send(r);
+            });
+        if spawned.is_err() {
+            self.size_query.store(false, Ordering::Release);
+            return None;
+        }
+        rx.recv_timeout(limit).ok()?.ok()
     }
 
     /// Writes (`Some(uuid)`: `tiercache.dirty` = `dirty in tiercache <uuid>`) or removes
@@ -1588,9 +1618,12 @@ impl Backend for RbdBackend {
         )
     }
 
+    /// The size last seen: at open, by [`RbdBackend::refresh_size`], or by a request past
+    /// that end (which looks again before it fails). Never a call into librbd: with the
+    /// cluster unresponsive, `rbd_get_size` can wait for a header refresh that does not come,
+    /// and this is asked on every request's path (range checks, IO timeouts, NBD sizes).
     fn blocks(&self) -> u64 {
-        self.refresh_size()
-            .unwrap_or_else(|_| self.size_blocks.load(Ordering::Relaxed))
+        self.size_blocks.load(Ordering::Relaxed)
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {

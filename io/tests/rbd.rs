@@ -290,8 +290,11 @@ fn resize_and_dirty_marker() {
     let b = open(&c.device(&img));
     assert_eq!(b.blocks(), 32 << 11);
     // Another client grows the image while we hold the lock (librbd proxies the resize to
-    // the lock owner, us); blocks() sees it and the new space is usable.
+    // the lock owner, us); refresh_size() sees it, blocks() then says so, and the new space is
+    // usable. blocks() alone is the size last seen (it never waits for the cluster).
     c.rbd(&["resize", "--size", "48M", &format!("rbd/{img}")]);
+    assert_eq!(b.blocks(), 32 << 11);
+    assert_eq!(b.refresh_size().unwrap(), 48 << 11);
     assert_eq!(b.blocks(), 48 << 11);
     let last = (48 << 11) - 8;
     b.write(last, &pattern(9, last, 8 * BLOCK), true).unwrap();
