@@ -23,7 +23,7 @@ use tiercache_core::policy::CleaningPolicy;
 use tiercache_core::units::{CoreId, Lba, LineSize};
 use tiercache_core::{Cache, Config};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
-use tiercache_format::superblock::{Layout, checkpoint_region_bytes};
+use tiercache_format::superblock::{Layout, checkpoint_region_bytes, journal_bytes_for};
 use tiercache_io::{AlignedBuf, Backend, FileBackend};
 use tiercache_sim::rng::Rng;
 
@@ -39,6 +39,10 @@ pub struct Args {
     /// Random 4 KiB writes before the crash (they fill the journal).
     #[arg(long, default_value_t = 20_000)]
     writes: u64,
+    /// Journal region in MiB (default: what `start-cache` gives a device of that size, 1/256
+    /// of it from 1 to 64 MiB: 16 MiB at 1M lines, 64 MiB at 16M).
+    #[arg(long, value_name = "MIB")]
+    journal_mib: Option<u64>,
     /// Directory for the sparse device files (default: the system's temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -91,6 +95,7 @@ fn read_bandwidth(dev: &dyn Backend, off: u64, bytes: u64) -> f64 {
 
 struct Row {
     lines: u32,
+    journal_bytes: u64,
     populate_s: f64,
     stop_s: f64,
     load_s: f64,
@@ -104,9 +109,18 @@ struct Row {
     page_cache_dropped: bool,
 }
 
-fn one(dir: &Path, lines: u32, dirty_pct: u32, writes: u64) -> Result<Row, String> {
+fn one(
+    dir: &Path,
+    lines: u32,
+    dirty_pct: u32,
+    writes: u64,
+    journal_mib: Option<u64>,
+) -> Result<Row, String> {
     let ls = LineSize::K4;
-    let journal = 64u64 << 20;
+    let journal = match journal_mib {
+        Some(m) => m.clamp(1, 1 << 14) << 20,
+        None => journal_bytes_for(lines as u64 * 4096),
+    };
     let cp = checkpoint_region_bytes(lines as u64, 4096).ok_or("too many lines")?;
     let mut bytes = lines as u64 * 4096 + journal + 2 * cp + (4 << 20);
     let (layout, got) = loop {
@@ -227,6 +241,7 @@ fn one(dir: &Path, lines: u32, dirty_pct: u32, writes: u64) -> Result<Row, Strin
     let _ = std::fs::remove_file(&core_path);
     Ok(Row {
         lines,
+        journal_bytes: journal,
         populate_s,
         stop_s,
         load_s,
@@ -274,7 +289,7 @@ pub fn run(a: Args) -> Result<(), String> {
     );
     let mut rows = Vec::new();
     for &n in &sizes {
-        let r = one(&dir, n, a.dirty_pct, a.writes)?;
+        let r = one(&dir, n, a.dirty_pct, a.writes, a.journal_mib)?;
         println!(
             "{:>10} {:>8.2}s {:>8.2}s {:>8.3}s {:>9.3}s{} | {:>9}KiB {:>9} {:>9.3}s {:>9.3}s{} {:>10.0}",
             r.lines,
@@ -309,7 +324,14 @@ pub fn run(a: Args) -> Result<(), String> {
         "load: time until Engine::open serves with the full index after a clean stop (target 1 s per 10M lines)"
     );
     println!(
-        "recovery: after a kill with the journal written by --writes random writes (target 2 s + 64 MiB journal / device bandwidth)"
+        "recovery: after a kill with the journal written by --writes random writes (target 2 s + journal region / device bandwidth)"
+    );
+    println!(
+        "journal regions: {} (start-cache's size for the device unless --journal-mib)",
+        rows.iter()
+            .map(|r| format!("{} MiB at {} lines", r.journal_bytes >> 20, r.lines))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     if let Some(p) = &a.json {
         let v = serde_json::json!({
@@ -318,6 +340,7 @@ pub fn run(a: Args) -> Result<(), String> {
             "writes": a.writes,
             "runs": rows.iter().map(|r| serde_json::json!({
                 "lines": r.lines,
+                "journal_region_bytes": r.journal_bytes,
                 "populate_s": r.populate_s,
                 "stop_s": r.stop_s,
                 "load_s": r.load_s,

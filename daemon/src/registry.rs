@@ -237,11 +237,6 @@ fn hex(u: &[u8]) -> String {
     u.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The journal size for a cache device: 1/256 of it, between 1 and 64 MiB.
-fn journal_bytes(device_bytes: u64) -> u64 {
-    (device_bytes / 256).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
-}
-
 /// Metadata RAM per line (measured by `tiercache bench core`, rounded up) and the staging pool.
 const RAM_PER_LINE: u64 = 20;
 
@@ -260,12 +255,16 @@ pub fn plan_cache(
         cfg.volatile = true;
         meta_bytes = 0;
     } else {
-        let (layout, lines) = Layout::plan(bytes, ls.bytes() as u32, journal_bytes(bytes))
-            .ok_or_else(|| {
-                format!(
-                    "the cache device ({bytes} bytes) is too small for its metadata and one {ls} line"
-                )
-            })?;
+        let (layout, lines) = Layout::plan(
+            bytes,
+            ls.bytes() as u32,
+            tiercache_format::superblock::journal_bytes_for(bytes),
+        )
+        .ok_or_else(|| {
+            format!(
+                "the cache device ({bytes} bytes) is too small for its metadata and one {ls} line"
+            )
+        })?;
         cfg = Config::new(lines, ls);
         cfg.data_offset = Lba(layout.data.offset / 512);
         cfg.persist = Some(Persist::new_cache(new_uuid(), bytes, ls, lines, layout));
@@ -290,7 +289,7 @@ pub fn plan_cache(
 pub fn plan_wl_cache(bytes: u64, ls: LineSize) -> Result<(WlConfig, Value), String> {
     let log_bytes = (bytes / 2) & !((1 << 20) - 1);
     let (layout, lines) =
-        Layout::plan_wl(bytes, ls.bytes() as u32, journal_bytes(bytes / 2), log_bytes)
+        Layout::plan_wl(bytes, ls.bytes() as u32, tiercache_format::superblock::journal_bytes_for(bytes / 2), log_bytes)
             .ok_or_else(|| {
                 format!(
                     "the cache device ({bytes} bytes) is too small for a write log, its read cache's metadata and one {ls} line"

@@ -36,6 +36,8 @@ use tiercache_core::wl::WlConfig;
 use tiercache_core::{Cache, Config, Machine};
 use tiercache_io::{AlignedBuf, AsyncDone, Backend, BufPool, IoErr};
 
+pub mod readahead;
+
 /// The most bytes of contiguous writes the engine merges into one IO.
 const MERGE_MAX_BYTES: u64 = 256 << 10;
 
@@ -707,6 +709,28 @@ impl Shared {
     }
 }
 
+/// The regions a load reads whole, in the order it reads them: the journal, then the current
+/// checkpoint (none when the superblock cannot be read: the load then says why).
+fn load_plan(dev: &dyn Backend) -> Vec<(u64, u64)> {
+    let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+        dev.read(off / 512, buf).map_err(|e| e.to_string())
+    };
+    let Ok((sb, _, _)) = tiercache_core::cache::read_superblock(&mut read) else {
+        return Vec::new();
+    };
+    let mut plan = vec![(sb.layout.journal.offset, sb.layout.journal.bytes)];
+    if sb.has_checkpoint {
+        let region = sb.layout.checkpoint[sb.checkpoint as usize & 1];
+        let bytes =
+            tiercache_format::superblock::checkpoint_region_bytes(sb.lines as u64, sb.line_size)
+                .unwrap_or(0)
+                .min(region.bytes);
+        plan.push((region.offset, bytes));
+    }
+    plan.retain(|&(off, bytes)| bytes > 0 && off.is_multiple_of(512) && bytes.is_multiple_of(512));
+    plan
+}
+
 fn done(io: IoId, r: Result<(), IoErr>) -> Event {
     Event::IoDone {
         io,
@@ -892,12 +916,14 @@ impl Engine {
         ec: EngineConfig,
         allow_growth: bool,
     ) -> Result<(Engine, LoadReport), String> {
-        let dev = cache_dev.clone();
+        // The journal and the checkpoint are read ahead of the core (readahead.rs).
+        let mut ra = readahead::ReadAhead::start(cache_dev.clone(), &load_plan(&*cache_dev));
         let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-            dev.read(off / 512, buf)
+            ra.read(off, buf)
                 .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
         };
         let (cache, report) = tiercache_core::wl::device::open_device(base, &mut read)?;
+        drop(ra);
         for e in &report.cores {
             let id = CoreId(e.id as u16);
             let Some((_, d)) = cores.iter().find(|(c, _)| *c == id) else {

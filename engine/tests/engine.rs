@@ -106,7 +106,23 @@ fn requests_from_several_threads_read_back_in_every_mode() {
         );
         assert!(st.in_flight_max >= 2, "IO threads ran IOs concurrently");
         assert!(st.buffer_peak <= st.buffer_bytes);
-        assert_eq!(st.buffer_in_use, 0, "every IO gave its buffer back");
+        // The requests are done, but IOs they left behind (writeback of what they dirtied, the
+        // journal) may still hold buffers: once nothing is in flight, every buffer is back.
+        let t = std::time::Instant::now();
+        let st = loop {
+            let st = e.stats();
+            if (st.in_flight == 0 && st.buffer_in_use == 0)
+                || t.elapsed() > std::time::Duration::from_secs(20)
+            {
+                break st;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(
+            st.buffer_in_use, 0,
+            "every IO gave its buffer back ({} in flight)",
+            st.in_flight
+        );
         if tiny_pool {
             assert!(st.buffer_waits > 0, "IOs waited for the two-page pool");
         }

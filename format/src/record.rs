@@ -96,7 +96,9 @@ pub fn encode_versioned(kind: RecordKind, version: u16, payload: &[u8]) -> Vec<u
         .ok()
         .filter(|&l| l <= RECORD_PAYLOAD_MAX);
     let len = len.expect("record payload over RECORD_PAYLOAD_MAX");
-    let mut w = Writer::new();
+    let mut w = Writer {
+        buf: Vec::with_capacity(RECORD_HEADER + payload.len()),
+    };
     w.bytes(&RECORD_MAGIC)
         .u16(kind as u16)
         .u16(version)

@@ -100,6 +100,12 @@ pub fn checkpoint_bytes_per_line(line_size: u32) -> u64 {
 /// slot of this size, so chunk `i` lives at `i * CHECKPOINT_CHUNK_BYTES` in its region.
 pub const CHECKPOINT_CHUNK_BYTES: u64 = 64 << 10;
 
+/// The journal region a new cache gets on a device of `device_bytes` (`start-cache`'s plan):
+/// 1/256 of the device, from 1 MiB to 64 MiB, in whole MiB.
+pub fn journal_bytes_for(device_bytes: u64) -> u64 {
+    (device_bytes / 256).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
+}
+
 /// Lines per checkpoint chunk: as many records as fit in a slot with the frame and the chunk
 /// header.
 pub fn lines_per_chunk(line_size: u32) -> u32 {

@@ -15,7 +15,7 @@
 //! zeroed): a buffer is for a device read that fills it or a write that was copied into it.
 
 use crate::aligned::{ALIGN, AlignedBuf};
-use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::alloc::Layout;
 use std::collections::BTreeSet;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
@@ -90,10 +90,9 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.bytes, PAGE).expect("layout was valid at new");
-        // SAFETY: base was allocated by alloc_zeroed with this layout, and no buffer is left
-        // (each holds an Arc of the arena).
-        unsafe { dealloc(self.base.as_ptr(), layout) }
+        // SAFETY: base is the start of a mapping of `bytes` made by BufPool::new, and no
+        // buffer is left (each holds an Arc of the arena).
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.bytes) };
     }
 }
 
@@ -111,15 +110,34 @@ impl std::fmt::Debug for BufPool {
 
 impl BufPool {
     /// A pool of at least `bytes` (rounded up to a power of two, at least one page). The
-    /// memory is reserved now, zeroed, and never grows.
+    /// address space is reserved now and never grows; its pages are zero until first used.
+    ///
+    /// The arena is an anonymous private mapping, which the kernel fills with zero pages as
+    /// they are first touched: a 64 MiB pool costs nothing until IO uses it. (A page-aligned
+    /// `alloc_zeroed` writes every byte first: 35 ms at every engine start on this machine.)
     pub fn new(bytes: usize) -> BufPool {
         let pages = bytes.div_ceil(PAGE).max(1).next_power_of_two();
         let max_order = pages.trailing_zeros();
         let bytes = pages * PAGE;
         let layout = Layout::from_size_align(bytes, PAGE).expect("BufPool: size overflow");
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc_zeroed(layout) };
-        let Some(base) = NonNull::new(raw) else {
+        // SAFETY: a new anonymous mapping (no address hint, no file); checked below.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(layout)
+        }
+        // Huge pages where the kernel has them (fewer faults and TLB misses); a refusal is fine.
+        // SAFETY: the range is the mapping just made.
+        unsafe { libc::madvise(raw, bytes, libc::MADV_HUGEPAGE) };
+        let Some(base) = NonNull::new(raw.cast::<u8>()) else {
             std::alloc::handle_alloc_error(layout)
         };
         let mut free = vec![BTreeSet::new(); max_order as usize + 1];
