@@ -104,6 +104,28 @@ pub fn encode_chunk_proven(
     line_size: u32,
 ) -> Vec<u8> {
     assert!(proven.len() <= lines.len(), "more flags than lines");
+    let count = u32::try_from(lines.len()).expect("chunk too long");
+    encode_chunk_with(first, seq, count, line_size, |i| {
+        (
+            lines[i as usize],
+            proven.get(i as usize).copied().unwrap_or(false),
+        )
+    })
+}
+
+/// [`encode_chunk_proven`] for `count` lines whose records (and proven flags) `line(i)` makes
+/// one at a time, `i` from 0: no vector of records in between (a checkpoint encodes every
+/// line of the cache, 16M at 16M lines). Same bytes.
+///
+/// # Panics
+/// As [`encode_chunk_proven`].
+pub fn encode_chunk_with(
+    first: u32,
+    seq: u64,
+    count: u32,
+    line_size: u32,
+    mut line: impl FnMut(u32) -> (LineRecord, bool),
+) -> Vec<u8> {
     check_line_size(line_size).expect("valid line size");
     let n = mask_bytes(line_size);
     let per = checkpoint_bytes_per_line(line_size) as usize;
@@ -112,22 +134,18 @@ pub fn encode_chunk_proven(
     } else {
         (1u128 << (line_size / 512)) - 1
     };
-    let count = u32::try_from(lines.len()).expect("chunk too long");
     // Header, then each record at its fixed offset in a zeroed area (its padding stays zero):
-    // one allocation for the whole chunk (a checkpoint encodes 16M records at 16M lines).
-    let mut out = Vec::with_capacity(CHUNK_HEADER + lines.len() * per);
+    // one allocation for the whole chunk.
+    let total = CHUNK_HEADER + count as usize * per;
+    let mut out = Vec::with_capacity(total);
     out.extend_from_slice(&first.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&line_size.to_le_bytes());
     out.extend_from_slice(&seq.to_le_bytes());
     debug_assert_eq!(out.len(), CHUNK_HEADER);
-    out.resize(CHUNK_HEADER + lines.len() * per, 0);
-    for (i, (l, rec)) in lines
-        .iter()
-        .zip(out[CHUNK_HEADER..].chunks_exact_mut(per))
-        .enumerate()
-    {
-        let flag = proven.get(i).copied().unwrap_or(false);
+    out.resize(total, 0);
+    for (i, rec) in (0..count).zip(out[CHUNK_HEADER..].chunks_exact_mut(per)) {
+        let (l, flag) = line(i);
         assert!(!flag || l.core.is_some(), "proven flag on an unmapped line");
         assert_eq!(l.dirty & !l.valid, 0, "dirty blocks must be valid");
         assert_eq!(l.valid & !blocks_mask, 0, "bits beyond the line");
