@@ -44,7 +44,7 @@ use tiercache_core::units::{CoreId, Lba, LineSize};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::{Config, config::Persist};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
-use tiercache_format::superblock::Layout;
+use tiercache_format::superblock::{Layout, journal_bytes_for};
 use tiercache_io::RbdBackend;
 
 /// Highest cache id (as casadm).
@@ -258,7 +258,7 @@ pub fn plan_cache(
         let (layout, lines) = Layout::plan(
             bytes,
             ls.bytes() as u32,
-            tiercache_format::superblock::journal_bytes_for(bytes),
+            journal_bytes_for(bytes),
         )
         .ok_or_else(|| {
             format!(
@@ -289,7 +289,7 @@ pub fn plan_cache(
 pub fn plan_wl_cache(bytes: u64, ls: LineSize) -> Result<(WlConfig, Value), String> {
     let log_bytes = (bytes / 2) & !((1 << 20) - 1);
     let (layout, lines) =
-        Layout::plan_wl(bytes, ls.bytes() as u32, tiercache_format::superblock::journal_bytes_for(bytes / 2), log_bytes)
+        Layout::plan_wl(bytes, ls.bytes() as u32, journal_bytes_for(bytes / 2), log_bytes)
             .ok_or_else(|| {
                 format!(
                     "the cache device ({bytes} bytes) is too small for a write log, its read cache's metadata and one {ls} line"
