@@ -44,16 +44,36 @@ impl LineStates {
         }
     }
 
+    /// One mask of `n` bytes (1, 2, 4, 8 or 16) at `at`. Each width is its own fixed-size load:
+    /// a copy of a run-time length became a `memcpy` call on every hit and every checkpoint
+    /// record.
     #[inline]
     fn get(v: &[u8], at: usize, n: usize) -> BlockMask {
-        let mut b = [0u8; 16];
-        b[..n].copy_from_slice(&v[at..at + n]);
-        u128::from_le_bytes(b)
+        fn word<const N: usize>(v: &[u8], at: usize) -> [u8; N] {
+            v[at..at + N].try_into().expect("N bytes")
+        }
+        match n {
+            1 => v[at] as u128,
+            2 => u16::from_le_bytes(word(v, at)) as u128,
+            4 => u32::from_le_bytes(word(v, at)) as u128,
+            8 => u64::from_le_bytes(word(v, at)) as u128,
+            _ => {
+                let mut b = [0u8; 16];
+                b[..n].copy_from_slice(&v[at..at + n]);
+                u128::from_le_bytes(b)
+            }
+        }
     }
 
     #[inline]
     fn put(v: &mut [u8], at: usize, n: usize, m: BlockMask) {
-        v[at..at + n].copy_from_slice(&m.to_le_bytes()[..n]);
+        match n {
+            1 => v[at] = m as u8,
+            2 => v[at..at + 2].copy_from_slice(&(m as u16).to_le_bytes()),
+            4 => v[at..at + 4].copy_from_slice(&(m as u32).to_le_bytes()),
+            8 => v[at..at + 8].copy_from_slice(&(m as u64).to_le_bytes()),
+            _ => v[at..at + n].copy_from_slice(&m.to_le_bytes()[..n]),
+        }
     }
 
     /// Hints the CPU to start loading `line`'s record (see `Mapping::lookup_hinted`).
