@@ -32,10 +32,14 @@ pub struct LineStates {
 }
 
 impl LineStates {
-    /// State for `lines` lines of `blocks_per_line` blocks (8..=128).
+    /// State for `lines` lines of `blocks_per_line` blocks (8, 16, 32, 64 or 128: the line
+    /// sizes).
     pub fn new(lines: u32, blocks_per_line: u32) -> LineStates {
         let mask_bytes = (blocks_per_line / 8) as usize;
-        assert!((1..=16).contains(&mask_bytes));
+        assert!(
+            matches!(mask_bytes, 1 | 2 | 4 | 8 | 16),
+            "{blocks_per_line} blocks per line"
+        );
         let stride = 2 * mask_bytes;
         LineStates {
             data: vec![0; lines as usize * stride],
@@ -57,11 +61,8 @@ impl LineStates {
             2 => u16::from_le_bytes(word(v, at)) as u128,
             4 => u32::from_le_bytes(word(v, at)) as u128,
             8 => u64::from_le_bytes(word(v, at)) as u128,
-            _ => {
-                let mut b = [0u8; 16];
-                b[..n].copy_from_slice(&v[at..at + n]);
-                u128::from_le_bytes(b)
-            }
+            16 => u128::from_le_bytes(word(v, at)),
+            _ => unreachable!("mask of {n} bytes"),
         }
     }
 
@@ -72,7 +73,8 @@ impl LineStates {
             2 => v[at..at + 2].copy_from_slice(&(m as u16).to_le_bytes()),
             4 => v[at..at + 4].copy_from_slice(&(m as u32).to_le_bytes()),
             8 => v[at..at + 8].copy_from_slice(&(m as u64).to_le_bytes()),
-            _ => v[at..at + n].copy_from_slice(&m.to_le_bytes()[..n]),
+            16 => v[at..at + 16].copy_from_slice(&m.to_le_bytes()),
+            _ => unreachable!("mask of {n} bytes"),
         }
     }
 

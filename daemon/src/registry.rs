@@ -1581,7 +1581,7 @@ impl Registry {
         // data is refused (and the export with it).
         let now = current_blocks(&k.device).or_else(|| {
             k.rbd.as_ref().and_then(|r| {
-                r.refresh_size_within(k.io_timeout.unwrap_or(RBD_SIZE_WAIT).min(RBD_SIZE_WAIT))
+                r.refresh_size_within(k.io_timeout.map_or(RBD_SIZE_WAIT, |t| t.min(RBD_SIZE_WAIT)))
             })
         });
         if let Some(now) = now
@@ -1965,8 +1965,8 @@ fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> 
     Ok(())
 }
 
-/// How long a new connection waits for an RBD image's current size when the core has no IO
-/// timeout of its own (the registry is locked meanwhile).
+/// The longest a new connection waits for an RBD image's current size (the registry is locked
+/// meanwhile): the core's IO timeout, at most this, and this when it has none.
 const RBD_SIZE_WAIT: Duration = Duration::from_secs(5);
 
 /// The size in blocks a local core device has now (files and block devices; `None` for others

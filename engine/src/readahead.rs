@@ -109,13 +109,11 @@ impl ReadAhead {
     }
 
     /// The pieces `[first, last]` that hold `[off, off + len)` back to back, if the plan has
-    /// them and the core has not gone past the first.
-    fn find(&mut self, st: &State, off: u64, len: u64) -> Option<(usize, usize)> {
-        let start = (self.cursor..st.plan.len())
-            .chain(st.low..self.cursor.min(st.plan.len()))
-            .find(|&i| {
-                i >= st.low && st.plan[i].off <= off && off < st.plan[i].off + st.plan[i].len
-            })?;
+    /// them and the core has not gone past the first. (Every piece the core has not gone past
+    /// is at or after the one the last read ended in.)
+    fn find(&self, st: &State, off: u64, len: u64) -> Option<(usize, usize)> {
+        let start = (self.cursor.max(st.low)..st.plan.len())
+            .find(|&i| st.plan[i].off <= off && off < st.plan[i].off + st.plan[i].len)?;
         let end = off + len;
         let mut last = start;
         while st.plan[last].off + st.plan[last].len < end {
@@ -144,12 +142,7 @@ impl ReadAhead {
         let mut failed = false;
         for k in first..=last {
             // Everything before piece k is behind the core now.
-            if st.low < k {
-                st.low = k;
-                let low = st.low;
-                st.data.retain(|&i, _| i >= low);
-                sh.cv.notify_all();
-            }
+            pass(&mut st, &sh.cv, k);
             while !st.data.contains_key(&k) {
                 st = sh.cv.wait(st).unwrap_or_else(|e| e.into_inner());
             }
@@ -166,12 +159,11 @@ impl ReadAhead {
         }
         // The core read up to `end`: a piece it finished is not needed again.
         let p = st.plan[last];
-        let low = if end >= p.off + p.len { last + 1 } else { last };
-        if st.low < low {
-            st.low = low;
-            st.data.retain(|&i, _| i >= low);
-            sh.cv.notify_all();
-        }
+        pass(
+            &mut st,
+            &sh.cv,
+            if end >= p.off + p.len { last + 1 } else { last },
+        );
         self.cursor = last;
         drop(st);
         if failed {
@@ -179,6 +171,16 @@ impl ReadAhead {
             return self.dev.read(off / 512, buf);
         }
         Ok(())
+    }
+}
+
+/// The core has gone past every piece before `low`: they are dropped, and the helpers may
+/// fetch further.
+fn pass(st: &mut State, cv: &Condvar, low: usize) {
+    if st.low < low {
+        st.low = low;
+        st.data.retain(|&i, _| i >= low);
+        cv.notify_all();
     }
 }
 
