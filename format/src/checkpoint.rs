@@ -124,27 +124,90 @@ pub fn encode_chunk_with(
     seq: u64,
     count: u32,
     line_size: u32,
-    mut line: impl FnMut(u32) -> (LineRecord, bool),
+    line: impl FnMut(u32) -> (LineRecord, bool),
 ) -> Vec<u8> {
+    let mut out = vec![0u8; chunk_payload_bytes(count, line_size)];
+    encode_chunk_into(&mut out, first, seq, count, line_size, line);
+    out
+}
+
+/// Payload bytes of a chunk of `count` lines of `line_size` bytes.
+///
+/// # Panics
+/// On a bad line size (a bug in the caller).
+pub fn chunk_payload_bytes(count: u32, line_size: u32) -> usize {
     check_line_size(line_size).expect("valid line size");
-    let n = mask_bytes(line_size);
-    let per = checkpoint_bytes_per_line(line_size) as usize;
-    let blocks_mask = if line_size == 65536 {
-        u128::MAX
-    } else {
-        (1u128 << (line_size / 512)) - 1
-    };
-    // Header, then each record at its fixed offset in a zeroed area (its padding stays zero):
-    // one allocation for the whole chunk.
-    let total = CHUNK_HEADER + count as usize * per;
-    let mut out = Vec::with_capacity(total);
-    out.extend_from_slice(&first.to_le_bytes());
-    out.extend_from_slice(&count.to_le_bytes());
-    out.extend_from_slice(&line_size.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    debug_assert_eq!(out.len(), CHUNK_HEADER);
-    out.resize(total, 0);
-    for (i, rec) in (0..count).zip(out[CHUNK_HEADER..].chunks_exact_mut(per)) {
+    CHUNK_HEADER + count as usize * checkpoint_bytes_per_line(line_size) as usize
+}
+
+/// A whole checkpoint record (frame and chunk payload, zero-padded to a multiple of `align`
+/// bytes) for `count` lines made by `line(i)`, framed as format `version` (see
+/// [`chunk_version`]: 2 if any proven flag is set). The payload is encoded in place in the
+/// record's one buffer. Same bytes as framing [`encode_chunk_with`]'s payload.
+///
+/// # Panics
+/// As [`encode_chunk_proven`], and on a proven flag in a version-1 record.
+pub fn encode_chunk_record(
+    first: u32,
+    seq: u64,
+    count: u32,
+    line_size: u32,
+    version: u16,
+    align: usize,
+    line: impl FnMut(u32) -> (LineRecord, bool),
+) -> Vec<u8> {
+    let len = chunk_payload_bytes(count, line_size);
+    crate::record::encode_with(
+        crate::record::RecordKind::Checkpoint,
+        version,
+        len,
+        align,
+        |p| {
+            let any = encode_chunk_into(p, first, seq, count, line_size, line);
+            assert!(version >= 2 || !any, "proven flag in a version-1 chunk");
+        },
+    )
+}
+
+/// Encodes the chunk into `out` (exactly [`chunk_payload_bytes`] long, zeroed). Returns whether
+/// any proven flag was set.
+fn encode_chunk_into(
+    out: &mut [u8],
+    first: u32,
+    seq: u64,
+    count: u32,
+    line_size: u32,
+    line: impl FnMut(u32) -> (LineRecord, bool),
+) -> bool {
+    assert_eq!(out.len(), chunk_payload_bytes(count, line_size));
+    out[0..4].copy_from_slice(&first.to_le_bytes());
+    out[4..8].copy_from_slice(&count.to_le_bytes());
+    out[8..12].copy_from_slice(&line_size.to_le_bytes());
+    out[12..20].copy_from_slice(&seq.to_le_bytes());
+    let recs = &mut out[CHUNK_HEADER..];
+    // One loop per mask width, so each mask is a fixed-size store (a copy of a run-time length
+    // is a `memcpy` call per record).
+    match mask_bytes(line_size) {
+        1 => records::<1, 16>(recs, count, line),
+        2 => records::<2, 16>(recs, count, line),
+        4 => records::<4, 24>(recs, count, line),
+        8 => records::<8, 32>(recs, count, line),
+        16 => records::<16, 48>(recs, count, line),
+        n => unreachable!("mask of {n} bytes"),
+    }
+}
+
+/// Writes `count` line records of masks of `N` bytes, `PER` bytes apart, into `recs` (zeroed).
+fn records<const N: usize, const PER: usize>(
+    recs: &mut [u8],
+    count: u32,
+    mut line: impl FnMut(u32) -> (LineRecord, bool),
+) -> bool {
+    debug_assert_eq!(PER, (10 + 2 * N + 1).div_ceil(8) * 8);
+    let blocks_mask = u128::MAX >> (128 - 8 * N);
+    let mut any = false;
+    for (i, rec) in (0..count).zip(recs.chunks_exact_mut(PER)) {
+        let rec: &mut [u8; PER] = rec.try_into().expect("PER bytes");
         let (l, flag) = line(i);
         assert!(!flag || l.core.is_some(), "proven flag on an unmapped line");
         assert_eq!(l.dirty & !l.valid, 0, "dirty blocks must be valid");
@@ -165,11 +228,14 @@ pub fn encode_chunk_with(
                 rec[8] = UNMAPPED;
             }
         }
-        rec[10..10 + n].copy_from_slice(&l.valid.to_le_bytes()[..n]);
-        rec[10 + n..10 + 2 * n].copy_from_slice(&l.dirty.to_le_bytes()[..n]);
-        rec[10 + 2 * n] = flag as u8;
+        let v: [u8; 16] = l.valid.to_le_bytes();
+        let d: [u8; 16] = l.dirty.to_le_bytes();
+        rec[10..10 + N].copy_from_slice(&v[..N]);
+        rec[10 + N..10 + 2 * N].copy_from_slice(&d[..N]);
+        rec[10 + 2 * N] = flag as u8;
+        any |= flag;
     }
-    out
+    any
 }
 
 /// Decodes a chunk payload: the first line, the checkpoint sequence and the records (a

@@ -15,7 +15,7 @@
 //! place (stale sector) fails the magic or checksum; a newer tiercache's record says so by
 //! version.
 
-use crate::codec::{Reader, Writer};
+use crate::codec::Reader;
 use crate::crc::{crc32c, crc32c_update};
 use crate::{DecodeError, FORMAT_VERSION};
 
@@ -88,24 +88,41 @@ pub fn encode(kind: RecordKind, payload: &[u8]) -> Vec<u8> {
 /// If the payload is larger than [`RECORD_PAYLOAD_MAX`], or `version` is 0 or newer than
 /// [`FORMAT_VERSION`] (bugs in the caller, not input).
 pub fn encode_versioned(kind: RecordKind, version: u16, payload: &[u8]) -> Vec<u8> {
+    encode_with(kind, version, payload.len(), 1, |p| {
+        p.copy_from_slice(payload)
+    })
+}
+
+/// [`encode_versioned`] with a payload of `len` bytes that `fill` writes in place (it gets
+/// them zeroed), the whole record zero-padded to a multiple of `align` bytes: one buffer, no
+/// copy of the payload. Same bytes as `encode_versioned` and padding.
+///
+/// # Panics
+/// As [`encode_versioned`], and if `align` is 0.
+pub fn encode_with(
+    kind: RecordKind,
+    version: u16,
+    len: usize,
+    align: usize,
+    fill: impl FnOnce(&mut [u8]),
+) -> Vec<u8> {
     assert!(
         (1..=FORMAT_VERSION).contains(&version),
         "record version {version}"
     );
-    let len = u32::try_from(payload.len())
+    let len32 = u32::try_from(len)
         .ok()
-        .filter(|&l| l <= RECORD_PAYLOAD_MAX);
-    let len = len.expect("record payload over RECORD_PAYLOAD_MAX");
-    let mut w = Writer {
-        buf: Vec::with_capacity(RECORD_HEADER + payload.len()),
-    };
-    w.bytes(&RECORD_MAGIC)
-        .u16(kind as u16)
-        .u16(version)
-        .u32(len);
-    let crc = crc32c_update(crc32c(&w.buf), payload);
-    w.u32(crc).bytes(payload);
-    w.buf
+        .filter(|&l| l <= RECORD_PAYLOAD_MAX)
+        .expect("record payload over RECORD_PAYLOAD_MAX");
+    let mut out = vec![0u8; (RECORD_HEADER + len).next_multiple_of(align)];
+    fill(&mut out[RECORD_HEADER..RECORD_HEADER + len]);
+    out[0..4].copy_from_slice(&RECORD_MAGIC);
+    out[4..6].copy_from_slice(&(kind as u16).to_le_bytes());
+    out[6..8].copy_from_slice(&version.to_le_bytes());
+    out[8..12].copy_from_slice(&len32.to_le_bytes());
+    let crc = crc32c_update(crc32c(&out[..12]), &out[RECORD_HEADER..RECORD_HEADER + len]);
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    out
 }
 
 /// Decodes the record at the start of `buf`; returns it and the bytes it occupies.

@@ -270,6 +270,44 @@ mod checkpoint {
         }
     }
 
+    /// The checkpoint record built in place (`encode_chunk_record`, what the cache writes) is
+    /// byte for byte the chunk payload framed by `record::encode_versioned` and zero-padded.
+    #[test]
+    fn chunk_record_in_place_equals_the_framed_payload() {
+        use tiercache_format::checkpoint::{encode_chunk_proven, encode_chunk_record};
+        use tiercache_format::record::{RecordKind, encode_versioned};
+        for ls in [4096u32, 8192, 16384, 32768, 65536] {
+            let full = if ls == 65536 {
+                u128::MAX
+            } else {
+                (1u128 << (ls / 512)) - 1
+            };
+            let mut l = lines();
+            l.push(LineRecord {
+                core: Some(1),
+                core_line: u64::MAX,
+                class: 0,
+                valid: full,
+                dirty: full & 0x5555_5555_5555_5555_5555_5555_5555_5555,
+            });
+            for (proven, version) in [(vec![false; 4], 1u16), (vec![true, false, false, true], 2)] {
+                for align in [1usize, 512, 4096] {
+                    let payload = encode_chunk_proven(10, 99, &l, &proven, ls);
+                    let mut want = encode_versioned(RecordKind::Checkpoint, version, &payload);
+                    want.resize(want.len().next_multiple_of(align), 0);
+                    let got =
+                        encode_chunk_record(10, 99, l.len() as u32, ls, version, align, |i| {
+                            (l[i as usize], proven[i as usize])
+                        });
+                    assert_eq!(
+                        got, want,
+                        "line size {ls}, version {version}, align {align}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn chunk_v1_bytes_and_round_trip() {
         let p = encode_chunk(10, 99, &lines(), 4096);

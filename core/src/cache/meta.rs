@@ -40,7 +40,7 @@ use crate::hash::{FxHashMap, FxHashSet};
 use crate::lists::ListId;
 use crate::units::{CoreId, Lba, LineId, Nanos, ReqId};
 use std::collections::VecDeque;
-use tiercache_format::checkpoint::{LineRecord, chunk_version, encode_chunk_with};
+use tiercache_format::checkpoint::{LineRecord, chunk_version, encode_chunk_record};
 use tiercache_format::journal::{Entry, LineOp};
 use tiercache_format::record::{self, RecordKind};
 use tiercache_format::superblock::{
@@ -1060,21 +1060,18 @@ impl Cache {
                     let last = (first + lpc).min(m.sb.lines);
                     let (cp_seq, prove) = (run.cp_seq, run.prove);
                     let proven = self.intent_capture(first, last, prove);
-                    let payload = encode_chunk_with(
+                    let rec = encode_chunk_record(
                         first,
                         cp_seq,
                         last - first,
                         self.cfg.line_size.bytes() as u32,
+                        chunk_version(&proven),
+                        RECORD_ALIGN as usize,
                         |i| {
                             let rec = self.line_record(LineId(first + i));
                             (rec, proven[i as usize])
                         },
                     );
-                    let rec = pad(record::encode_versioned(
-                        RecordKind::Checkpoint,
-                        chunk_version(&proven),
-                        &payload,
-                    ));
                     debug_assert!(rec.len() as u64 <= CHECKPOINT_CHUNK_BYTES);
                     let at = region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES;
                     self.admin_write(actions, at, rec, false);
