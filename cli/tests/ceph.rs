@@ -883,3 +883,144 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
     dm.shutdown();
     c.stop();
 }
+
+/// SIGTERM while the cluster is unresponsive (its OSD stopped with SIGSTOP) and a read of the
+/// image is stuck in librbd: the daemon still stops, within a bound, and keeps the `wb` cache's
+/// dirty data on the cache device (a stop never needs the core). After the OSD resumes, a
+/// daemon started from a config file brings the cache back with that data, which then writes
+/// back and reads back through `rbd export`.
+#[test]
+fn sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data() {
+    const TEST: &str = "sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data";
+    if !ceph::installed(TEST) {
+        return;
+    }
+    let c = ceph::Cluster::start("term", &[]);
+    let img = ceph::image_name("term");
+    c.create_image(&img, 64);
+    let spec = format!("rbd/{img}");
+    let conf = c.conf.display().to_string();
+    let d = Dir::new("ceph-term");
+    let cache = d.path("cache.img");
+    std::fs::File::create(&cache)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let block = |b: u64, v: u64| -> Vec<u8> {
+        (0..4096u64)
+            .map(|i| (b.wrapping_mul(37) ^ v.wrapping_mul(101) ^ i) as u8)
+            .collect()
+    };
+    let dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
+    dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+    dm.json(&[
+        "set-param",
+        "--cache-id",
+        "1",
+        "cleaning",
+        "--policy",
+        "nop",
+    ]);
+    dm.json(&[
+        "add-core",
+        "--cache-id",
+        "1",
+        "--core-device",
+        &format!("rbd:{spec}"),
+        "--ceph-conf",
+        &conf,
+        "--export",
+        "vm",
+        "--io-timeout",
+        "2s",
+    ]);
+    let vm = dm.nbd("vm").unwrap();
+    // Blocks 0..32 on the image only (written back, then dropped from the cache).
+    for b in 0..32 {
+        vm.write(b * 8, &block(b, 1), false).unwrap();
+    }
+    vm.flush().unwrap();
+    dm.json(&["writeback", "--cache-id", "1"]);
+    dm.json(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
+    // Blocks 32..96 dirty in the cache (cleaning is nop), flushed.
+    for b in 32..96 {
+        vm.write(b * 8, &block(b, 2), false).unwrap();
+    }
+    vm.flush().unwrap();
+
+    let stall = Stalled::start(&c);
+    let mut buf = vec![0u8; 4096];
+    let e = vm
+        .read(5 * 8, &mut buf)
+        .expect_err("a read of the stalled core fails");
+    assert!(e.to_string().contains("EIO"), "{e}");
+    drop(vm);
+    let t = Instant::now();
+    dm.stop();
+    let took = t.elapsed();
+    println!("SIGTERM with the OSD stopped and a librbd read stuck: the daemon ended in {took:?}");
+    assert!(
+        took < Duration::from_secs(30),
+        "the daemon took {took:?} to stop"
+    );
+    assert!(
+        dm_log_has(&d, "dirty marker not updated"),
+        "the stop says the marker could not be updated"
+    );
+    drop(stall);
+    // The marker set while the cache ran stays: the image still has dirty data in the cache.
+    let marker = c.image_meta(&img, "tiercache.dirty");
+    assert!(
+        marker
+            .as_deref()
+            .is_some_and(|m| m.starts_with("dirty in tiercache")),
+        "the image's dirty marker after the stop: {marker:?}"
+    );
+
+    // Back, from a config file, with the dirty data it kept.
+    let cfg = d.path("tiercache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"vm\"\n"
+        ),
+    )
+    .unwrap();
+    let dm = Daemon::start(
+        Opts::new(&d)
+            .config(&cfg)
+            .ready_within(Duration::from_secs(90)),
+    );
+    let l = dm.json(&["list"]);
+    assert_eq!(l[0]["state"], "running", "{l}\n{}", dm.log());
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    println!("after the restart: {}", s["usage"]);
+    let vm = dm.nbd("vm").unwrap();
+    for b in 0..96u64 {
+        vm.read(b * 8, &mut buf).unwrap();
+        assert!(
+            buf == block(b, if b < 32 { 1 } else { 2 }),
+            "block {b} after the restart"
+        );
+    }
+    drop(vm);
+    dm.json(&["writeback", "--cache-id", "1"]);
+    let v = dm.json(&["stop-cache", "--cache-id", "1"]);
+    assert_eq!(v["dirty_lines_kept"], 0, "{v}");
+    let out = d.path("export.img");
+    c.rbd(&["export", "--no-progress", &spec, &out]);
+    let got = read_file(&out);
+    for b in 0..96u64 {
+        assert!(
+            got[b as usize * 4096..][..4096] == block(b, if b < 32 { 1 } else { 2 })[..],
+            "rbd export: block {b}"
+        );
+    }
+    dm.shutdown();
+    c.stop();
+}
+
+/// Whether the daemon log in `d` has a line containing `what`.
+fn dm_log_has(d: &Dir, what: &str) -> bool {
+    std::fs::read_to_string(d.path("daemon.log")).is_ok_and(|l| l.contains(what))
+}

@@ -1959,11 +1959,17 @@ fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> 
     let uuid = engine_uuid(e);
     for (i, r) in cores {
         let want = (lazy_now(e) && !stopped) || core_has_dirty(e, *i);
-        r.set_dirty_marker(want.then_some(uuid.as_str()))
+        r.set_dirty_marker_within(want.then_some(uuid.as_str()), RBD_MARKER_WAIT)
             .map_err(|err| format!("core {i}: dirty marker: {err}"))?;
     }
     Ok(())
 }
+
+/// The longest a dirty-marker update of an RBD image is waited for (the registry's marker lock
+/// is held meanwhile, and a stopping cache waits for it): an unresponsive cluster makes it a
+/// `TimedOut` error (logged, or the answer of the command that needed it) instead of a hang. A
+/// marker left as it was errs on the safe side only when it says "dirty" (see docs/CEPH.md).
+const RBD_MARKER_WAIT: Duration = Duration::from_secs(10);
 
 /// The longest a new connection waits for an RBD image's current size (the registry is locked
 /// meanwhile): the core's IO timeout, at most this, and this when it has none.

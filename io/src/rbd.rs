@@ -816,6 +816,8 @@ pub struct RbdBackend {
     size_blocks: AtomicU64,
     /// A [`RbdBackend::refresh_size_within`] query is still waiting for librbd.
     size_query: AtomicBool,
+    /// A [`RbdBackend::set_dirty_marker_within`] update is still waiting for librbd.
+    marker_op: AtomicBool,
     /// Whether a completed write is already durable on the cluster: librbd's own cache is off
     /// for this image (`rbd_cache = false` in its effective configuration), so a write
     /// completes only once the OSDs committed it. A flush then has nothing to make durable.
@@ -876,6 +878,7 @@ impl RbdBackend {
             obj_size: 0,
             size_blocks: AtomicU64::new(0),
             size_query: AtomicBool::new(false),
+            marker_op: AtomicBool::new(false),
             completer: OnceLock::new(),
             completed_durable: false,
         };
@@ -975,6 +978,48 @@ impl RbdBackend {
             }
         }
         Ok(())
+    }
+
+    /// [`RbdBackend::set_dirty_marker`] on a thread of its own, waited for at most `limit`.
+    /// With the cluster unresponsive, librbd's metadata calls wait for as long as it is down;
+    /// a caller that must not hang with them (a cache stopping, the registry locked) gets a
+    /// `TimedOut` error instead. An update that outlives the wait finishes on its thread; until
+    /// it has returned, a new update is refused at once (also `TimedOut`), so two updates
+    /// never race and an old "remove" can never land after a newer "set".
+    pub fn set_dirty_marker_within(
+        self: &Arc<Self>,
+        cache_uuid: Option<&str>,
+        limit: Duration,
+    ) -> Result<(), IoErr> {
+        if self.marker_op.swap(true, Ordering::AcqRel) {
+            return Err(IoErr::timed_out(
+                "an earlier dirty-marker update has not returned (cluster not answering)",
+            ));
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let me = self.clone();
+        let uuid = cache_uuid.map(str::to_string);
+        let spawned = std::thread::Builder::new()
+            .name("tc-rbd-marker".into())
+            .spawn(move || {
+                let r = me.set_dirty_marker(uuid.as_deref());
+                me.marker_op.store(false, Ordering::Release);
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            self.marker_op.store(false, Ordering::Release);
+            return Err(IoErr::Io {
+                kind: e.kind(),
+                msg: format!("cannot start a thread for the dirty-marker update: {e}"),
+            });
+        }
+        match rx.recv_timeout(limit) {
+            Ok(r) => r,
+            Err(_) => Err(IoErr::timed_out(format!(
+                "updating the dirty marker (limit {} s)",
+                limit.as_secs_f64()
+            ))),
+        }
     }
 
     /// The value of the dirty marker, if set.
