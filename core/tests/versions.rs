@@ -598,3 +598,74 @@ mod generate {
         write_set(&format!("v{v}-crashed"), &images, &e);
     }
 }
+
+/// A load after a clean stop does not read the journal region (`cache::journal_needed`: the
+/// final checkpoint holds every line; P9's load time), and it does again — with the same
+/// result — when the other superblock copy is damaged, since a damaged newer copy could have
+/// named records replay needs. A crashed image always reads it.
+#[test]
+fn a_clean_image_loads_without_reading_its_journal_unless_a_superblock_copy_is_damaged() {
+    use tiercache_core::cache::read_superblock;
+    use tiercache_format::superblock::SUPERBLOCK_OFFSETS;
+    let load = |img: &[u8]| {
+        let mut reads: Vec<(u64, u64)> = Vec::new();
+        let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
+            let s = off as usize;
+            let src = img
+                .get(s..s + buf.len())
+                .ok_or_else(|| format!("read past the end at {off}"))?;
+            buf.copy_from_slice(src);
+            reads.push((off, buf.len() as u64));
+            Ok(())
+        };
+        let (_, report) = open(&base_config(), &mut read).expect("the image loads");
+        let (sb, _, _) = read_superblock(&mut read).expect("a superblock");
+        let j = sb.layout.journal;
+        let journal_reads = reads
+            .iter()
+            .filter(|&&(o, l)| o < j.offset + j.bytes && j.offset < o + l)
+            .count();
+        (report, journal_reads)
+    };
+    for name in ["v1-clean", "v2-clean", "v1-crashed", "v2-crashed"] {
+        let img = std::fs::read(images_dir().join(format!("{name}.img"))).expect("image");
+        let (report, journal_reads) = load(&img);
+        if report.clean {
+            assert_eq!(journal_reads, 0, "{name}: a clean load read the journal");
+        } else {
+            assert!(
+                journal_reads > 0,
+                "{name}: a recovery must scan the journal"
+            );
+            continue;
+        }
+        // Damage the copy the load did not use: the journal is scanned, the result the same.
+        let mut bad = img.clone();
+        let other = SUPERBLOCK_OFFSETS[1 - report.superblock_copy] as usize;
+        bad[other + 100] ^= 0x5a;
+        let (again, journal_reads) = load(&bad);
+        assert!(
+            journal_reads > 0,
+            "{name}: the other copy damaged, yet no journal scan"
+        );
+        assert!(
+            again.other_copy_error.is_some(),
+            "{name}: the damage is reported"
+        );
+        assert_eq!(
+            (
+                again.clean,
+                again.lines,
+                again.dirty_lines,
+                again.superblock_copy
+            ),
+            (
+                report.clean,
+                report.lines,
+                report.dirty_lines,
+                report.superblock_copy
+            ),
+            "{name}: the load with the journal scanned"
+        );
+    }
+}

@@ -715,10 +715,13 @@ fn load_plan(dev: &dyn Backend) -> Vec<(u64, u64)> {
     let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
         dev.read(off / 512, buf).map_err(|e| e.to_string())
     };
-    let Ok((sb, _, _)) = tiercache_core::cache::read_superblock(&mut read) else {
+    let Ok((sb, _, other)) = tiercache_core::cache::read_superblock(&mut read) else {
         return Vec::new();
     };
-    let mut plan = vec![(sb.layout.journal.offset, sb.layout.journal.bytes)];
+    let mut plan = Vec::new();
+    if tiercache_core::cache::journal_needed(&sb, other.is_none()) {
+        plan.push((sb.layout.journal.offset, sb.layout.journal.bytes));
+    }
     if sb.has_checkpoint {
         let region = sb.layout.checkpoint[sb.checkpoint as usize & 1];
         let bytes =

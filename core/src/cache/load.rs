@@ -114,6 +114,12 @@ pub fn read_tables(
     Ok((config, cores))
 }
 
+/// Whether a load from superblock `sb` reads the journal: always, except after a clean stop
+/// when the other superblock copy is valid too (`other_valid`; see [`open`]).
+pub fn journal_needed(sb: &Superblock, other_valid: bool) -> bool {
+    sb.state != CacheState::Clean || !other_valid
+}
+
 /// The journal records in the region: every valid one (from either half) by sequence number,
 /// and the highest sequence number seen. Records sit at 4 KiB boundaries; anything else is
 /// skipped.
@@ -239,8 +245,18 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
             .map_err(|err| damaged("the core table", err))?;
     }
 
-    // Journal: the consecutive run of records from the superblock's start.
-    let (found, max_seq) = scan_journal(read, &sb)?;
+    // Journal: the consecutive run of records from the superblock's start. After a clean stop
+    // there is none: the final checkpoint is taken once the cache is quiet (no request, no
+    // writeback, no commit; none can start while stopping), so it holds every line's state and
+    // every record in the region is older than its sequence. The region is then not read at
+    // all — unless the other superblock copy is damaged: a newer copy that said `Running`
+    // could be the damaged one, with records after this one's start that replay needs (the
+    // scan then refuses the load, below).
+    let (found, max_seq) = if journal_needed(&sb, other.is_none()) {
+        scan_journal(read, &sb)?
+    } else {
+        (BTreeMap::new(), 0)
+    };
     let mut per_line: FxHashMap<u32, Vec<LineOp>> = FxHashMap::default();
     // Lines with a write intent (or a new mapping) after the checkpoint: not proven.
     let mut unproven = vec![0u64; (sb.lines as usize).div_ceil(64)];

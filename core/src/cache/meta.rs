@@ -652,6 +652,12 @@ impl Cache {
             // An older record's durability must not release a line this commit re-captures.
             m.dd_wait.remove(&l);
         }
+        // A clean load reads no journal (load.rs): nothing may be committed once the final
+        // checkpoint of a stop has begun, or the record would be lost at the next load.
+        assert!(
+            !(m.stopping && m.stop_cores == StopCores::Final),
+            "a journal commit during the final checkpoint of a stop"
+        );
         let waiters = std::mem::take(&mut m.waiters_next);
         let buf = m.new_buf(rec);
         m.commit = Some(Commit {

@@ -49,7 +49,7 @@ pub use health::{
     WritebackFailure, WritebackFaults, WritebackStatus,
 };
 pub use intent::IntentCounters;
-pub use load::{LoadReport, open, read_superblock, read_tables, scan_journal};
+pub use load::{LoadReport, journal_needed, open, read_superblock, read_tables, scan_journal};
 pub use meta::journal_half;
 pub use meta::{MetaCounters, RECORD_ALIGN};
 pub use mgmt::MgmtError;
