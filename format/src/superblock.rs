@@ -101,16 +101,9 @@ pub fn checkpoint_bytes_per_line(line_size: u32) -> u64 {
 pub const CHECKPOINT_CHUNK_BYTES: u64 = 64 << 10;
 
 /// The journal region a new cache gets on a device of `device_bytes` (`start-cache`'s plan):
-/// 1/32 of the device, from 1 MiB to 64 MiB, in whole MiB (64 MiB from 2 GiB up).
-///
-/// A checkpoint starts when a quarter of the region holds live records (each is written
-/// twice), and every commit takes 4 KiB of it: at 1/256 a 1 GiB cache's 4 MiB journal made
-/// 10 checkpoints a second under 4K random writes, and the main job's random writes ran at
-/// 11.4k IOPS (p99 6.2 ms); with 32 MiB, 13.7–14.7k (p99 2.4–2.8 ms). The bigger region costs
-/// a load after a clean stop nothing (the journal is not read then) and a recovery its read
-/// (SPEC P9's allowance: journal region / device bandwidth).
+/// 1/256 of the device, from 1 MiB to 64 MiB, in whole MiB.
 pub fn journal_bytes_for(device_bytes: u64) -> u64 {
-    (device_bytes / 32).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
+    (device_bytes / 256).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
 }
 
 /// Lines per checkpoint chunk: as many records as fit in a slot with the frame and the chunk
