@@ -700,6 +700,74 @@ fn bench_on_rbd_cores_with_the_librbd_peers() {
 
 /// Stops (SIGSTOP) or resumes (SIGCONT) the OSDs of a cluster; resumes them when dropped, so
 /// a failing test leaves no stopped process behind.
+/// The start of the unresponsive-cluster tests: a cluster of the test's own (`name`), a 64 MiB
+/// image, a daemon with a 64 MiB `wb` cache (cleaning `nop`) and the image as core 0, export
+/// `vm`, with `--io-timeout 2s`.
+struct StallSetup {
+    c: ceph::Cluster,
+    img: String,
+    spec: String,
+    conf: String,
+    d: Dir,
+    cache: String,
+    dm: Daemon,
+}
+
+impl StallSetup {
+    fn start(name: &str) -> StallSetup {
+        let c = ceph::Cluster::start(name, &[]);
+        let img = ceph::image_name(name);
+        c.create_image(&img, 64);
+        let spec = format!("rbd/{img}");
+        let conf = c.conf.display().to_string();
+        let d = Dir::new(&format!("ceph-{name}"));
+        let cache = d.path("cache.img");
+        std::fs::File::create(&cache)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        let dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
+        dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
+        dm.json(&[
+            "set-param",
+            "--cache-id",
+            "1",
+            "cleaning",
+            "--policy",
+            "nop",
+        ]);
+        dm.json(&[
+            "add-core",
+            "--cache-id",
+            "1",
+            "--core-device",
+            &format!("rbd:{spec}"),
+            "--ceph-conf",
+            &conf,
+            "--export",
+            "vm",
+            "--io-timeout",
+            "2s",
+        ]);
+        StallSetup {
+            c,
+            img,
+            spec,
+            conf,
+            d,
+            cache,
+            dm,
+        }
+    }
+}
+
+/// What the unresponsive-cluster tests write to 4 KiB block `b` in round `v`.
+fn stall_block(b: u64, v: u64) -> Vec<u8> {
+    (0..4096u64)
+        .map(|i| (b.wrapping_mul(31) ^ v.wrapping_mul(131) ^ i) as u8)
+        .collect()
+}
+
 struct Stalled<'a>(&'a ceph::Cluster, Vec<String>);
 
 impl<'a> Stalled<'a> {
@@ -740,48 +808,10 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
     if !ceph::installed(TEST) {
         return;
     }
-    let c = ceph::Cluster::start("stall", &[]);
-    let img = ceph::image_name("stall");
-    c.create_image(&img, 64);
-    let spec = format!("rbd/{img}");
-    let conf = c.conf.display().to_string();
-    let d = Dir::new("ceph-stall");
-    let cache = d.path("cache.img");
-    std::fs::File::create(&cache)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
-    let block = |b: u64, v: u64| -> Vec<u8> {
-        (0..4096u64)
-            .map(|i| (b.wrapping_mul(31) ^ v.wrapping_mul(131) ^ i) as u8)
-            .collect()
-    };
-    let dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
-    dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
-    dm.json(&[
-        "set-param",
-        "--cache-id",
-        "1",
-        "cleaning",
-        "--policy",
-        "nop",
-    ]);
-    dm.json(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &format!("rbd:{spec}"),
-        "--ceph-conf",
-        &conf,
-        "--export",
-        "vm",
-        "--io-timeout",
-        "2s",
-    ]);
+    let StallSetup { c, spec, d, dm, .. } = StallSetup::start("stall");
     let vm = dm.nbd("vm").unwrap();
     for b in 0..64 {
-        vm.write(b * 8, &block(b, 1), false).unwrap();
+        vm.write(b * 8, &stall_block(b, 1), false).unwrap();
     }
     vm.flush().unwrap();
     // Written back and dropped from the cache: blocks 0..64 are on the image only (a read of
@@ -802,14 +832,14 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
         "the read failed after {took:?}; the timeout is 2 s"
     );
     for b in 64..128 {
-        vm.write(b * 8, &block(b, 2), false)
+        vm.write(b * 8, &stall_block(b, 2), false)
             .expect("a wb write is absorbed while the core stalls");
     }
     vm.flush()
         .expect("a flush in wb reaches the cache device only");
     for b in 64..128 {
         vm.read(b * 8, &mut buf).expect("a cached block reads");
-        assert!(buf == block(b, 2), "block {b}");
+        assert!(buf == stall_block(b, 2), "block {b}");
     }
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["cores"][0]["export"], "vm", "{l}");
@@ -849,7 +879,7 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
             Err(e) => panic!("the core still fails 60 s after the OSD resumed: {e}"),
         }
     }
-    assert!(buf == block(10, 1), "block 10 from the image");
+    assert!(buf == stall_block(10, 1), "block 10 from the image");
     drop(vm);
     // SPEC C22 on RBD: the image grows (another client resizes it; librbd proxies that to us,
     // the lock holder) and the next connection sees the new size and can write at its end.
@@ -857,9 +887,9 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
     let vm = dm.nbd("vm").unwrap();
     assert_eq!(vm.blocks(), 96 << 11, "the new connection's size");
     let last = (96 << 11) - 8;
-    vm.write(last, &block(999, 3), true).unwrap();
+    vm.write(last, &stall_block(999, 3), true).unwrap();
     vm.read(last, &mut buf).unwrap();
-    assert!(buf == block(999, 3), "the grown image's last block");
+    assert!(buf == stall_block(999, 3), "the grown image's last block");
     drop(vm);
     dm.json(&["writeback", "--cache-id", "1"]);
     let v = dm.json(&["stop-cache", "--cache-id", "1"]);
@@ -868,7 +898,7 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
     c.rbd(&["export", "--no-progress", &spec, &out]);
     let got = read_file(&out);
     for b in 0..128u64 {
-        let want = block(b, if b < 64 { 1 } else { 2 });
+        let want = stall_block(b, if b < 64 { 1 } else { 2 });
         assert!(
             got[b as usize * 4096..][..4096] == want[..],
             "rbd export: block {b} is not what was written"
@@ -877,7 +907,7 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
     assert_eq!(got.len(), 96 << 20, "rbd export of the grown image");
     assert!(got[128 * 4096..(96 << 20) - 4096].iter().all(|&x| x == 0));
     assert!(
-        got[(96 << 20) - 4096..] == block(999, 3)[..],
+        got[(96 << 20) - 4096..] == stall_block(999, 3)[..],
         "the grown image's last block"
     );
     dm.shutdown();
@@ -895,56 +925,26 @@ fn sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data() {
     if !ceph::installed(TEST) {
         return;
     }
-    let c = ceph::Cluster::start("term", &[]);
-    let img = ceph::image_name("term");
-    c.create_image(&img, 64);
-    let spec = format!("rbd/{img}");
-    let conf = c.conf.display().to_string();
-    let d = Dir::new("ceph-term");
-    let cache = d.path("cache.img");
-    std::fs::File::create(&cache)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
-    let block = |b: u64, v: u64| -> Vec<u8> {
-        (0..4096u64)
-            .map(|i| (b.wrapping_mul(37) ^ v.wrapping_mul(101) ^ i) as u8)
-            .collect()
-    };
-    let dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
-    dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
-    dm.json(&[
-        "set-param",
-        "--cache-id",
-        "1",
-        "cleaning",
-        "--policy",
-        "nop",
-    ]);
-    dm.json(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &format!("rbd:{spec}"),
-        "--ceph-conf",
-        &conf,
-        "--export",
-        "vm",
-        "--io-timeout",
-        "2s",
-    ]);
+    let StallSetup {
+        c,
+        img,
+        spec,
+        conf,
+        d,
+        cache,
+        dm,
+    } = StallSetup::start("term");
     let vm = dm.nbd("vm").unwrap();
     // Blocks 0..32 on the image only (written back, then dropped from the cache).
     for b in 0..32 {
-        vm.write(b * 8, &block(b, 1), false).unwrap();
+        vm.write(b * 8, &stall_block(b, 1), false).unwrap();
     }
     vm.flush().unwrap();
     dm.json(&["writeback", "--cache-id", "1"]);
     dm.json(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
     // Blocks 32..96 dirty in the cache (cleaning is nop), flushed.
     for b in 32..96 {
-        vm.write(b * 8, &block(b, 2), false).unwrap();
+        vm.write(b * 8, &stall_block(b, 2), false).unwrap();
     }
     vm.flush().unwrap();
 
@@ -999,7 +999,7 @@ fn sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data() {
     for b in 0..96u64 {
         vm.read(b * 8, &mut buf).unwrap();
         assert!(
-            buf == block(b, if b < 32 { 1 } else { 2 }),
+            buf == stall_block(b, if b < 32 { 1 } else { 2 }),
             "block {b} after the restart"
         );
     }
@@ -1012,7 +1012,7 @@ fn sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data() {
     let got = read_file(&out);
     for b in 0..96u64 {
         assert!(
-            got[b as usize * 4096..][..4096] == block(b, if b < 32 { 1 } else { 2 })[..],
+            got[b as usize * 4096..][..4096] == stall_block(b, if b < 32 { 1 } else { 2 })[..],
             "rbd export: block {b}"
         );
     }

@@ -282,6 +282,16 @@ fn base_config() -> Config {
     cfg
 }
 
+/// Reads `buf.len()` bytes at byte `off` of a cache device image (the loader's read function).
+fn read_image(img: &[u8], off: u64, buf: &mut [u8]) -> Result<(), String> {
+    let s = off as usize;
+    let src = img
+        .get(s..s + buf.len())
+        .ok_or_else(|| format!("read past the end at {off}"))?;
+    buf.copy_from_slice(src);
+    Ok(())
+}
+
 /// Loads image set `name` (e.g. `v1-clean`) and checks it against its `.expected` file.
 fn check_image_set(name: &str) {
     let dir = images_dir();
@@ -308,14 +318,7 @@ fn check_image_set(name: &str) {
     }
 
     let img = &cache_img;
-    let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-        let s = off as usize;
-        let src = img
-            .get(s..s + buf.len())
-            .ok_or_else(|| format!("read past the end at {off}"))?;
-        buf.copy_from_slice(src);
-        Ok(())
-    };
+    let mut read = |off: u64, buf: &mut [u8]| read_image(img, off, buf);
     let (cache, report) =
         open(&base_config(), &mut read).unwrap_or_else(|e| panic!("{name}: load failed: {e}"));
     assert_eq!(
@@ -610,13 +613,8 @@ fn a_clean_image_loads_without_reading_its_journal_unless_a_superblock_copy_is_d
     let load = |img: &[u8]| {
         let mut reads: Vec<(u64, u64)> = Vec::new();
         let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-            let s = off as usize;
-            let src = img
-                .get(s..s + buf.len())
-                .ok_or_else(|| format!("read past the end at {off}"))?;
-            buf.copy_from_slice(src);
             reads.push((off, buf.len() as u64));
-            Ok(())
+            read_image(img, off, buf)
         };
         let (_, report) = open(&base_config(), &mut read).expect("the image loads");
         let (sb, _, _) = read_superblock(&mut read).expect("a superblock");

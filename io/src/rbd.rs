@@ -770,6 +770,18 @@ fn zeros() -> &'static [u8] {
     Z.get_or_init(|| vec![0u8; ZERO_CHUNK])
 }
 
+/// How a call run by [`RbdBackend::on_helper`] went.
+enum Helper<T> {
+    /// It returned within the wait.
+    Done(T),
+    /// An earlier call of its kind has not returned: not started.
+    Busy,
+    /// No thread could be started for it.
+    NoThread(std::io::Error),
+    /// It did not return within the wait (it goes on on its thread).
+    TimedOut,
+}
+
 /// A Ceph RBD image as a [`Backend`], named `rbd:POOL/IMAGE[:conf=FILE][:id=ID]`.
 ///
 /// - **Connection**: librados reads the config (`conf`, else `$CEPH_CONF` and the default
@@ -936,23 +948,48 @@ impl RbdBackend {
     /// NBD connection, with the daemon's registry locked) uses the size last seen instead. A
     /// query that outlives the wait finishes on its thread and updates the size then.
     pub fn refresh_size_within(self: &Arc<Self>, limit: Duration) -> Option<u64> {
-        if self.size_query.swap(true, Ordering::AcqRel) {
-            return None;
+        match self.on_helper(
+            |me| &me.size_query,
+            "tc-rbd-size",
+            limit,
+            |me| me.refresh_size(),
+        ) {
+            Helper::Done(r) => r.ok(),
+            Helper::Busy | Helper::NoThread(_) | Helper::TimedOut => None,
+        }
+    }
+
+    /// Runs `f` on a thread of its own (named `name`) and waits at most `limit` for it: the
+    /// pattern of the librbd calls that can wait for as long as the cluster is down. `busy`
+    /// names this kind of call's flag: while one such call has not returned, the next one is
+    /// not started ([`Helper::Busy`]); a call that outlives the wait finishes on its thread.
+    fn on_helper<T: Send + 'static>(
+        self: &Arc<Self>,
+        busy: fn(&RbdBackend) -> &AtomicBool,
+        name: &str,
+        limit: Duration,
+        f: impl FnOnce(&RbdBackend) -> T + Send + 'static,
+    ) -> Helper<T> {
+        if busy(self).swap(true, Ordering::AcqRel) {
+            return Helper::Busy;
         }
         let (tx, rx) = std::sync::mpsc::channel();
         let me = self.clone();
         let spawned = std::thread::Builder::new()
-            .name("tc-rbd-size".into())
+            .name(name.into())
             .spawn(move || {
-                let r = me.refresh_size();
-                me.size_query.store(false, Ordering::Release);
+                let r = f(&me);
+                busy(&me).store(false, Ordering::Release);
                 let _ = tx.send(r);
             });
-        if spawned.is_err() {
-            self.size_query.store(false, Ordering::Release);
-            return None;
+        if let Err(e) = spawned {
+            busy(self).store(false, Ordering::Release);
+            return Helper::NoThread(e);
         }
-        rx.recv_timeout(limit).ok()?.ok()
+        match rx.recv_timeout(limit) {
+            Ok(r) => Helper::Done(r),
+            Err(_) => Helper::TimedOut,
+        }
     }
 
     /// Writes (`Some(uuid)`: `tiercache.dirty` = `dirty in tiercache <uuid>`) or removes
@@ -991,31 +1028,22 @@ impl RbdBackend {
         cache_uuid: Option<&str>,
         limit: Duration,
     ) -> Result<(), IoErr> {
-        if self.marker_op.swap(true, Ordering::AcqRel) {
-            return Err(IoErr::timed_out(
-                "an earlier dirty-marker update has not returned (cluster not answering)",
-            ));
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let me = self.clone();
         let uuid = cache_uuid.map(str::to_string);
-        let spawned = std::thread::Builder::new()
-            .name("tc-rbd-marker".into())
-            .spawn(move || {
-                let r = me.set_dirty_marker(uuid.as_deref());
-                me.marker_op.store(false, Ordering::Release);
-                let _ = tx.send(r);
-            });
-        if let Err(e) = spawned {
-            self.marker_op.store(false, Ordering::Release);
-            return Err(IoErr::Io {
+        match self.on_helper(
+            |me| &me.marker_op,
+            "tc-rbd-marker",
+            limit,
+            move |me| me.set_dirty_marker(uuid.as_deref()),
+        ) {
+            Helper::Done(r) => r,
+            Helper::Busy => Err(IoErr::timed_out(
+                "an earlier dirty-marker update has not returned (cluster not answering)",
+            )),
+            Helper::NoThread(e) => Err(IoErr::Io {
                 kind: e.kind(),
                 msg: format!("cannot start a thread for the dirty-marker update: {e}"),
-            });
-        }
-        match rx.recv_timeout(limit) {
-            Ok(r) => r,
-            Err(_) => Err(IoErr::timed_out(format!(
+            }),
+            Helper::TimedOut => Err(IoErr::timed_out(format!(
                 "updating the dirty marker (limit {} s)",
                 limit.as_secs_f64()
             ))),
