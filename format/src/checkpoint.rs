@@ -238,6 +238,65 @@ fn records<const N: usize, const PER: usize>(
     any
 }
 
+/// Decodes the line records of masks of `N` bytes, `PER` bytes apart (`recs` is a whole number
+/// of records), of a chunk whose first line is `first`, framed as format `version`.
+fn decode_records<const N: usize, const PER: usize>(
+    recs: &[u8],
+    first: u32,
+    version: u16,
+) -> Result<(Vec<LineRecord>, Vec<bool>), String> {
+    debug_assert_eq!(PER, (10 + 2 * N + 1).div_ceil(8) * 8);
+    let blocks_mask = u128::MAX >> (128 - 8 * N);
+    let count = recs.len() / PER;
+    let mut out = Vec::with_capacity(count);
+    let mut flags = Vec::with_capacity(count);
+    for (i, rec) in recs.chunks_exact(PER).enumerate() {
+        let rec: &[u8; PER] = rec.try_into().expect("PER bytes");
+        let line = first + i as u32;
+        let core_line = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
+        let (core, class) = (rec[8], rec[9]);
+        let mut m = [0u8; 16];
+        m[..N].copy_from_slice(&rec[10..10 + N]);
+        let valid = u128::from_le_bytes(m);
+        m[..N].copy_from_slice(&rec[10 + N..10 + 2 * N]);
+        let dirty = u128::from_le_bytes(m);
+        let flag = rec[10 + 2 * N];
+        if rec[11 + 2 * N..].iter().any(|&b| b != 0) {
+            return Err(format!("line {line}: padding not zero"));
+        }
+        if flag > 1 || (flag != 0 && version < 2) {
+            return Err(format!(
+                "line {line}: flags {flag:#x} in a version {version} chunk"
+            ));
+        }
+        if dirty & !valid != 0 || valid & !blocks_mask != 0 {
+            return Err(format!(
+                "line {line}: dirty blocks not valid, or bits beyond the line"
+            ));
+        }
+        if class >= CLASSES {
+            return Err(format!("line {line}: IO class {class}"));
+        }
+        let core = if core == UNMAPPED {
+            if core_line != 0 || class != 0 || valid != 0 || flag != 0 {
+                return Err(format!("line {line}: unmapped but has state"));
+            }
+            None
+        } else {
+            Some(core)
+        };
+        out.push(LineRecord {
+            core,
+            core_line,
+            class,
+            valid,
+            dirty,
+        });
+        flags.push(flag == 1);
+    }
+    Ok((out, flags))
+}
+
 /// Decodes a chunk payload: the first line, the checkpoint sequence and the records (a
 /// version-1 chunk: no proven flags).
 pub fn decode_chunk(payload: &[u8]) -> Result<(u32, u64, Vec<LineRecord>), DecodeError> {
@@ -273,58 +332,18 @@ pub fn decode_chunk_proven(payload: &[u8], version: u16) -> Result<ChunkProven, 
     if first.checked_add(count).is_none() {
         return Err(bad(format!("lines {first}+{count} overflow")));
     }
-    let blocks_mask = if line_size == 65536 {
-        u128::MAX
-    } else {
-        (1u128 << (line_size / 512)) - 1
-    };
-    let mut out = Vec::with_capacity(count as usize);
-    let mut flags = Vec::with_capacity(count as usize);
-    // The length was checked above: fixed offsets into each record, no reader per field (a
-    // load decodes 16M of these at 16M lines).
+    // The length was checked above: fixed offsets into each record, no reader per field, and
+    // one loop per mask width so each mask is a fixed-size load (a load decodes 16M of these
+    // at 16M lines).
     let recs = &payload[payload.len() - need..];
-    for (i, rec) in recs.chunks_exact(per).enumerate() {
-        let line = first + i as u32;
-        let core_line = u64::from_le_bytes(rec[..8].try_into().expect("8 bytes"));
-        let (core, class) = (rec[8], rec[9]);
-        let mut m = [0u8; 16];
-        m[..n].copy_from_slice(&rec[10..10 + n]);
-        let valid = u128::from_le_bytes(m);
-        m[..n].copy_from_slice(&rec[10 + n..10 + 2 * n]);
-        let dirty = u128::from_le_bytes(m);
-        let flag = rec[10 + 2 * n];
-        if rec[11 + 2 * n..].iter().any(|&b| b != 0) {
-            return Err(bad(format!("line {line}: padding not zero")));
-        }
-        if flag > 1 || (flag != 0 && version < 2) {
-            return Err(bad(format!(
-                "line {line}: flags {flag:#x} in a version {version} chunk"
-            )));
-        }
-        if dirty & !valid != 0 || valid & !blocks_mask != 0 {
-            return Err(bad(format!(
-                "line {line}: dirty blocks not valid, or bits beyond the line"
-            )));
-        }
-        if class >= CLASSES {
-            return Err(bad(format!("line {line}: IO class {class}")));
-        }
-        let core = if core == UNMAPPED {
-            if core_line != 0 || class != 0 || valid != 0 || flag != 0 {
-                return Err(bad(format!("line {line}: unmapped but has state")));
-            }
-            None
-        } else {
-            Some(core)
-        };
-        out.push(LineRecord {
-            core,
-            core_line,
-            class,
-            valid,
-            dirty,
-        });
-        flags.push(flag == 1);
+    let (out, flags) = match n {
+        1 => decode_records::<1, 16>(recs, first, version),
+        2 => decode_records::<2, 16>(recs, first, version),
+        4 => decode_records::<4, 24>(recs, first, version),
+        8 => decode_records::<8, 32>(recs, first, version),
+        16 => decode_records::<16, 48>(recs, first, version),
+        n => unreachable!("mask of {n} bytes"),
     }
+    .map_err(bad)?;
     Ok((first, seq, out, flags))
 }
