@@ -51,7 +51,7 @@ impl LineStates {
     /// One mask of `n` bytes (1, 2, 4, 8 or 16) at `at`. Each width is its own fixed-size load:
     /// a copy of a run-time length became a `memcpy` call on every hit and every checkpoint
     /// record.
-    #[inline]
+    #[inline(always)]
     fn get(v: &[u8], at: usize, n: usize) -> BlockMask {
         fn word<const N: usize>(v: &[u8], at: usize) -> [u8; N] {
             v[at..at + N].try_into().expect("N bytes")
