@@ -66,7 +66,7 @@ impl LineStates {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn put(v: &mut [u8], at: usize, n: usize, m: BlockMask) {
         match n {
             1 => v[at] = m as u8,

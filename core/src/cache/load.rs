@@ -295,6 +295,12 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
         ));
     }
 
+    // The journal's operations by line, in line order: the chunks below go through the lines
+    // in order, so a cursor finds each line's operations (a hash lookup per line cost more).
+    let mut per_line: Vec<(u32, Vec<LineOp>)> = per_line.into_iter().collect();
+    per_line.sort_unstable_by_key(|e| e.0);
+    let mut ops_at = 0;
+
     // Checkpoint chunks, merged with the journal line by line.
     let clean = sb.state == CacheState::Clean;
     let lpc = lines_per_chunk(sb.line_size);
@@ -375,7 +381,12 @@ pub fn open(base: &Config, read: ReadFn<'_>) -> Result<(Cache, LoadReport), Stri
             }
             let mut rec = recs[k];
             let l = first + k as u32;
-            if let Some(ops) = per_line.get(&l) {
+            while per_line.get(ops_at).is_some_and(|e| e.0 < l) {
+                ops_at += 1;
+            }
+            if let Some((ol, ops)) = per_line.get(ops_at)
+                && *ol == l
+            {
                 for op in ops {
                     apply_op(&mut rec, op);
                 }
