@@ -912,11 +912,7 @@ impl Registry {
                 engine.wait(|k| k.tables_durable());
                 // Before anything is served: the marker of every RBD core as the loaded cache
                 // says (kept or set when it may have dirty data, removed when it cannot).
-                let rbds: Vec<(u16, Arc<RbdBackend>)> = c
-                    .cores
-                    .iter()
-                    .filter_map(|(i, k)| Some((*i, k.rbd.clone()?)))
-                    .collect();
+                let rbds = rbd_markers(&c.cores);
                 if !rbds.is_empty()
                     && let Err(why) = sync_markers(&engine, &rbds, false)
                 {
@@ -1304,10 +1300,10 @@ impl Registry {
         only: Option<u16>,
     ) -> Result<(), String> {
         let _m = lock_markers(&self.markers);
-        let rbds: Vec<(u16, Arc<RbdBackend>)> = self
+        let rbds: Vec<_> = self
             .rbd_cores(cache_id)
             .into_iter()
-            .filter(|(i, _)| only.is_none_or(|k| k == *i))
+            .filter(|(i, ..)| only.is_none_or(|k| k == *i))
             .collect();
         if !rbds.is_empty() {
             sync_markers(e, &rbds, false)?;
@@ -1316,13 +1312,10 @@ impl Registry {
     }
 
     /// The RBD cores of a cache, with their handles.
-    fn rbd_cores(&self, cache_id: u16) -> Vec<(u16, Arc<RbdBackend>)> {
-        self.lock().get(&cache_id).map_or(Vec::new(), |c| {
-            c.cores
-                .iter()
-                .filter_map(|(i, k)| Some((*i, k.rbd.clone()?)))
-                .collect()
-        })
+    fn rbd_cores(&self, cache_id: u16) -> Vec<(u16, Arc<RbdBackend>, Duration)> {
+        self.lock()
+            .get(&cache_id)
+            .map_or(Vec::new(), |c| rbd_markers(&c.cores))
     }
 
     /// `remove-core`.
@@ -1451,11 +1444,7 @@ impl Registry {
             });
             // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
             // dirty lines of it stay on the cache device.
-            let rbds: Vec<(u16, Arc<RbdBackend>)> = entry
-                .cores
-                .iter()
-                .filter_map(|(i, k)| Some((*i, k.rbd.clone()?)))
-                .collect();
+            let rbds = rbd_markers(&entry.cores);
             if !rbds.is_empty() {
                 let _m = lock_markers(&self.markers);
                 if let Err(why) = sync_markers(&e, &rbds, true) {
@@ -1667,10 +1656,13 @@ impl Registry {
             let rbds = self.rbd_cores(cache_id);
             if m.is_lazy() {
                 let uuid = engine_uuid(&e);
-                for (i, r) in &rbds {
-                    r.set_dirty_marker(Some(&uuid)).map_err(|err| {
-                        format!("core {i}: cannot set the dirty marker, mode not changed: {err}")
-                    })?;
+                for (i, r, wait) in &rbds {
+                    r.set_dirty_marker_within(Some(&uuid), *wait)
+                        .map_err(|err| {
+                            format!(
+                                "core {i}: cannot set the dirty marker, mode not changed: {err}"
+                            )
+                        })?;
                 }
             }
             e.with_cache(|c| c.set_mode(m).map_err(|e| e.to_string()))?;
@@ -1952,14 +1944,32 @@ fn check_marker(device: &str, r: &RbdBackend, uuid: &str) -> Result<(), String> 
     }
 }
 
+/// The RBD cores among `cores`, each with how long an update of its dirty marker is waited
+/// for: its IO timeout, at most [`RBD_MARKER_WAIT`], and that when it has none.
+fn rbd_markers(cores: &BTreeMap<u16, CoreEntry>) -> Vec<(u16, Arc<RbdBackend>, Duration)> {
+    cores
+        .iter()
+        .filter_map(|(i, k)| {
+            let wait = k
+                .io_timeout
+                .map_or(RBD_MARKER_WAIT, |t| t.min(RBD_MARKER_WAIT));
+            Some((*i, k.rbd.clone()?, wait))
+        })
+        .collect()
+}
+
 /// Sets the dirty marker of each RBD core that may have dirty data (the mode is lazy, unless
 /// `stopped`, or the cache holds dirty lines of it) and removes the others'. The caller holds
 /// the registry's marker lock.
-fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> Result<(), String> {
+fn sync_markers(
+    e: &Engine,
+    cores: &[(u16, Arc<RbdBackend>, Duration)],
+    stopped: bool,
+) -> Result<(), String> {
     let uuid = engine_uuid(e);
-    for (i, r) in cores {
+    for (i, r, wait) in cores {
         let want = (lazy_now(e) && !stopped) || core_has_dirty(e, *i);
-        r.set_dirty_marker_within(want.then_some(uuid.as_str()), RBD_MARKER_WAIT)
+        r.set_dirty_marker_within(want.then_some(uuid.as_str()), *wait)
             .map_err(|err| format!("core {i}: dirty marker: {err}"))?;
     }
     Ok(())
@@ -1968,7 +1978,8 @@ fn sync_markers(e: &Engine, cores: &[(u16, Arc<RbdBackend>)], stopped: bool) -> 
 /// The longest a dirty-marker update of an RBD image is waited for (the registry's marker lock
 /// is held meanwhile, and a stopping cache waits for it): an unresponsive cluster makes it a
 /// `TimedOut` error (logged, or the answer of the command that needed it) instead of a hang. A
-/// marker left as it was errs on the safe side only when it says "dirty" (see docs/CEPH.md).
+/// marker left as it was errs on the safe side only when it says "dirty" (see docs/CEPH.md). A
+/// core with a shorter IO timeout waits that long instead.
 const RBD_MARKER_WAIT: Duration = Duration::from_secs(10);
 
 /// The longest a new connection waits for an RBD image's current size (the registry is locked
