@@ -1311,7 +1311,7 @@ impl Registry {
         Ok(())
     }
 
-    /// The RBD cores of a cache, with their handles.
+    /// The RBD cores of a cache, with their handles and dirty-marker waits ([`rbd_markers`]).
     fn rbd_cores(&self, cache_id: u16) -> Vec<(u16, Arc<RbdBackend>, Duration)> {
         self.lock()
             .get(&cache_id)

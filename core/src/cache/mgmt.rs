@@ -436,8 +436,8 @@ impl Cache {
                 core.0
             ));
         };
-        // Lines of the core, by shift: a division here was a fifth of a 16M-line load's
-        // restore time.
+        // Lines of the core, by shift: a division here was a fifth of this function's time in
+        // a 16M-line load.
         let core_lines =
             (cs.size_blocks >> self.shift) + u64::from(cs.size_blocks & (self.bpl as u64 - 1) != 0);
         if core_line >= core_lines {
