@@ -698,8 +698,6 @@ fn bench_on_rbd_cores_with_the_librbd_peers() {
     );
 }
 
-/// Stops (SIGSTOP) or resumes (SIGCONT) the OSDs of a cluster; resumes them when dropped, so
-/// a failing test leaves no stopped process behind.
 /// The start of the unresponsive-cluster tests: a cluster of the test's own (`name`), a 64 MiB
 /// image, a daemon with a 64 MiB `wb` cache (cleaning `nop`) and the image as core 0, export
 /// `vm`, with `--io-timeout 2s`.
@@ -721,11 +719,7 @@ impl StallSetup {
         let spec = format!("rbd/{img}");
         let conf = c.conf.display().to_string();
         let d = Dir::new(&format!("ceph-{name}"));
-        let cache = d.path("cache.img");
-        std::fs::File::create(&cache)
-            .unwrap()
-            .set_len(64 << 20)
-            .unwrap();
+        let cache = d.sparse("cache.img", 64 << 20);
         let dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
         dm.json(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
         dm.json(&[
@@ -768,6 +762,8 @@ fn stall_block(b: u64, v: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Stops (SIGSTOP) or resumes (SIGCONT) the OSDs of a cluster; resumes them when dropped, so
+/// a failing test leaves no stopped process behind.
 struct Stalled<'a>(&'a ceph::Cluster, Vec<String>);
 
 impl<'a> Stalled<'a> {

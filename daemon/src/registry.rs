@@ -1569,9 +1569,9 @@ impl Registry {
         // SPEC C22: a core that grew is picked up by the next connection; a shrink below cached
         // data is refused (and the export with it).
         let now = current_blocks(&k.device).or_else(|| {
-            k.rbd.as_ref().and_then(|r| {
-                r.refresh_size_within(k.io_timeout.map_or(RBD_SIZE_WAIT, |t| t.min(RBD_SIZE_WAIT)))
-            })
+            k.rbd
+                .as_ref()
+                .and_then(|r| r.refresh_size_within(rbd_wait(k.io_timeout, RBD_SIZE_WAIT)))
         });
         if let Some(now) = now
             && now != k.size_blocks
@@ -1949,13 +1949,14 @@ fn check_marker(device: &str, r: &RbdBackend, uuid: &str) -> Result<(), String> 
 fn rbd_markers(cores: &BTreeMap<u16, CoreEntry>) -> Vec<(u16, Arc<RbdBackend>, Duration)> {
     cores
         .iter()
-        .filter_map(|(i, k)| {
-            let wait = k
-                .io_timeout
-                .map_or(RBD_MARKER_WAIT, |t| t.min(RBD_MARKER_WAIT));
-            Some((*i, k.rbd.clone()?, wait))
-        })
+        .filter_map(|(i, k)| Some((*i, k.rbd.clone()?, rbd_wait(k.io_timeout, RBD_MARKER_WAIT))))
         .collect()
+}
+
+/// How long a librbd call that may wait as long as the cluster is down is waited for: the
+/// core's IO timeout, at most `cap`, and `cap` when it has none.
+fn rbd_wait(io_timeout: Option<Duration>, cap: Duration) -> Duration {
+    io_timeout.map_or(cap, |t| t.min(cap))
 }
 
 /// Sets the dirty marker of each RBD core that may have dirty data (the mode is lazy, unless
