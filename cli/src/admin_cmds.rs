@@ -191,7 +191,8 @@ pub struct SetParam {
     pub core_id: Option<u16>,
     #[command(flatten)]
     pub conn: Conn,
-    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit.
+    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit,
+    /// wl-writeback (mode wl).
     pub name: String,
     /// Parameters as --name value pairs (e.g. --policy never --threshold 1m).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -209,7 +210,8 @@ pub struct GetParam {
     pub core_id: Option<u16>,
     #[command(flatten)]
     pub conn: Conn,
-    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit.
+    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit,
+    /// wl-writeback (mode wl).
     pub name: String,
 }
 

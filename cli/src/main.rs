@@ -64,7 +64,7 @@ enum Cmd {
     /// Statistics of caches, cores and IO classes.
     Stats(admin_cmds::Stats),
     /// Set a parameter group (seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion,
-    /// promotion-nhit).
+    /// promotion-nhit, wl-writeback).
     SetParam(admin_cmds::SetParam),
     /// Show a parameter group.
     GetParam(admin_cmds::GetParam),

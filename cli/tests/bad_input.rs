@@ -331,6 +331,21 @@ fn invalid_arguments_are_one_line_and_change_nothing() {
             &["unknown parameter group 'nonsense'"],
         ),
         (
+            &[
+                "set-param",
+                "--cache-id",
+                "1",
+                "wl-writeback",
+                "--idle",
+                "1",
+            ],
+            &["cache 1 is not in mode wl: wl-writeback is a write-log parameter"],
+        ),
+        (
+            &["get-param", "--cache-id", "1", "wl-writeback"],
+            &["cache 1 is not in mode wl: wl-writeback is a write-log parameter"],
+        ),
+        (
             &["invalidate", "--cache-id", "1", "--core-id", "0"],
             &["drops the core's cached and unwritten (dirty) data; add --force to do it"],
         ),

@@ -524,6 +524,62 @@ fn wl_cache_through_the_cli() {
         &["set-mode", "--cache-id", "1", "--mode", "wb"],
         "cannot switch to or from mode wl",
     );
+    // When the log's writeback runs: the defaults, a change, a refused value that changes
+    // nothing.
+    let p = dm.json(&["get-param", "--cache-id", "1", "wl-writeback"]);
+    assert_eq!(
+        p,
+        serde_json::json!({"background-fill": 50, "idle": 500, "expire": 30}),
+        "{p}"
+    );
+    // Writeback holds until the log is 90% full, the clients have been idle an hour or the
+    // oldest entry is an hour old: below that, only the `writeback` command drains it.
+    let p = dm.json(&[
+        "set-param",
+        "--cache-id",
+        "1",
+        "wl-writeback",
+        "--background-fill",
+        "90",
+        "--idle",
+        "3600000",
+        "--expire",
+        "3600",
+    ]);
+    assert_eq!(
+        p,
+        serde_json::json!({"background-fill": 90, "idle": 3_600_000, "expire": 3600}),
+        "{p}"
+    );
+    dm.fails(
+        &[
+            "set-param",
+            "--cache-id",
+            "1",
+            "wl-writeback",
+            "--idle",
+            "5",
+            "--background-fill",
+            "101",
+        ],
+        "background-fill = '101': want a whole number from 0 to 100",
+    );
+    dm.fails(
+        &[
+            "set-param",
+            "--cache-id",
+            "1",
+            "wl-writeback",
+            "--dirty",
+            "5",
+        ],
+        "unknown parameter 'dirty' for wl-writeback (known: background-fill, idle, expire)",
+    );
+    let p = dm.json(&["get-param", "--cache-id", "1", "wl-writeback"]);
+    assert_eq!(
+        p["idle"], 3_600_000,
+        "a refused set-param changed something: {p}"
+    );
     let e = dm.nbd("cache1-core0").unwrap();
     // The longest request advertised fits one log entry (half the ring); a longer write is
     // split by the client and lands whole.
@@ -537,7 +593,13 @@ fn wl_cache_through_the_cli() {
     assert!(back == big, "the long write reads back");
     write_set(&e, 0..512, 1);
     check_set(&e, 0..512, 1);
-    // The log drains in blocks, and its progress says so.
+    let s = dm.json(&["stats", "--cache-id", "1"]);
+    let w = &s["write_log"];
+    assert_eq!(w["writeback_held"], true, "{s}");
+    assert_eq!(w["entries_written_back"], 0, "{s}");
+    assert!(w["dirty_bytes"].as_u64().unwrap() > 0, "{s}");
+    // The log drains in blocks, and its progress says so (the command drains it whatever
+    // the pacing says).
     let (ok, _, err) = dm.tc(&["writeback", "--cache-id", "1"]);
     assert!(ok, "{err}");
     assert!(

@@ -447,14 +447,6 @@ fn cache_loss(rounds: usize, rbd: RbdCore<'_>) {
         None => format!("emu:hdd-10k-sas:{core}"),
     };
     let cfg = d.path("tc.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[cache]]\nid = 1\ndevice = \"{cache}\"\nmode = \"wl\"\n\
-             [[cache.core]]\nid = 0\ndevice = \"{core_dev}\"\nexport = \"vol\"\n"
-        ),
-    )
-    .unwrap();
     let mut rng = Rng(seed);
     let mut base = vec![0u64; SECTORS];
     let (mut lagged, mut writes, mut gens, mut partial) = (0, 0u64, 0u64, 0u64);
@@ -466,6 +458,22 @@ fn cache_loss(rounds: usize, rbd: RbdCore<'_>) {
             .unwrap()
             .set_len(CACHE_BYTES)
             .unwrap();
+        // Odd rounds write back at once (the kill lands in the middle of writeback more
+        // often); even ones pace it as by default (it holds while the load runs, until the log
+        // is half full).
+        let pacing = if round % 2 == 1 {
+            "[cache.params]\nwl-writeback = { background-fill = 0 }\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            &cfg,
+            format!(
+                "[[cache]]\nid = 1\ndevice = \"{cache}\"\nmode = \"wl\"\n{pacing}\
+                 [[cache.core]]\nid = 0\ndevice = \"{core_dev}\"\nexport = \"vol\"\n"
+            ),
+        )
+        .unwrap();
         let mut dm = start(&d, &cfg, round);
         let mut c = connect(&target(&d));
         // history[g] = the (first sector, sectors, version) of generation g's writes, in order.

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use tiercache_core::Config;
 use tiercache_core::event::{Action, BufRef, Dev, Event, IoError, ReqError};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos, ReqId};
+use tiercache_core::wl::pace::Pacing;
 use tiercache_core::wl::{self, WlConfig, WriteLog};
 use tiercache_format::crc::crc32c;
 
@@ -208,6 +209,17 @@ fn config(seed: u64) -> WlConfig {
         gen_max_writes: 1 + (seed % 7) as u32,
         gen_max_blocks: 64,
         staging_slots: 2 + (seed % 3) as u32,
+        // Every other seed paces writeback (it holds while requests keep coming and the log
+        // is under a quarter full; the steps' ticks reach the idle and expiry times).
+        pacing: if seed.is_multiple_of(2) {
+            Pacing::ALWAYS
+        } else {
+            Pacing {
+                background_fill_pct: 25,
+                idle: Nanos(100_000_000),
+                expire: Nanos(1_000_000_000),
+            }
+        },
         read_cache: rc,
     }
 }
@@ -1102,4 +1114,93 @@ fn write_log_against_the_oracle() {
         total.log_episodes > 0,
         "no log device error episode was checked"
     );
+}
+
+/// Pacing (`wl::pace`): while requests keep coming and the log is under its background fill,
+/// nothing is written back; writeback goes once the clients are idle, a drain is asked for,
+/// the log reaches the background fill, or the oldest entry expires — and everything read
+/// meanwhile is still checked against the oracle.
+#[test]
+fn paced_writeback_holds_while_busy_and_goes_when_idle_drained_full_or_expired() {
+    const MS: u64 = 1_000_000;
+    let mut cfg = config(1);
+    cfg.gen_max_writes = 10_000;
+    cfg.gen_max_blocks = 10_000;
+    cfg.pacing = Pacing {
+        background_fill_pct: 50,
+        idle: Nanos(100 * MS),
+        expire: Nanos(1_000 * MS),
+    };
+    let wl = WriteLog::create(cfg.clone()).expect("create");
+    let mut s = Sim::with(1, wl, cfg, Device::new(cache_blocks()), 1, None);
+    s.settle_ready();
+    let mut lba = 0u64;
+    // `n` one-block writes `gap` apart, each finished (with what it set off) before the next,
+    // and a checked read of the block after each.
+    let busy = |s: &mut Sim, lba: &mut u64, n: usize, gap: u64| {
+        for _ in 0..n {
+            s.now += gap;
+            s.submit(Op::Write { fua: false }, 0, *lba, 1);
+            while s.complete_one() {}
+            s.submit(Op::Read, 0, *lba, 1);
+            while s.complete_one() {}
+            *lba = (*lba + 7) % CORE_BLOCKS;
+        }
+    };
+    let fill = |s: &Sim| {
+        let (u, r) = s.wl.log_fill();
+        u * 100 / r
+    };
+    let core_writes = |s: &Sim| s.cores[0].completed;
+    let settle = |s: &mut Sim| {
+        while s.complete_one() {}
+    };
+
+    // Busy, the log under half full: nothing reaches the core.
+    busy(&mut s, &mut lba, 40, MS);
+    assert!((10..50).contains(&fill(&s)), "fill {}%", fill(&s));
+    assert_eq!(
+        core_writes(&s),
+        0,
+        "writeback went while the clients were busy"
+    );
+    // Idle for 100 ms: everything is written back and retired.
+    assert_eq!(s.wl.next_deadline(), Some(Nanos(s.now + 100 * MS)));
+    s.now += 100 * MS;
+    s.apply(Event::Tick);
+    settle(&mut s);
+    assert_eq!(core_writes(&s), 40);
+    assert!(s.wl.is_clean(), "the idle log was not drained");
+
+    // Busy again; a drain makes writeback go at once.
+    busy(&mut s, &mut lba, 40, MS);
+    assert_eq!(core_writes(&s), 40);
+    s.wl.drain();
+    s.apply(Event::Tick);
+    settle(&mut s);
+    assert_eq!(core_writes(&s), 80, "the drain did not write back");
+    assert!(s.wl.is_clean());
+
+    // Busy until the log is half full: writeback goes while the clients still write.
+    busy(&mut s, &mut lba, 130, MS);
+    assert!(
+        core_writes(&s) > 80,
+        "nothing written back at {}% full",
+        fill(&s)
+    );
+    s.now += 100 * MS;
+    s.apply(Event::Tick);
+    settle(&mut s);
+    assert!(s.wl.is_clean());
+
+    // A slow, steady writer (never idle for 100 ms): held until the oldest entry is 1 s old.
+    let before = core_writes(&s);
+    busy(&mut s, &mut lba, 19, 50 * MS);
+    assert_eq!(core_writes(&s), before, "written back before the expiry");
+    busy(&mut s, &mut lba, 2, 50 * MS);
+    assert!(
+        core_writes(&s) > before,
+        "the expired entries were not written back"
+    );
+    s.drain();
 }

@@ -40,7 +40,7 @@ use tiercache_core::event::IoError;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{CleaningPolicy, CutoffParams, CutoffPolicy, PromotionPolicy};
-use tiercache_core::units::{CoreId, Lba, LineSize};
+use tiercache_core::units::{CoreId, Lba, LineSize, Nanos};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::{Config, config::Persist};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
@@ -1231,6 +1231,7 @@ impl Registry {
             e.with_machine(|m| {
                 let w = m.wl_mut().expect("a write log");
                 w.set_writeback_paused(false);
+                w.drain();
                 (w.pending(only.map(CoreId)), w.counters().wb_errors)
             })
         };
@@ -2148,6 +2149,10 @@ pub(crate) fn unknown(k: &str, group: &str, known: &str) -> String {
     format!("unknown parameter '{k}' for {group} (known: {known})")
 }
 
+/// The parameter group of mode `wl`'s writeback pacing (`tiercache_core::wl::pace`):
+/// `background-fill` (percent of the log), `idle` (ms), `expire` (s).
+pub const WL_WRITEBACK: &str = "wl-writeback";
+
 /// `set-param`.
 pub fn set_param(
     reg: &Registry,
@@ -2157,6 +2162,28 @@ pub fn set_param(
     values: &[(String, String)],
 ) -> Result<Value, String> {
     let e = reg.engine(cache_id)?;
+    if name == WL_WRITEBACK {
+        // Mode `wl`: when the log's writeback runs. Kept in memory (and in the config
+        // file's [cache.params], which the daemon applies at start), not on the device.
+        e.with_machine(|m| -> Result<(), String> {
+            let w = m.wl_mut().ok_or_else(|| {
+                format!(
+                    "cache {cache_id} is not in mode wl: {WL_WRITEBACK} is a write-log parameter"
+                )
+            })?;
+            let mut p = w.pacing();
+            for (k, v) in values {
+                match k.as_str() {
+                    "background-fill" => p.background_fill_pct = num(k, v, 0, 100)? as u8,
+                    "idle" => p.idle = Nanos(num(k, v, 0, 3_600_000)? as u64 * 1_000_000),
+                    "expire" => p.expire = Nanos(num(k, v, 0, 86_400)? as u64 * 1_000_000_000),
+                    _ => return Err(unknown(k, name, "background-fill, idle, expire")),
+                }
+            }
+            w.set_pacing(p)
+        })?;
+        return get_param(reg, cache_id, core_id, name);
+    }
     e.with_cache(|c| -> Result<(), String> {
         let cfg = c.config().clone();
         match name {
@@ -2249,7 +2276,7 @@ pub fn set_param(
             }
             _ => {
                 return Err(format!(
-                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion or promotion-nhit)"
+                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit or wl-writeback)"
                 ));
             }
         }
@@ -2266,6 +2293,18 @@ pub fn get_param(
     core_id: Option<u16>,
     name: &str,
 ) -> Result<Value, String> {
+    if name == WL_WRITEBACK {
+        let p = reg
+            .engine(cache_id)?
+            .with_machine(|m| m.wl().map(|w| w.pacing()))
+            .ok_or_else(|| {
+                format!(
+                    "cache {cache_id} is not in mode wl: {WL_WRITEBACK} is a write-log parameter"
+                )
+            })?;
+        return Ok(json!({"background-fill": p.background_fill_pct,
+            "idle": p.idle.0 / 1_000_000, "expire": p.expire.0 / 1_000_000_000}));
+    }
     reg.with_cache(cache_id, |c| {
         let cfg = c.config();
         Ok(match name {
@@ -2307,7 +2346,7 @@ pub fn get_param(
                 "trigger": cfg.nhit.trigger_pct}),
             _ => {
                 return Err(format!(
-                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion or promotion-nhit)"
+                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit or wl-writeback)"
                 ));
             }
         })

@@ -212,6 +212,9 @@ fn wl_block(w: &tiercache_core::wl::WriteLog) -> Value {
         "generations_retired": k.gens_retired,
         "prefix_retires": k.prefix_retires,
         "writes_waited_for_space": k.waited_for_space,
+        // Writeback holds while the clients are busy and the log is under its background
+        // fill (`set-param wl-writeback`).
+        "writeback_held": w.writeback_held(),
         "log_errors": k.log_errors,
         "writeback_errors": k.wb_errors,
     })

@@ -42,6 +42,7 @@ impl WlConfig {
             gen_max_writes: GEN_MAX_WRITES,
             gen_max_blocks: GEN_MAX_BLOCKS,
             staging_slots: STAGING_SLOTS,
+            pacing: super::pace::Pacing::DEFAULT,
             read_cache,
         })
     }

@@ -12,7 +12,13 @@
 //!   overlap one still being logged wait for it, so the log order of overlapping writes is
 //!   their acknowledgement order.
 //! - **Sync generations**: a client flush ends the current generation; so do `gen_max_writes`
-//!   writes or `gen_max_blocks` blocks, and the writeback when it has nothing else to do.
+//!   writes or `gen_max_blocks` blocks, and the writeback when it has nothing else to do and
+//!   may go.
+//! - **When writeback goes** ([`pace`]): while the clients are busy and the log is less than
+//!   `pacing.background_fill_pct` full (half, by default), writeback holds (it competes with
+//!   them for the core and the host's CPU); it goes once the log is that full, the clients
+//!   have been idle for a while, the oldest entry is old, writes wait for room, or a drain is
+//!   asked for.
 //! - **Flush**: waits until every entry issued before it has been written (so that recovery,
 //!   which stops at the first entry it cannot read, finds every acknowledged one), then flushes
 //!   the cache device.
@@ -41,6 +47,7 @@
 
 pub mod device;
 pub mod index;
+pub mod pace;
 
 use crate::cache::Cache;
 use crate::cache::health::IoClass;
@@ -50,6 +57,7 @@ use crate::event::{Action, BufRef, Dev, Event, IoError, ReqError};
 use crate::mode::CacheMode;
 use crate::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use index::{Index, Src};
+use pace::{LogState, Pace, Pacing};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use tiercache_format::crc::crc32c;
 use tiercache_format::wlog::{LOG_BLOCK, LogHeader, LogKind, LogSuper, RING_OFFSET_BLOCKS};
@@ -84,6 +92,8 @@ pub struct WlConfig {
     pub gen_max_blocks: u64,
     /// Staging slots for writeback (each `read_cache.pool_slot_blocks` long).
     pub staging_slots: u32,
+    /// When writeback runs ([`pace`]).
+    pub pacing: Pacing,
     /// The read cache: its mode is forced to `wa`, and its `data_offset` must place its lines
     /// outside the log region. With `persist` set it keeps the cache device's superblock and
     /// tables (configuration, core table with each core's identity) and its clean lines, as
@@ -119,6 +129,7 @@ impl WlConfig {
         if self.staging_slots == 0 || self.gen_max_writes == 0 || self.gen_max_blocks == 0 {
             return Err("staging slots and generation limits must be positive".into());
         }
+        self.pacing.validate()?;
         Ok(())
     }
 }
@@ -155,6 +166,8 @@ struct Entry {
     req: Option<(ReqId, bool)>,
     /// Meta buffer holding the header, while its write is in flight.
     hdr_buf: Option<u32>,
+    /// When it was logged (found, for an entry recovered by a scan).
+    at: Nanos,
 }
 
 impl Entry {
@@ -409,6 +422,10 @@ pub struct WriteLog {
     inv_flush: MgmtFlushState,
     /// Writeback held (see [`WriteLog::set_writeback_paused`]).
     wb_paused: bool,
+    /// When the last client request arrived (for [`pace`]).
+    last_request: Nanos,
+    /// A drain was asked for ([`WriteLog::drain`]): writeback goes until the log is empty.
+    draining: bool,
     /// Sequence number of the first entry of the front generation not yet started.
     wb_cursor: u64,
     /// Entries in writeback now.
@@ -535,6 +552,8 @@ impl WriteLog {
             inv_seqs: BTreeSet::new(),
             inv_flush: MgmtFlushState::Done,
             wb_paused: false,
+            last_request: Nanos(0),
+            draining: false,
             wb_cursor: 0,
             wb_active: BTreeSet::new(),
             wb_ranges: BTreeMap::new(),
@@ -605,6 +624,7 @@ impl WriteLog {
                 state: EState::Logged,
                 req: None,
                 hdr_buf: None,
+                at: Nanos(0),
             };
             if matches!(h.kind, LogKind::Write | LogKind::Trim | LogKind::Zero) {
                 let src = if h.kind == LogKind::Write {
@@ -781,6 +801,30 @@ impl WriteLog {
     /// The read cache, for its statistics and policies (never for writes or mode changes).
     pub fn read_cache_mut(&mut self) -> &mut Cache {
         &mut self.inner
+    }
+
+    /// When writeback runs ([`pace`]).
+    pub fn pacing(&self) -> Pacing {
+        self.cfg.pacing
+    }
+
+    /// Changes when writeback runs; refused (nothing changes) if the policy is invalid.
+    pub fn set_pacing(&mut self, p: Pacing) -> Result<(), String> {
+        p.validate()?;
+        self.cfg.pacing = p;
+        Ok(())
+    }
+
+    /// Whether writeback holds now (clients busy, the log under its background fill: see
+    /// [`pace`]).
+    pub fn writeback_held(&self) -> bool {
+        matches!(self.pace(), Pace::Hold { .. })
+    }
+
+    /// Asks writeback to go as fast as the core allows until the log is empty, whatever
+    /// [`pace`] would say (`tiercache writeback`, leaving the mode, removing a core).
+    pub fn drain(&mut self) {
+        self.draining = true;
     }
 
     /// Staging slots the driver must allocate (read cache's and writeback's), each
@@ -986,10 +1030,15 @@ impl WriteLog {
 
     /// The earliest time the log wants a [`Event::Tick`].
     pub fn next_deadline(&self) -> Option<Nanos> {
+        let held = match self.pace() {
+            Pace::Hold { until } => Some(until),
+            Pace::Go => None,
+        };
         [
             self.inner.next_deadline(),
             self.wb_retry_at,
             self.void_retry_at,
+            held,
         ]
         .into_iter()
         .flatten()
@@ -1030,6 +1079,7 @@ impl WriteLog {
     }
 
     fn on_request(&mut self, ev: Event, actions: &mut Vec<Action>) {
+        self.last_request = self.now;
         let (req, core, lba, blocks) = match ev {
             Event::Read {
                 req,
@@ -1375,6 +1425,7 @@ impl WriteLog {
             state: EState::Logged,
             req,
             hdr_buf: None,
+            at: self.now,
         };
         self.head_pos += e.span();
         if let Some((r, _)) = req {
@@ -1651,6 +1702,22 @@ impl WriteLog {
 
     // ----- writeback -----
 
+    /// Whether writeback may start something new now ([`pace`]).
+    fn pace(&self) -> Pace {
+        let (used, ring) = self.log_fill();
+        pace::pace(
+            &self.cfg.pacing,
+            self.now,
+            &LogState {
+                used,
+                ring,
+                last_request: self.last_request,
+                oldest: self.entries.front().map(|e| e.at),
+                urgent: self.space_waiting || self.draining,
+            },
+        )
+    }
+
     fn run_writeback(&mut self, acts: &mut Vec<Action>) {
         if self.sb_in_flight
             || self.sb_due.is_some()
@@ -1668,10 +1735,17 @@ impl WriteLog {
             self.wb_retry_at = None;
         }
         let Some(front) = self.entries.front() else {
+            self.draining = false;
             return;
         };
         let g = front.gen_;
+        // Held: nothing new starts (what is in flight goes on, and a generation it finishes
+        // is flushed and retired below).
+        let hold = matches!(self.pace(), Pace::Hold { .. });
         if g == self.open_gen {
+            if hold {
+                return;
+            }
             // Nothing closed: close the open generation so writeback can proceed.
             self.close_gen();
             if g == self.open_gen {
@@ -1704,6 +1778,10 @@ impl WriteLog {
                     break;
                 }
                 EState::Done | EState::Wb { .. } => {}
+                EState::Logged if hold => {
+                    reached_end = false;
+                    break;
+                }
                 EState::Logged => {
                     let (core, lba, blocks, kind) = (e.core, e.lba, e.blocks, e.kind);
                     // Any overlapping entry in writeback blocks it: an earlier one (log order),
