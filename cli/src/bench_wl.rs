@@ -16,7 +16,9 @@
 //!
 //! - **not full**: librbd and librbd-wb with a 1 s ramp; wl starting from an empty log (the log
 //!   is written back before each run) on a cache whose log holds a whole run — checked after
-//!   each run: if a write had to wait for log space, the row is marked;
+//!   each run: if a write had to wait for log space, the row is marked. The wl cache's
+//!   writeback is paced as by default (`wl::pace`): it holds while fio writes until the log is
+//!   half full (`--wl-background-fill` changes that; 0 writes back at once);
 //! - **full**: every configuration with a 2 s ramp (librbd's 24 MiB of dirty data fill in well
 //!   under a second at any queue depth); wl on a second, smaller cache whose log is first
 //!   filled by fio at QD 64 until a write waits for log space, then measured at once — writeback
@@ -83,6 +85,11 @@ pub struct Args {
     /// Configurations, comma separated: librbd, librbd-wb, wl (default all three).
     #[arg(long)]
     pub configs: Option<String>,
+    /// The wl caches' `wl-writeback --background-fill` (percent of the log under which their
+    /// writeback holds while fio writes; 0: writeback at once, always; default: the daemon's,
+    /// 50).
+    #[arg(long)]
+    pub wl_background_fill: Option<u8>,
     /// CPU the tiercache daemon runs on.
     #[arg(long, default_value_t = 0)]
     pub server_cpu: usize,
@@ -155,6 +162,7 @@ struct Plan {
     cfgs: Vec<Cfg>,
     server_cpu: usize,
     client_cpu: usize,
+    wl_background_fill: Option<u8>,
     fill_qd: u32,
     fill_timeout: Duration,
 }
@@ -236,6 +244,7 @@ pub fn run(a: Args) -> Result<(), String> {
         },
         server_cpu: a.server_cpu,
         client_cpu: a.client_cpu,
+        wl_background_fill: a.wl_background_fill,
         fill_qd: 64,
         fill_timeout: Duration::from_secs(if quick { 60 } else { 300 }),
     };
@@ -894,17 +903,35 @@ fn run_with(
                 export: Some(format!("p8-{}", phase.name())),
                 io_timeout: None,
             })?;
+            if let Some(f) = plan.wl_background_fill {
+                d.call(Request::SetParam {
+                    cache_id: phase.cache_id(),
+                    core_id: None,
+                    name: "wl-writeback".into(),
+                    values: vec![("background-fill".into(), f.to_string())],
+                })?;
+            }
+            // When its writeback runs (`wl::pace`): in the not-full runs it holds while fio
+            // writes and the log is under the background fill.
+            let pacing = d.call(Request::GetParam {
+                cache_id: phase.cache_id(),
+                core_id: None,
+                name: "wl-writeback".into(),
+            })?;
             let w = d.wl(phase.cache_id())?;
             println!(
-                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}",
+                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}; writeback holds while fio writes and the log is under {}% full (idle {} ms, expire {} s)",
                 phase.cache_id(),
                 phase.name(),
                 bytes >> 20,
-                w["log_bytes"].as_u64().unwrap_or(0) >> 20
+                w["log_bytes"].as_u64().unwrap_or(0) >> 20,
+                pacing["background-fill"],
+                pacing["idle"],
+                pacing["expire"]
             );
             caches.push(json!({"phase": phase.name(), "cache_id": phase.cache_id(),
                 "device_bytes": bytes, "zero_fill_s": zs, "created": c["created"],
-                "core_device": dev, "write_log": w}));
+                "core_device": dev, "write_log": w, "wl_writeback": pacing}));
         }
         rep.setup["wl_caches"] = json!(caches);
         rep.setup["daemon_cpu"] = json!(plan.server_cpu);

@@ -151,7 +151,10 @@ mod tests {
 
     #[test]
     fn goes_at_the_background_fill_idle_expiry_or_when_urgent() {
-        let p = Pacing::DEFAULT;
+        let p = Pacing {
+            background_fill_pct: 25,
+            ..Pacing::DEFAULT
+        };
         let now = Nanos(100_000 * MS);
         // 25% full exactly.
         assert_eq!(
