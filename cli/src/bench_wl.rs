@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tiercache_daemon::admin::{Request, call};
 use tiercache_daemon::device::parse_size;
+use tiercache_daemon::registry::WL_WRITEBACK;
 
 /// Arguments of `tiercache bench wl`.
 #[derive(clap::Args)]
@@ -907,7 +908,7 @@ fn run_with(
                 d.call(Request::SetParam {
                     cache_id: phase.cache_id(),
                     core_id: None,
-                    name: "wl-writeback".into(),
+                    name: WL_WRITEBACK.into(),
                     values: vec![("background-fill".into(), f.to_string())],
                 })?;
             }
@@ -916,7 +917,7 @@ fn run_with(
             let pacing = d.call(Request::GetParam {
                 cache_id: phase.cache_id(),
                 core_id: None,
-                name: "wl-writeback".into(),
+                name: WL_WRITEBACK.into(),
             })?;
             let w = d.wl(phase.cache_id())?;
             println!(

@@ -216,8 +216,8 @@ fn config(seed: u64) -> WlConfig {
         } else {
             Pacing {
                 background_fill_pct: 25,
-                idle: Nanos(100_000_000),
-                expire: Nanos(1_000_000_000),
+                idle: Nanos::from_ms(100),
+                expire: Nanos::from_secs(1),
             }
         },
         read_cache: rc,
@@ -1128,8 +1128,8 @@ fn paced_writeback_holds_while_busy_and_goes_when_idle_drained_full_or_expired()
     cfg.gen_max_blocks = 10_000;
     cfg.pacing = Pacing {
         background_fill_pct: 50,
-        idle: Nanos(100 * MS),
-        expire: Nanos(1_000 * MS),
+        idle: Nanos::from_ms(100),
+        expire: Nanos::from_secs(1),
     };
     let wl = WriteLog::create(cfg.clone()).expect("create");
     let mut s = Sim::with(1, wl, cfg, Device::new(cache_blocks()), 1, None);

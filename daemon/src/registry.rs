@@ -2153,6 +2153,11 @@ pub(crate) fn unknown(k: &str, group: &str, known: &str) -> String {
 /// `background-fill` (percent of the log), `idle` (ms), `expire` (s).
 pub const WL_WRITEBACK: &str = "wl-writeback";
 
+/// The error of a `wl-writeback` parameter asked of a cache in another mode.
+fn not_wl(cache_id: u16) -> String {
+    format!("cache {cache_id} is not in mode wl: {WL_WRITEBACK} is a write-log parameter")
+}
+
 /// `set-param`.
 pub fn set_param(
     reg: &Registry,
@@ -2166,17 +2171,13 @@ pub fn set_param(
         // Mode `wl`: when the log's writeback runs. Kept in memory (and in the config
         // file's [cache.params], which the daemon applies at start), not on the device.
         e.with_machine(|m| -> Result<(), String> {
-            let w = m.wl_mut().ok_or_else(|| {
-                format!(
-                    "cache {cache_id} is not in mode wl: {WL_WRITEBACK} is a write-log parameter"
-                )
-            })?;
+            let w = m.wl_mut().ok_or_else(|| not_wl(cache_id))?;
             let mut p = w.pacing();
             for (k, v) in values {
                 match k.as_str() {
                     "background-fill" => p.background_fill_pct = num(k, v, 0, 100)? as u8,
-                    "idle" => p.idle = Nanos(num(k, v, 0, 3_600_000)? as u64 * 1_000_000),
-                    "expire" => p.expire = Nanos(num(k, v, 0, 86_400)? as u64 * 1_000_000_000),
+                    "idle" => p.idle = Nanos::from_ms(num(k, v, 0, 3_600_000)? as u64),
+                    "expire" => p.expire = Nanos::from_secs(num(k, v, 0, 86_400)? as u64),
                     _ => return Err(unknown(k, name, "background-fill, idle, expire")),
                 }
             }
@@ -2297,11 +2298,7 @@ pub fn get_param(
         let p = reg
             .engine(cache_id)?
             .with_machine(|m| m.wl().map(|w| w.pacing()))
-            .ok_or_else(|| {
-                format!(
-                    "cache {cache_id} is not in mode wl: {WL_WRITEBACK} is a write-log parameter"
-                )
-            })?;
+            .ok_or_else(|| not_wl(cache_id))?;
         return Ok(json!({"background-fill": p.background_fill_pct,
             "idle": p.idle.0 / 1_000_000, "expire": p.expire.0 / 1_000_000_000}));
     }

@@ -1151,25 +1151,32 @@ impl WriteLog {
                     mark: None,
                 });
             }
-            Event::Write { fua, .. } => self.queue(req, LogKind::Write, core.0, lba, blocks, fua),
-            Event::WriteZeroes { fua, .. } => {
-                self.queue(req, LogKind::Zero, core.0, lba, blocks, fua)
-            }
-            Event::Trim { .. } => self.queue(req, LogKind::Trim, core.0, lba, blocks, false),
+            Event::Write { fua, .. } => self.pending.push_back(Pending {
+                req,
+                kind: LogKind::Write,
+                core: core.0,
+                lba,
+                blocks,
+                fua,
+            }),
+            Event::WriteZeroes { fua, .. } => self.pending.push_back(Pending {
+                req,
+                kind: LogKind::Zero,
+                core: core.0,
+                lba,
+                blocks,
+                fua,
+            }),
+            Event::Trim { .. } => self.pending.push_back(Pending {
+                req,
+                kind: LogKind::Trim,
+                core: core.0,
+                lba,
+                blocks,
+                fua: false,
+            }),
             _ => unreachable!(),
         }
-    }
-
-    /// Queues a client write (TRIM, WRITE_ZEROES) for logging.
-    fn queue(&mut self, req: ReqId, kind: LogKind, core: u16, lba: u64, blocks: u32, fua: bool) {
-        self.pending.push_back(Pending {
-            req,
-            kind,
-            core,
-            lba,
-            blocks,
-            fua,
-        });
     }
 
     // ----- reads -----

@@ -37,11 +37,12 @@ pub struct Pacing {
 }
 
 impl Pacing {
-    /// The defaults: 25% of the ring, 500 ms idle, 30 s (Linux's `dirty_expire_centisecs`).
+    /// The defaults: half the ring (PWL's retire high-water), 500 ms idle, 30 s (Linux's
+    /// `dirty_expire_centisecs`).
     pub const DEFAULT: Pacing = Pacing {
         background_fill_pct: 50,
-        idle: Nanos(500_000_000),
-        expire: Nanos(30_000_000_000),
+        idle: Nanos::from_ms(500),
+        expire: Nanos::from_secs(30),
     };
 
     /// Writeback that never holds (the behaviour before pacing existed).
@@ -60,12 +61,6 @@ impl Pacing {
             ));
         }
         Ok(())
-    }
-}
-
-impl Default for Pacing {
-    fn default() -> Pacing {
-        Pacing::DEFAULT
     }
 }
 
@@ -104,15 +99,11 @@ pub fn pace(p: &Pacing, now: Nanos, s: &LogState) -> Pace {
     {
         return Pace::Go;
     }
-    let idle_at = s.last_request.0.saturating_add(p.idle.0);
-    let expire_at = oldest.0.saturating_add(p.expire.0);
-    let until = idle_at.min(expire_at);
-    if now.0 >= until {
+    let until = s.last_request.plus(p.idle).min(oldest.plus(p.expire));
+    if now >= until {
         Pace::Go
     } else {
-        Pace::Hold {
-            until: Nanos(until),
-        }
+        Pace::Hold { until }
     }
 }
 
