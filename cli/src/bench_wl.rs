@@ -91,6 +91,10 @@ pub struct Args {
     /// 50).
     #[arg(long)]
     pub wl_background_fill: Option<u8>,
+    /// The wl caches' `wl-writeback --depth` (writes to the image in flight during writeback;
+    /// default: the daemon's, 48).
+    #[arg(long)]
+    pub wl_depth: Option<u32>,
     /// CPU the tiercache daemon runs on.
     #[arg(long, default_value_t = 0)]
     pub server_cpu: usize,
@@ -164,6 +168,7 @@ struct Plan {
     server_cpu: usize,
     client_cpu: usize,
     wl_background_fill: Option<u8>,
+    wl_depth: Option<u32>,
     fill_qd: u32,
     fill_timeout: Duration,
 }
@@ -246,6 +251,7 @@ pub fn run(a: Args) -> Result<(), String> {
         server_cpu: a.server_cpu,
         client_cpu: a.client_cpu,
         wl_background_fill: a.wl_background_fill,
+        wl_depth: a.wl_depth,
         fill_qd: 64,
         fill_timeout: Duration::from_secs(if quick { 60 } else { 300 }),
     };
@@ -904,12 +910,19 @@ fn run_with(
                 export: Some(format!("p8-{}", phase.name())),
                 io_timeout: None,
             })?;
+            let mut values = Vec::new();
             if let Some(f) = plan.wl_background_fill {
+                values.push(("background-fill".to_string(), f.to_string()));
+            }
+            if let Some(n) = plan.wl_depth {
+                values.push(("depth".to_string(), n.to_string()));
+            }
+            if !values.is_empty() {
                 d.call(Request::SetParam {
                     cache_id: phase.cache_id(),
                     core_id: None,
                     name: WL_WRITEBACK.into(),
-                    values: vec![("background-fill".into(), f.to_string())],
+                    values,
                 })?;
             }
             // When its writeback runs (`wl::pace`): in the not-full runs it holds while fio
@@ -921,14 +934,15 @@ fn run_with(
             })?;
             let w = d.wl(phase.cache_id())?;
             println!(
-                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}; writeback holds while fio writes and the log is under {}% full (idle {} ms, expire {} s)",
+                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}; writeback holds while fio writes and the log is under {}% full (idle {} ms, expire {} s), then goes with up to {} writes in flight",
                 phase.cache_id(),
                 phase.name(),
                 bytes >> 20,
                 w["log_bytes"].as_u64().unwrap_or(0) >> 20,
                 pacing["background-fill"],
                 pacing["idle"],
-                pacing["expire"]
+                pacing["expire"],
+                pacing["depth"]
             );
             caches.push(json!({"phase": phase.name(), "cache_id": phase.cache_id(),
                 "device_bytes": bytes, "zero_fill_s": zs, "created": c["created"],

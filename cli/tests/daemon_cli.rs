@@ -529,7 +529,7 @@ fn wl_cache_through_the_cli() {
     let p = dm.json(&["get-param", "--cache-id", "1", "wl-writeback"]);
     assert_eq!(
         p,
-        serde_json::json!({"background-fill": 50, "idle": 500, "expire": 30}),
+        serde_json::json!({"background-fill": 50, "idle": 500, "expire": 30, "depth": 48}),
         "{p}"
     );
     // Writeback holds until the log is 90% full, the clients have been idle an hour or the
@@ -545,10 +545,12 @@ fn wl_cache_through_the_cli() {
         "3600000",
         "--expire",
         "3600",
+        "--depth",
+        "16",
     ]);
     assert_eq!(
         p,
-        serde_json::json!({"background-fill": 90, "idle": 3_600_000, "expire": 3600}),
+        serde_json::json!({"background-fill": 90, "idle": 3_600_000, "expire": 3600, "depth": 16}),
         "{p}"
     );
     dm.fails(
@@ -570,14 +572,25 @@ fn wl_cache_through_the_cli() {
             "--cache-id",
             "1",
             "wl-writeback",
+            "--depth",
+            "0",
+        ],
+        "depth = '0': want a whole number from 1 to 4096",
+    );
+    dm.fails(
+        &[
+            "set-param",
+            "--cache-id",
+            "1",
+            "wl-writeback",
             "--dirty",
             "5",
         ],
-        "unknown parameter 'dirty' for wl-writeback (known: background-fill, idle, expire)",
+        "unknown parameter 'dirty' for wl-writeback (known: background-fill, idle, expire, depth)",
     );
     let p = dm.json(&["get-param", "--cache-id", "1", "wl-writeback"]);
-    assert_eq!(
-        p["idle"], 3_600_000,
+    assert!(
+        p["idle"] == 3_600_000 && p["depth"] == 16,
         "a refused set-param changed something: {p}"
     );
     let e = dm.nbd("cache1-core0").unwrap();

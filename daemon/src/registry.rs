@@ -42,6 +42,7 @@ use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{CleaningPolicy, CutoffParams, CutoffPolicy, PromotionPolicy};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos};
 use tiercache_core::wl::WlConfig;
+use tiercache_core::wl::pace::Pacing;
 use tiercache_core::{Config, config::Persist};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
 use tiercache_format::superblock::{Layout, journal_bytes_for};
@@ -2150,7 +2151,8 @@ pub(crate) fn unknown(k: &str, group: &str, known: &str) -> String {
 }
 
 /// The parameter group of mode `wl`'s writeback pacing (`tiercache_core::wl::pace`):
-/// `background-fill` (percent of the log), `idle` (ms), `expire` (s).
+/// `background-fill` (percent of the log), `idle` (ms), `expire` (s), `depth` (writes to the
+/// core in flight).
 pub const WL_WRITEBACK: &str = "wl-writeback";
 
 /// The error of a `wl-writeback` parameter asked of a cache in another mode.
@@ -2178,7 +2180,8 @@ pub fn set_param(
                     "background-fill" => p.background_fill_pct = num(k, v, 0, 100)? as u8,
                     "idle" => p.idle = Nanos::from_ms(num(k, v, 0, 3_600_000)? as u64),
                     "expire" => p.expire = Nanos::from_secs(num(k, v, 0, 86_400)? as u64),
-                    _ => return Err(unknown(k, name, "background-fill, idle, expire")),
+                    "depth" => p.depth = num(k, v, 1, Pacing::DEPTH_MAX)?,
+                    _ => return Err(unknown(k, name, "background-fill, idle, expire, depth")),
                 }
             }
             w.set_pacing(p)
@@ -2300,7 +2303,8 @@ pub fn get_param(
             .with_machine(|m| m.wl().map(|w| w.pacing()))
             .ok_or_else(|| not_wl(cache_id))?;
         return Ok(json!({"background-fill": p.background_fill_pct,
-            "idle": p.idle.0 / 1_000_000, "expire": p.expire.0 / 1_000_000_000}));
+            "idle": p.idle.0 / 1_000_000, "expire": p.expire.0 / 1_000_000_000,
+            "depth": p.depth}));
     }
     reg.with_cache(cache_id, |c| {
         let cfg = c.config();

@@ -29,15 +29,15 @@
 //!   core always holds "every generation up to k, and some writes of k+1". While writes wait
 //!   for room in the log, a written-back prefix of the front generation (1/256 of
 //!   `gen_max_writes` entries or 1/512 of the ring) is flushed on its cores and retired early,
-//!   the rest of the generation going on meanwhile: room comes back in small steps, not a
-//!   whole generation at a time. If a core flush fails, what the generation had written back
+//!   the rest of the generation going on meanwhile (also while the superblock with the new
+//!   tail is written): room comes back in small steps, not a whole generation at a time. If a core flush fails, what the generation had written back
 //!   is written again (entries still in flight too, after them), in log order. Entries that
 //!   fit a staging slot are staged in batches: one read of the cache device brings the data of
 //!   adjacent entries (the headers between them along) into one slot, each entry then written
 //!   to its core from its place in the slot; the slot is free again when the last of them is
-//!   done. At most `staging_slots` + 1/4 entries are in writeback (twice `staging_slots` while
-//!   the log is 3/4 full or writes wait for room), and a new batch starts only with room for
-//!   1/4 of `staging_slots`.
+//!   done. At most `pacing.depth` entries are in writeback (48 by default: deeper only queues
+//!   writes at the core; [`pace`]), and a new batch starts only with room for 1/4 of
+//!   `staging_slots` (or a third of the depth, if less).
 //! - **Reads**: the log index first; blocks it does not cover go to the read cache (which
 //!   promotes misses by its policy) and the core.
 //! - **Recovery** ([`scan`]) reads the log superblock, then every entry from the tail while each
@@ -343,6 +343,10 @@ pub struct WriteLog {
     head_pos: u64,
     /// The tail as the durable superblock says it.
     sb_tail_pos: u64,
+    sb_tail_seq: u64,
+    /// The tail right after the last whole generation retired: writeback of the next
+    /// generation starts only once the durable superblock's tail is there.
+    gen_gate_seq: u64,
     sb_gen: u64,
     sb_copy: usize,
     sb_buf: [u8; LOG_BLOCK],
@@ -502,6 +506,8 @@ impl WriteLog {
             open_gen_blocks: 0,
             head_pos: 0,
             sb_tail_pos: 0,
+            sb_tail_seq: 0,
+            gen_gate_seq: 0,
             sb_gen: 0,
             sb_copy: 1,
             sb_buf: [0; LOG_BLOCK],
@@ -609,6 +615,7 @@ impl WriteLog {
         wl.sb_gen = rec.sb.sb_gen;
         wl.sb_copy = rec.sb_copy;
         wl.sb_tail_pos = rec.sb.tail_pos;
+        wl.sb_tail_seq = rec.sb.tail_seq;
         let mut pos = rec.sb.tail_pos;
         let mut last_gen = rec.sb.tail_gen;
         let mut next_seq = rec.sb.tail_seq;
@@ -1682,10 +1689,11 @@ impl WriteLog {
     fn super_done(&mut self, tail_pos: u64, tail_seq: u64, ok: bool) {
         self.sb_in_flight = false;
         if !ok {
-            // Write the other copy again later (the failed one may be torn; the other is fine).
+            // Write the same copy again later (the failed one may be torn; the other is
+            // fine), with the newest tail: one retired meanwhile is due already.
             self.sb_copy ^= 1;
             self.sb_gen -= 1;
-            self.sb_due = Some((tail_pos, tail_seq));
+            self.sb_due.get_or_insert((tail_pos, tail_seq));
             return;
         }
         if self.create_second_copy {
@@ -1695,6 +1703,7 @@ impl WriteLog {
             return;
         }
         self.sb_tail_pos = tail_pos;
+        self.sb_tail_seq = tail_seq;
         if !self.ready && self.sb_due.is_none() {
             self.ready = true;
         }
@@ -1719,8 +1728,12 @@ impl WriteLog {
     }
 
     fn run_writeback(&mut self, acts: &mut Vec<Action>) {
-        if self.sb_in_flight
-            || self.sb_due.is_some()
+        // After a whole generation retired, the next one starts only once a superblock with
+        // the new tail is durable: a recovery from an older tail would write the retired
+        // generation again over the next one's writes on the core. A prefix retired early
+        // needs no such wait (writing a prefix of a generation again over later writes of the
+        // same generation leaves each block with a value of that generation).
+        if self.sb_tail_seq < self.gen_gate_seq
             || !self.is_ready()
             || (self.stopping && self.pending.is_empty())
             || self.wb_paused
@@ -2017,17 +2030,11 @@ impl WriteLog {
         let slot_blocks = self.pool_slot_blocks() as u64;
         let active = self.wb_active.len();
         let staging = self.cfg.staging_slots as usize;
-        // Entries in writeback at most, and the fewest a new batch starts with room for: with
-        // one slot freed per finished entry, batches would be one entry each. While the log
-        // is 3/4 full or writes wait for room, writeback is what they wait for: it goes twice
-        // as deep.
-        let min_batch = (staging / 4).max(1);
-        let (used, ring) = self.log_fill();
-        let cap = if self.space_waiting || used * 4 >= ring * 3 {
-            2 * staging
-        } else {
-            staging + min_batch
-        };
+        // Entries in writeback at most (`pacing.depth`), and the fewest a new batch starts
+        // with room for: with one slot freed per finished entry, batches would be one entry
+        // each.
+        let cap = self.cfg.pacing.depth.max(1) as usize;
+        let min_batch = (staging / 4).min(cap.div_ceil(3)).max(1);
         if let Some(b) = batch.as_ref() {
             let joins = p >= b.end
                 && p - b.end <= MAX_BATCH_GAP
@@ -2257,6 +2264,7 @@ impl WriteLog {
             self.counters.prefix_retires += 1;
         } else {
             self.counters.gens_retired += 1;
+            self.gen_gate_seq = self.tail().1;
         }
         self.sb_due = Some(self.tail());
     }

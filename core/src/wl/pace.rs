@@ -24,6 +24,9 @@
 
 use crate::units::Nanos;
 
+/// Default writeback depth (writes to the core in flight).
+pub const DEPTH: u32 = 48;
+
 /// The policy (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pacing {
@@ -34,15 +37,22 @@ pub struct Pacing {
     pub idle: Nanos,
     /// ... and once the oldest entry in the log is this old.
     pub expire: Nanos,
+    /// Entries in writeback at most, i.e. writes to the core in flight. The core (an RBD
+    /// image: its OSDs) takes writes at its own rate; past that, a deeper queue only makes
+    /// each write wait longer there, and with the log full, client writes wait for the
+    /// oldest entry in writeback to finish (room comes back in log order).
+    pub depth: u32,
 }
 
 impl Pacing {
     /// The defaults: half the ring (PWL's retire high-water), 500 ms idle, 30 s (Linux's
-    /// `dirty_expire_centisecs`).
+    /// `dirty_expire_centisecs`), 48 writes in flight (on the single-node Ceph of
+    /// docs/CEPH.md as fast as 128, with half the full-log tail latency).
     pub const DEFAULT: Pacing = Pacing {
         background_fill_pct: 50,
         idle: Nanos::from_ms(500),
         expire: Nanos::from_secs(30),
+        depth: DEPTH,
     };
 
     /// Writeback that never holds (the behaviour before pacing existed).
@@ -50,7 +60,11 @@ impl Pacing {
         background_fill_pct: 0,
         idle: Nanos(0),
         expire: Nanos(0),
+        depth: DEPTH,
     };
+
+    /// The largest `depth` accepted.
+    pub const DEPTH_MAX: u32 = 4096;
 
     /// Checks the policy.
     pub fn validate(&self) -> Result<(), String> {
@@ -58,6 +72,13 @@ impl Pacing {
             return Err(format!(
                 "the write log's background fill is a percentage (0-100), not {}",
                 self.background_fill_pct
+            ));
+        }
+        if self.depth == 0 || self.depth > Self::DEPTH_MAX {
+            return Err(format!(
+                "the write log's writeback depth is 1-{} writes in flight, not {}",
+                Self::DEPTH_MAX,
+                self.depth
             ));
         }
         Ok(())
@@ -199,5 +220,16 @@ mod tests {
             .validate()
             .is_err()
         );
+        for depth in [0, Pacing::DEPTH_MAX + 1] {
+            assert!(
+                Pacing {
+                    depth,
+                    ..Pacing::DEFAULT
+                }
+                .validate()
+                .is_err()
+            );
+        }
+        assert!(Pacing::DEFAULT.validate().is_ok() && Pacing::ALWAYS.validate().is_ok());
     }
 }
