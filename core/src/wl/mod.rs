@@ -30,14 +30,15 @@
 //!   for room in the log, a written-back prefix of the front generation (1/256 of
 //!   `gen_max_writes` entries or 1/512 of the ring) is flushed on its cores and retired early,
 //!   the rest of the generation going on meanwhile (also while the superblock with the new
-//!   tail is written): room comes back in small steps, not a whole generation at a time. If a core flush fails, what the generation had written back
-//!   is written again (entries still in flight too, after them), in log order. Entries that
-//!   fit a staging slot are staged in batches: one read of the cache device brings the data of
-//!   adjacent entries (the headers between them along) into one slot, each entry then written
-//!   to its core from its place in the slot; the slot is free again when the last of them is
-//!   done. At most `pacing.depth` entries are in writeback (48 by default: deeper only queues
-//!   writes at the core; [`pace`]), and a new batch starts only with room for 1/4 of
-//!   `staging_slots` (or a third of the depth, if less).
+//!   tail is written): room comes back in small steps, not a whole generation at a time. If a
+//!   core flush fails, what the generation had written back is written again (entries still
+//!   in flight too, after them), in log order. Entries that fit a staging slot are staged in
+//!   batches: one read of the cache device brings the data of adjacent entries (the headers
+//!   between them along) into one slot, each entry then written to its core from its place in
+//!   the slot; the slot is free again when the last of them is done. At most `pacing.depth`
+//!   entries are in writeback (48 by default: deeper only queues writes at the core;
+//!   [`pace`]), and a new batch starts only with room for 1/4 of `staging_slots` (or a third
+//!   of the depth, if less).
 //! - **Reads**: the log index first; blocks it does not cover go to the read cache (which
 //!   promotes misses by its policy) and the core.
 //! - **Recovery** ([`scan`]) reads the log superblock, then every entry from the tail while each

@@ -15,6 +15,9 @@
 //! - writes wait for room in the log, or a drain was asked for (`tiercache writeback`,
 //!   leaving the mode, removing a core).
 //!
+//! When it goes, at most `depth` entries are in writeback at once (writes to the core in
+//! flight; 48 by default): with the log full, client writes wait for the oldest of them.
+//!
 //! When it goes, the writeback also closes the open generation if nothing older is left, as
 //! it always did; while it holds, the open generation grows (up to the generation limits),
 //! so the writeback that follows moves big generations: one core flush and one superblock
