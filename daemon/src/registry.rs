@@ -2155,6 +2155,13 @@ pub(crate) fn unknown(k: &str, group: &str, known: &str) -> String {
 /// core in flight).
 pub const WL_WRITEBACK: &str = "wl-writeback";
 
+/// The error of a parameter group `set-param`/`get-param` do not know.
+fn unknown_group(name: &str) -> String {
+    format!(
+        "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit or {WL_WRITEBACK})"
+    )
+}
+
 /// The error of a `wl-writeback` parameter asked of a cache in another mode.
 fn not_wl(cache_id: u16) -> String {
     format!("cache {cache_id} is not in mode wl: {WL_WRITEBACK} is a write-log parameter")
@@ -2194,7 +2201,10 @@ pub fn set_param(
             "seq-cutoff" | "seq-detect" => {
                 let cores: Vec<CoreId> = match core_id {
                     Some(k) => vec![CoreId(k)],
-                    None => (0..=CORE_ID_MAX).map(CoreId).filter(|k| c.core(*k).is_some()).collect(),
+                    None => (0..=CORE_ID_MAX)
+                        .map(CoreId)
+                        .filter(|k| c.core(*k).is_some())
+                        .collect(),
                 };
                 // Check every core first, so nothing changes on an error.
                 let mut new = Vec::new();
@@ -2219,7 +2229,11 @@ pub fn set_param(
                                 "alru" => CleaningPolicy::Alru,
                                 "acp" => CleaningPolicy::Acp,
                                 "nop" => CleaningPolicy::Nop,
-                                _ => return Err(format!("cleaning policy '{v}' (want alru, acp or nop)")),
+                                _ => {
+                                    return Err(format!(
+                                        "cleaning policy '{v}' (want alru, acp or nop)"
+                                    ));
+                                }
                             }
                         }
                         _ => return Err(unknown(k, name, "policy")),
@@ -2235,7 +2249,13 @@ pub fn set_param(
                         "staleness-time" => a.staleness_time_s = num(k, v, 1, 3600)?,
                         "flush-max-buffers" => a.flush_max_buffers = num(k, v, 1, 10000)?,
                         "activity-threshold" => a.activity_threshold_ms = num(k, v, 0, 1_000_000)?,
-                        _ => return Err(unknown(k, name, "wake-up, staleness-time, flush-max-buffers, activity-threshold")),
+                        _ => {
+                            return Err(unknown(
+                                k,
+                                name,
+                                "wake-up, staleness-time, flush-max-buffers, activity-threshold",
+                            ));
+                        }
                     }
                 }
                 c.set_cleaning(cfg.cleaning, a, cfg.acp);
@@ -2259,7 +2279,11 @@ pub fn set_param(
                             pol = match v.as_str() {
                                 "always" => PromotionPolicy::Always,
                                 "nhit" => PromotionPolicy::Nhit,
-                                _ => return Err(format!("promotion policy '{v}' (want always or nhit)")),
+                                _ => {
+                                    return Err(format!(
+                                        "promotion policy '{v}' (want always or nhit)"
+                                    ));
+                                }
                             }
                         }
                         _ => return Err(unknown(k, name, "policy")),
@@ -2279,9 +2303,7 @@ pub fn set_param(
                 c.set_promotion(cfg.promotion, n);
             }
             _ => {
-                return Err(format!(
-                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit or wl-writeback)"
-                ));
+                return Err(unknown_group(name));
             }
         }
         Ok(())
@@ -2346,9 +2368,7 @@ pub fn get_param(
             "promotion-nhit" => json!({"threshold": cfg.nhit.threshold,
                 "trigger": cfg.nhit.trigger_pct}),
             _ => {
-                return Err(format!(
-                    "unknown parameter group '{name}' (want seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit or wl-writeback)"
-                ));
+                return Err(unknown_group(name));
             }
         })
     })
