@@ -241,7 +241,11 @@ fn cache_blocks() -> u64 {
 
 impl Sim {
     fn new(seed: u64, cores: u16) -> Sim {
-        let cfg = config(seed);
+        Sim::created(seed, config(seed), cores)
+    }
+
+    /// A new log of configuration `cfg` on a blank cache device, ready.
+    fn created(seed: u64, cfg: WlConfig, cores: u16) -> Sim {
         let wl = WriteLog::create(cfg.clone()).expect("create");
         let mut s = Sim::with(seed, wl, cfg, Device::new(cache_blocks()), cores, None);
         s.settle_ready();
@@ -692,13 +696,24 @@ impl Sim {
 
     /// Runs until nothing is in flight and everything is written back.
     fn drain(&mut self) {
-        let mut n = 0;
+        self.complete_until_clean(None);
+    }
+
+    /// Completes IOs (ticking when none is in flight) until no request is left and the log is
+    /// clean; with `loss_check_every`, a cache-loss check after every that many steps.
+    fn complete_until_clean(&mut self, loss_check_every: Option<u64>) {
+        let mut n = 0u64;
         while !(self.reqs.is_empty() && self.ios.is_empty() && self.wl.is_clean()) {
             if !self.complete_one() {
                 self.now += 60_000_000;
                 self.apply(Event::Tick);
             }
             n += 1;
+            if loss_check_every.is_some_and(|k| n.is_multiple_of(k)) {
+                let imgs: Vec<Vec<u8>> = self.cores.iter().map(|d| d.vol.clone()).collect();
+                self.cache_loss_check(&imgs);
+                self.stats.replay_loss_checks += 1;
+            }
             if n > 1_000_000 {
                 self.fail("drain does not end");
             }
@@ -709,22 +724,7 @@ impl Sim {
     /// cache-loss check after every `replay_check_every` completions.
     fn drain_checking_cache_loss(&mut self) {
         self.wl.drain();
-        let mut n = 0u64;
-        while !(self.reqs.is_empty() && self.ios.is_empty() && self.wl.is_clean()) {
-            if !self.complete_one() {
-                self.now += 60_000_000;
-                self.apply(Event::Tick);
-            }
-            n += 1;
-            if n.is_multiple_of(self.replay_check_every) {
-                let imgs: Vec<Vec<u8>> = self.cores.iter().map(|d| d.vol.clone()).collect();
-                self.cache_loss_check(&imgs);
-                self.stats.replay_loss_checks += 1;
-            }
-            if n > 1_000_000 {
-                self.fail("drain does not end");
-            }
-        }
+        self.complete_until_clean(Some(self.replay_check_every));
     }
 
     fn random_step(&mut self, ncores: u16) {
@@ -1182,9 +1182,7 @@ fn paced_writeback_holds_while_busy_and_goes_when_idle_drained_full_or_expired()
         expire: Nanos::from_secs(1),
         depth: 8,
     };
-    let wl = WriteLog::create(cfg.clone()).expect("create");
-    let mut s = Sim::with(1, wl, cfg, Device::new(cache_blocks()), 1, None);
-    s.settle_ready();
+    let mut s = Sim::created(1, cfg, 1);
     let mut lba = 0u64;
     // `n` one-block writes `gap` apart, each finished (with what it set off) before the next,
     // and a checked read of the block after each.
@@ -1275,9 +1273,7 @@ fn next_generation_waits_for_the_superblock_that_retires_the_last() {
         expire: Nanos::from_secs(3600),
         depth: 8,
     };
-    let wl = WriteLog::create(cfg.clone()).expect("create");
-    let mut s = Sim::with(2, wl, cfg, Device::new(cache_blocks()), 1, None);
-    s.settle_ready();
+    let mut s = Sim::created(2, cfg, 1);
     let is_super = |a: &Action| match a {
         Action::Write { dev, lba, .. } => *dev == Dev::Cache && lba.0 < RING_OFFSET_BLOCKS,
         _ => false,
@@ -1291,21 +1287,25 @@ fn next_generation_waits_for_the_superblock_that_retires_the_last() {
         s.complete_one();
         s.ios.extend(rest);
     };
-    let mut supers = 0;
-    for round in 0..6u64 {
-        // Generation g: two writes of the same blocks; generation g + 1: other blocks.
-        let a = round * 16;
+    // Generation g: two writes of blocks `a..a + 8`; generation g + 1: blocks `a + 8..a + 16`;
+    // all logged, then a drain asked for.
+    let two_generations = |s: &mut Sim, a: u64| {
         for _ in 0..2 {
             s.submit(Op::Write { fua: false }, 0, a, 8);
             while s.complete_one() {}
         }
         s.submit(Op::Flush, 0, 0, 0);
-        let c = a + 8;
-        s.submit(Op::Write { fua: false }, 0, c, 8);
+        s.submit(Op::Write { fua: false }, 0, a + 8, 8);
         s.submit(Op::Flush, 0, 0, 0);
         while s.complete_one() {}
         s.wl.drain();
         s.apply(Event::Tick);
+    };
+    let mut supers = 0;
+    for round in 0..6u64 {
+        let a = round * 16;
+        two_generations(&mut s, a);
+        let c = a + 8;
         let on_core = |s: &Sim| {
             (c..c + 8).any(|b| {
                 decode_block(&s.cores[0].vol[b as usize * BS..][..BS], 0, b) != Content::Zero
@@ -1340,16 +1340,7 @@ fn next_generation_waits_for_the_superblock_that_retires_the_last() {
     );
     // A crash while superblock writes are held, then the recovered log written back with a
     // cache-loss check after every completion.
-    for _ in 0..2 {
-        s.submit(Op::Write { fua: false }, 0, 200, 8);
-        while s.complete_one() {}
-    }
-    s.submit(Op::Flush, 0, 0, 0);
-    s.submit(Op::Write { fua: false }, 0, 208, 8);
-    s.submit(Op::Flush, 0, 0, 0);
-    while s.complete_one() {}
-    s.wl.drain();
-    s.apply(Event::Tick);
+    two_generations(&mut s, 200);
     for _ in 0..200 {
         let Some(i) = (0..s.ios.len()).find(|&i| !is_super(&s.ios[i].0)) else {
             break;
