@@ -10,6 +10,19 @@
 //! once; one sample is the time from the request event to its completion action, i.e. the
 //! core's own work for the whole request. No data is copied (the core never copies): the cost of
 //! one 4 KiB copy is measured beside it.
+//!
+//! Where the hot keys live. Lines are filled in core-line order and Zipf rank r is the r-th
+//! line, so the hottest keys sit in adjacent cache lines, as in a cache that met its hot keys
+//! first; their records (reverse map, state, list word) then share CPU cache lines. A second
+//! read phase scatters the ranks over the whole cache (a fixed bijection), as in a cache whose
+//! hot keys arrived in no particular order: every record of a hot key costs a CPU cache line of
+//! its own. Both are printed.
+//!
+//! Against what the machine can do. A hit whose table slot and line records are not in the
+//! CPU cache needs two dependent memory reads (the slot names the line; the line's records say
+//! what is valid), so the benchmark also measures one dependent random read over 256 MiB
+//! (pointer chase) and one 4 KiB copy from a random place in the same 256 MiB (the engine
+//! hit's copy, when the data is not in CPU cache).
 
 use crate::alloc_count::live_bytes;
 use std::hint::black_box;
@@ -46,6 +59,60 @@ struct Timings {
     p50: f64,
     p99: f64,
     mean: f64,
+}
+
+/// Rank r of `n` → a place in `0..n`: multiplication by a prime above `u32::MAX` (so prime to
+/// every `n` that fits a line count), a bijection that spreads neighbouring ranks.
+pub(crate) fn scatter(r: u64, n: u64) -> u64 {
+    const P: u128 = 4_294_967_311;
+    ((r as u128 * P) % n as u128) as u64
+}
+
+/// What one dependent random memory read and one 4 KiB copy from cold memory cost here.
+struct MemoryFloor {
+    load_ns: f64,
+    cold_copy_ns: f64,
+}
+
+/// Measures [`MemoryFloor`] over a 256 MiB buffer (far above any CPU cache of this machine
+/// class; huge pages where the allocator gets them, as the cache's own arrays do).
+fn memory_floor(rng: &mut Rng) -> MemoryFloor {
+    let n = (256usize << 20) / 64;
+    // One cycle through all 64-byte lines in random order (Sattolo's shuffle), each line
+    // starting with the index of the next.
+    let mut bytes = vec![0u8; n * 64];
+    let mut perm: Vec<u32> = (0..n as u32).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64) as usize;
+        perm.swap(i, j);
+    }
+    for (i, &p) in perm.iter().enumerate() {
+        bytes[i * 64..i * 64 + 4].copy_from_slice(&p.to_le_bytes());
+    }
+    drop(perm);
+    let steps = 1_000_000u32;
+    let mut p = 0usize;
+    let t = Instant::now();
+    for _ in 0..steps {
+        let w = &bytes[p * 64..p * 64 + 4];
+        p = u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as usize;
+    }
+    let load_ns = t.elapsed().as_nanos() as f64 / steps as f64;
+    black_box(p);
+    let mut dst = vec![0u8; 4096];
+    let copies = 100_000u32;
+    let pages = (bytes.len() / 4096) as u64;
+    let t = Instant::now();
+    for _ in 0..copies {
+        let at = rng.below(pages) as usize * 4096;
+        dst.copy_from_slice(&bytes[at..at + 4096]);
+        black_box(&mut dst);
+    }
+    let cold_copy_ns = t.elapsed().as_nanos() as f64 / copies as f64;
+    MemoryFloor {
+        load_ns,
+        cold_copy_ns,
+    }
 }
 
 fn summarize(mut v: Vec<u32>) -> Timings {
@@ -152,57 +219,62 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     let timer = summarize(tov);
 
-    let pick = |rng: &mut Rng| -> (u64, bool) {
+    let pick = |rng: &mut Rng, scattered: bool| -> (u64, bool) {
         if rng.below(100) < 20 {
             // A half-valid line: a whole-line read there is a partial hit.
             (rng.below(lines as u64 / 5) * 5, true)
         } else {
-            let r = zipf.sample(rng);
+            let mut r = zipf.sample(rng);
+            if scattered {
+                r = scatter(r, full_lines);
+            }
             // Rank r → the r-th fully valid line (skip every fifth).
             (r / 4 * 5 + r % 4 + 1, false)
         }
     };
 
-    let mut run_phase = |name: &str, write: bool, cache: &mut Cache| -> (Timings, Timings) {
-        eprint!("{name}: {} requests ...", args.ops);
-        let mut full = Vec::with_capacity(args.ops as usize);
-        let mut partial = Vec::new();
-        for _ in 0..args.ops {
-            let (line_idx, is_partial) = pick(&mut rng);
-            let lba = Lba(line_idx * 2 * 8);
-            req += 1;
-            now = Nanos(now.0 + 1000);
-            let ev = if write {
-                Event::Write {
-                    req: ReqId(req),
-                    core,
-                    lba,
-                    blocks: 8,
-                    fua: false,
+    let mut run_phase =
+        |name: &str, write: bool, scattered: bool, cache: &mut Cache| -> (Timings, Timings) {
+            eprint!("{name}: {} requests ...", args.ops);
+            let mut full = Vec::with_capacity(args.ops as usize);
+            let mut partial = Vec::new();
+            for _ in 0..args.ops {
+                let (line_idx, is_partial) = pick(&mut rng, scattered);
+                let lba = Lba(line_idx * 2 * 8);
+                req += 1;
+                now = Nanos(now.0 + 1000);
+                let ev = if write {
+                    Event::Write {
+                        req: ReqId(req),
+                        core,
+                        lba,
+                        blocks: 8,
+                        fua: false,
+                    }
+                } else {
+                    Event::Read {
+                        req: ReqId(req),
+                        core,
+                        lba,
+                        blocks: 8,
+                    }
+                };
+                let t0 = Instant::now();
+                let ok = run_request(cache, ev, &mut actions, now);
+                let dt = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+                black_box(ok);
+                if is_partial {
+                    partial.push(dt)
+                } else {
+                    full.push(dt)
                 }
-            } else {
-                Event::Read {
-                    req: ReqId(req),
-                    core,
-                    lba,
-                    blocks: 8,
-                }
-            };
-            let t0 = Instant::now();
-            let ok = run_request(cache, ev, &mut actions, now);
-            let dt = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
-            black_box(ok);
-            if is_partial {
-                partial.push(dt)
-            } else {
-                full.push(dt)
             }
-        }
-        eprintln!(" done");
-        (summarize(full), summarize(partial))
-    };
-    let (read_hit, read_partial) = run_phase("read", false, &mut cache);
-    let (write_hit, write_partial) = run_phase("write", true, &mut cache);
+            eprintln!(" done");
+            (summarize(full), summarize(partial))
+        };
+    let (read_hit, read_partial) = run_phase("read", false, false, &mut cache);
+    let (read_scattered, _) = run_phase("read, hot keys scattered", false, true, &mut cache);
+    let (write_hit, write_partial) = run_phase("write", true, false, &mut cache);
     let counters = cache.core_counters(core).copied().unwrap_or_default();
 
     // One 4 KiB copy.
@@ -215,6 +287,9 @@ pub fn run(args: Args) -> Result<(), String> {
         black_box(&mut dst)[0] = i as u8;
     }
     let memcpy_ns = t.elapsed().as_nanos() as f64 / n as f64;
+    eprint!("  memory: dependent reads and cold copies over 256 MiB ...");
+    let floor = memory_floor(&mut Rng::new(7));
+    eprintln!(" done");
 
     // Through the engine, with a RAM cache (a smaller one: the cache's data lives in RAM here).
     eprint!("  engine: 4K read hits through the engine, ram: cache ...");
@@ -231,25 +306,43 @@ pub fn run(args: Args) -> Result<(), String> {
     );
     println!();
     println!(
-        "  {:<34} {:>9} {:>9} {:>9}",
+        "  {:<38} {:>9} {:>9} {:>9}",
         "request (core decision, ns)", "p50", "p99", "mean"
     );
     for (n, t) in [
         ("4K read, full hit", &read_hit),
+        ("4K read, full hit, hot keys scattered", &read_scattered),
         ("4K read, partial hit + backfill", &read_partial),
         ("4K write hit (wb)", &write_hit),
         ("4K write, partial line (wb)", &write_partial),
     ] {
-        println!("  {:<34} {:>9.0} {:>9.0} {:>9.0}", n, t.p50, t.p99, t.mean);
+        println!("  {:<38} {:>9.0} {:>9.0} {:>9.0}", n, t.p50, t.p99, t.mean);
     }
     println!(
-        "  {:<34} {:>9.0}",
+        "  {:<38} {:>9.0}",
         "timer overhead (included above)", timer.p50
     );
-    println!("  {:<34} {:>9.1}", "one 4 KiB memcpy (mean)", memcpy_ns);
+    println!("  {:<38} {:>9.1}", "one 4 KiB memcpy (mean)", memcpy_ns);
     println!(
-        "  {:<34} {:>9.0} {:>9.0} {:>9.0}",
+        "  {:<38} {:>9.0} {:>9.0} {:>9.0}",
         "engine 4K read hit, ram:, QD1", en.hit_p50, en.hit_p99, en.hit_mean
+    );
+    println!(
+        "  {:<38} {:>9.0} {:>9.0} {:>9.0}",
+        "engine, Zipf 0.9 keys scattered", en.zipf_p50, en.zipf_p99, en.zipf_mean
+    );
+    println!();
+    println!(
+        "  memory (256 MiB, mean): one dependent random read {:.0} ns, one 4 KiB copy from a random place {:.0} ns",
+        floor.load_ns, floor.cold_copy_ns
+    );
+    println!(
+        "  so a hit whose slot and line records are not in CPU cache needs >= {:.0} ns (two dependent reads),",
+        2.0 * floor.load_ns
+    );
+    println!(
+        "  and an engine hit on data not in CPU cache >= {:.0} ns (two reads and the copy)",
+        2.0 * floor.load_ns + floor.cold_copy_ns
     );
     println!();
     println!(
@@ -284,18 +377,24 @@ pub fn run(args: Args) -> Result<(), String> {
             "promotion": args.promotion,
             "read_hit_ns": read_hit.p50,
             "read_hit_ns_p99": read_hit.p99,
+            "read_hit_scattered_ns": read_scattered.p50,
+            "read_hit_scattered_ns_p99": read_scattered.p99,
             "read_partial_ns": read_partial.p50,
             "read_partial_ns_p99": read_partial.p99,
             "write_hit_ns": write_hit.p50,
             "write_hit_ns_p99": write_hit.p99,
             "timer_overhead_ns": timer.p50,
             "memcpy_4k_ns": memcpy_ns,
+            "mem_dependent_read_ns": floor.load_ns,
+            "mem_cold_copy_4k_ns": floor.cold_copy_ns,
             "ram_bytes_per_line": bytes_per_line,
             "read_full_hits": counters.read.full_hit,
             "read_partial_hits": counters.read.partial_hit,
             "engine_lines": en.lines,
             "engine_ram_hit_ns": en.hit_p50,
             "engine_ram_hit_ns_p99": en.hit_p99,
+            "engine_ram_hit_zipf_ns": en.zipf_p50,
+            "engine_ram_hit_zipf_ns_p99": en.zipf_p99,
             "engine_queues": en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
         });
         std::fs::write(

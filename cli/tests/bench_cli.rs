@@ -26,6 +26,11 @@ fn bench_core_json_has_the_promised_keys() {
         "write_hit_ns_p99",
         "memcpy_4k_ns",
         "ram_bytes_per_line",
+        "read_hit_scattered_ns",
+        "mem_dependent_read_ns",
+        "mem_cold_copy_4k_ns",
+        "engine_ram_hit_ns",
+        "engine_ram_hit_zipf_ns",
     ] {
         assert!(
             v[k].as_f64().is_some_and(|x| x > 0.0),

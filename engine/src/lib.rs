@@ -216,9 +216,13 @@ impl Shared {
         // Buffers may have come back since the last drive (every completion drives).
         self.retry_starved(g, &mut events);
         events.push_back(ev);
+        // One clock read per drive: the events it applies (a request and the completions of
+        // the inline IOs it starts) happen within a few microseconds, and a clock read costs
+        // about as much as a core decision's bookkeeping.
+        let now = self.now();
         while let Some(ev) = events.pop_front() {
             let Inner { m, reqs, .. } = &mut *g;
-            m.apply(self.now(), ev, &mut actions, &mut |req| {
+            m.apply(now, ev, &mut actions, &mut |req| {
                 tiercache_format::crc::crc32c(&reqs[&req].buf)
             });
             let mut i = 0;
@@ -258,12 +262,11 @@ impl Shared {
     }
 
     fn device(g: &Inner, dev: Dev) -> Device {
-        match dev {
-            Dev::Cache => g.cache_dev.clone(),
-            Dev::Core(c) => g.cores[c.0 as usize]
-                .clone()
-                .expect("the core names only attached cores"),
-        }
+        Self::device_ref(g, dev).clone()
+    }
+
+    fn device_ref(g: &Inner, dev: Dev) -> &Device {
+        device_in(&g.cache_dev, &g.cores, dev)
     }
 
     /// A buffer of `blocks` for IO action `a` from the pool; `None` if `a` was queued to wait
@@ -331,12 +334,21 @@ impl Shared {
                 blocks,
                 buf,
             } => {
-                let d = Self::device(g, dev);
-                if d.inline() {
-                    let r = d.read(lba.0, buf_mut(g, buf, blocks));
+                if Self::device_ref(g, dev).inline() {
+                    // Device and buffer borrowed side by side: no reference count touched.
+                    let Inner {
+                        cache_dev,
+                        cores,
+                        reqs,
+                        pool,
+                        ..
+                    } = &mut *g;
+                    let d = device_in(cache_dev, cores, dev);
+                    let r = d.read(lba.0, buf_mut_in(reqs, pool, buf, blocks));
                     g.stats.inline_ios += 1;
                     events.push_back(done(io, r));
                 } else {
+                    let d = Self::device(g, dev);
                     let Some(b) = self.io_buf(g, &a, blocks) else {
                         return;
                     };
@@ -352,12 +364,13 @@ impl Shared {
                 buf,
                 fua,
             } => {
-                let d = Self::device(g, dev);
-                if d.inline() {
+                if Self::device_ref(g, dev).inline() {
+                    let d = device_in(&g.cache_dev, &g.cores, dev);
                     let r = d.write(lba.0, buf_ref(g, buf, blocks), fua);
                     g.stats.inline_ios += 1;
                     events.push_back(done(io, r));
                 } else {
+                    let d = Self::device(g, dev);
                     let Some(mut b) = self.io_buf(g, &a, blocks) else {
                         return;
                     };
@@ -765,17 +778,38 @@ fn buf_ref(g: &Inner, b: BufRef, blocks: u32) -> &[u8] {
 }
 
 fn buf_mut(g: &mut Inner, b: BufRef, blocks: u32) -> &mut [u8] {
+    buf_mut_in(&mut g.reqs, &mut g.pool, b, blocks)
+}
+
+/// [`buf_mut`] from the two places a writable buffer lives (so a device can be borrowed from
+/// the engine's state beside it).
+fn buf_mut_in<'a>(
+    reqs: &'a mut tiercache_core::hash::FxHashMap<ReqId, Slot>,
+    pool: &'a mut [AlignedBuf],
+    b: BufRef,
+    blocks: u32,
+) -> &'a mut [u8] {
     let len = blocks as usize * 512;
     match b {
         BufRef::Req { req, offset } => {
             let s = offset as usize * 512;
-            &mut g.reqs.get_mut(&req).expect("buffer of a live request").buf[s..s + len]
+            &mut reqs.get_mut(&req).expect("buffer of a live request").buf[s..s + len]
         }
         BufRef::Pool { slot, offset } => {
             let s = offset as usize * 512;
-            &mut g.pool[slot as usize][s..s + len]
+            &mut pool[slot as usize][s..s + len]
         }
         BufRef::Meta { .. } => unreachable!("metadata buffers are write sources only"),
+    }
+}
+
+/// The device `dev` names.
+fn device_in<'a>(cache_dev: &'a Device, cores: &'a [Option<Device>], dev: Dev) -> &'a Device {
+    match dev {
+        Dev::Cache => cache_dev,
+        Dev::Core(c) => cores[c.0 as usize]
+            .as_ref()
+            .expect("the core names only attached cores"),
     }
 }
 
