@@ -168,6 +168,13 @@ struct Inner {
     captured: Vec<Job>,
     /// Threads parked until their request completes (woken one by one, not all at once).
     waiters: tiercache_core::hash::FxHashMap<ReqId, std::thread::Thread>,
+    /// The request whose own thread is driving the core now ([`Engine::request`]), and its
+    /// reply if it completed during that drive: the common case (a hit) then goes back to
+    /// its caller without a round trip through `done`.
+    driving: Option<ReqId>,
+    own_done: Option<(Result<(), ReqError>, AlignedBuf)>,
+    /// The time of the last drive (each drive's time is at least this).
+    last_drive: u64,
 }
 
 struct Shared {
@@ -218,8 +225,10 @@ impl Shared {
         events.push_back(ev);
         // One clock read per drive: the events it applies (a request and the completions of
         // the inline IOs it starts) happen within a few microseconds, and a clock read costs
-        // about as much as a core decision's bookkeeping.
-        let now = self.now();
+        // about as much as a core decision's bookkeeping. Kept monotonic under the lock (no
+        // atomic needed: every drive holds it).
+        let now = Nanos((self.epoch.elapsed().as_nanos() as u64).max(g.last_drive));
+        g.last_drive = now.0;
         while let Some(ev) = events.pop_front() {
             let Inner { m, reqs, .. } = &mut *g;
             m.apply(now, ev, &mut actions, &mut |req| {
@@ -317,9 +326,15 @@ impl Shared {
         match a.clone() {
             Action::Complete { req, result } => {
                 let slot = g.reqs.remove(&req).expect("completion of a live request");
-                g.done.insert(req, (result, slot.buf));
                 g.stats.requests += 1;
-                if let Some(t) = g.waiters.remove(&req) {
+                if g.driving == Some(req) {
+                    g.own_done = Some((result, slot.buf));
+                    return;
+                }
+                g.done.insert(req, (result, slot.buf));
+                if !g.waiters.is_empty()
+                    && let Some(t) = g.waiters.remove(&req)
+                {
                     t.unpark();
                 }
             }
@@ -864,6 +879,9 @@ impl Engine {
                 capture: false,
                 captured: Vec::new(),
                 waiters: Default::default(),
+                driving: None,
+                own_done: None,
+                last_drive: 0,
             }),
             done_cv: Condvar::new(),
             work: Mutex::new(VecDeque::new()),
@@ -1169,7 +1187,15 @@ impl Engine {
         // The IOs this request starts run on this thread (one at a time; any others at once
         // on IO threads), and so do the IOs their completions start, until the request is
         // done: a hit costs one pread and no thread hop.
+        g.driving = Some(req);
         let mut mine = self.sh.drive_capture(&mut g, ev);
+        g.driving = None;
+        if let Some(r) = g.own_done.take() {
+            if let Some(job) = mine {
+                self.sh.hand_over(std::iter::once(job));
+            }
+            return r;
+        }
         loop {
             if let Some(r) = g.done.remove(&req) {
                 if let Some(job) = mine {
