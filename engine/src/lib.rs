@@ -838,6 +838,69 @@ enum Op {
     Flush,
 }
 
+/// A request that did not finish when it was started ([`Engine::read_start`]).
+/// [`Pending::finish`] waits for it on the calling thread, running the IO the start left for
+/// it (a hit on a file cache: its pread); dropping it does the same and discards the reply, so
+/// a started request is never left without the thread that runs its first IO.
+pub struct Pending {
+    sh: Arc<Shared>,
+    req: ReqId,
+    mine: Option<Job>,
+    finished: bool,
+}
+
+impl Pending {
+    /// Waits until the request completes; its result and buffer.
+    pub fn finish(mut self) -> (Result<(), ReqError>, AlignedBuf) {
+        self.finished = true;
+        let mine = self.mine.take();
+        self.sh.wait_for(self.req, mine)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mine = self.mine.take();
+            let _ = self.sh.wait_for(self.req, mine);
+        }
+    }
+}
+
+impl Shared {
+    /// Runs `mine` (the IO a request's start left to its thread) and the IOs its completions
+    /// start, then waits until request `req` completes.
+    fn wait_for(&self, req: ReqId, mut mine: Option<Job>) -> (Result<(), ReqError>, AlignedBuf) {
+        let mut g = self.lock();
+        loop {
+            if let Some(r) = g.done.remove(&req) {
+                if let Some(job) = mine {
+                    self.hand_over(std::iter::once(job));
+                }
+                return r;
+            }
+            if let Some(job) = mine.take() {
+                drop(g);
+                let (buf, r) = run(&*job.dev, job.op);
+                g = self.lock();
+                if g.dead {
+                    continue;
+                }
+                Shared::finished_also(&mut g, &job.also, &r);
+                let ev = Shared::finished(&mut g, job.io, buf, r);
+                mine = self.drive_capture(&mut g, ev);
+                continue;
+            }
+            // Parked until the completion names this request (a timeout only re-checks).
+            g.waiters.insert(req, std::thread::current());
+            drop(g);
+            std::thread::park_timeout(Duration::from_millis(100));
+            g = self.lock();
+            g.waiters.remove(&req);
+        }
+    }
+}
+
 impl Engine {
     fn start(
         m: Machine,
@@ -1150,6 +1213,23 @@ impl Engine {
         blocks: u32,
         buf: AlignedBuf,
     ) -> (Result<(), ReqError>, AlignedBuf) {
+        match self.start_request(op, core, lba, blocks, buf) {
+            Ok(r) => r,
+            Err(p) => p.finish(),
+        }
+    }
+
+    /// Applies a request and whatever runs inline with it (IOs on inline devices such as RAM,
+    /// and their completions): `Ok` with the reply if that finished it, else the
+    /// [`Pending`] request, holding the first IO it started for the thread that finishes it.
+    fn start_request(
+        &self,
+        op: Op,
+        core: CoreId,
+        lba: u64,
+        blocks: u32,
+        buf: AlignedBuf,
+    ) -> Result<(Result<(), ReqError>, AlignedBuf), Pending> {
         let mut g = self.sh.lock();
         let req = ReqId(g.next_req);
         g.next_req += 1;
@@ -1188,40 +1268,34 @@ impl Engine {
         // on IO threads), and so do the IOs their completions start, until the request is
         // done: a hit costs one pread and no thread hop.
         g.driving = Some(req);
-        let mut mine = self.sh.drive_capture(&mut g, ev);
+        let mine = self.sh.drive_capture(&mut g, ev);
         g.driving = None;
         if let Some(r) = g.own_done.take() {
             if let Some(job) = mine {
                 self.sh.hand_over(std::iter::once(job));
             }
-            return r;
+            return Ok(r);
         }
-        loop {
-            if let Some(r) = g.done.remove(&req) {
-                if let Some(job) = mine {
-                    self.sh.hand_over(std::iter::once(job));
-                }
-                return r;
-            }
-            if let Some(job) = mine.take() {
-                drop(g);
-                let (buf, r) = run(&*job.dev, job.op);
-                g = self.sh.lock();
-                if g.dead {
-                    continue;
-                }
-                Shared::finished_also(&mut g, &job.also, &r);
-                let ev = Shared::finished(&mut g, job.io, buf, r);
-                mine = self.sh.drive_capture(&mut g, ev);
-                continue;
-            }
-            // Parked until the completion names this request (a timeout only re-checks).
-            g.waiters.insert(req, std::thread::current());
-            drop(g);
-            std::thread::park_timeout(Duration::from_millis(100));
-            g = self.sh.lock();
-            g.waiters.remove(&req);
-        }
+        Err(Pending {
+            sh: self.sh.clone(),
+            req,
+            mine,
+            finished: false,
+        })
+    }
+
+    /// Starts a read like [`Engine::read_owned`], but returns at once if it cannot finish
+    /// without waiting for a device that is not inline: `Ok` with the reply (a hit in a `ram:`
+    /// cache), or the [`Pending`] read for another thread to finish. An NBD connection's
+    /// reader answers hits this way without handing them to a worker.
+    pub fn read_start(
+        &self,
+        core: CoreId,
+        lba: u64,
+        buf: AlignedBuf,
+    ) -> Result<(Result<(), ReqError>, AlignedBuf), Pending> {
+        let blocks = (buf.len() / 512) as u32;
+        self.start_request(Op::Read, core, lba, blocks, buf)
     }
 
     /// Reads into `buf` (a multiple of 512 bytes) from core `core` at block `lba`; returns

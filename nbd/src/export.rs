@@ -169,6 +169,12 @@ pub trait Export: Send + Sync {
         let r = self.read(offset, &mut buf);
         (r, buf)
     }
+    /// Starts a read from a thread that must not wait for a device (a connection's reader):
+    /// finishes it there if that needs no waiting (a hit in a RAM cache), and otherwise says
+    /// what is left for a worker. The default starts nothing.
+    fn read_start(&self, _offset: u64, buf: AlignedBuf) -> ReadStart {
+        ReadStart::NotStarted(buf)
+    }
     /// Writes an owned aligned buffer and hands it back. The default calls [`Export::write`].
     fn write_owned(
         &self,
@@ -179,6 +185,19 @@ pub trait Export: Send + Sync {
         let r = self.write(offset, &buf, fua);
         (r, buf)
     }
+}
+
+/// A read finished by the calling thread.
+pub type ReadReply = (Result<(), ExportError>, AlignedBuf);
+
+/// What [`Export::read_start`] did.
+pub enum ReadStart {
+    /// The read finished: its reply.
+    Done(ReadReply),
+    /// The read started and waits for a device: a worker finishes it with this.
+    Pending(Box<dyn FnOnce() -> ReadReply + Send>),
+    /// Nothing started: a worker reads with [`Export::read_owned`].
+    NotStarted(AlignedBuf),
 }
 
 /// The set of exports a server offers; exports may come and go while it runs.
@@ -363,6 +382,20 @@ impl Export for EngineExport {
         }
     }
 
+    fn read_start(&self, offset: u64, buf: AlignedBuf) -> ReadStart {
+        let lba = match Self::lba(offset, buf.len() as u64) {
+            Ok(lba) => lba,
+            Err(e) => return ReadStart::Done((Err(e), buf)),
+        };
+        match self.engine.read_start(self.core, lba, buf) {
+            Ok((r, b)) => ReadStart::Done((r.map_err(Into::into), b)),
+            Err(pending) => ReadStart::Pending(Box::new(move || {
+                let (r, b) = pending.finish();
+                (r.map_err(Into::into), b)
+            })),
+        }
+    }
+
     fn write_owned(
         &self,
         offset: u64,
@@ -434,6 +467,11 @@ impl BackendExport {
             return Err(ExportError::Invalid);
         }
         Ok(offset / 512)
+    }
+
+    /// The device served.
+    pub fn device(&self) -> &Arc<dyn Backend> {
+        &self.dev
     }
 }
 

@@ -1,6 +1,6 @@
 //! The server: listeners, the handshake, and the transmission phase of each connection.
 
-use crate::export::{BlockSizes, Export, ExportError, Exports};
+use crate::export::{BlockSizes, Export, ExportError, Exports, ReadReply, ReadStart};
 use crate::proto::{self, Request, cmd, errno, info, opt, parse_info_request, rep, reply, tflag};
 use crate::tls::{Sock, TlsConfig};
 use std::collections::{HashMap, VecDeque};
@@ -256,16 +256,29 @@ struct Counters {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// The worker pool's queue: jobs, "quit", and how many workers wait for a job.
+struct PoolQueue {
+    jobs: VecDeque<Job>,
+    quit: bool,
+    idle: usize,
+}
+
 /// The worker pool shared by every connection.
 struct Pool {
-    q: Mutex<(VecDeque<Job>, bool)>,
+    q: Mutex<PoolQueue>,
     cv: Condvar,
 }
 
 impl Pool {
     fn submit(&self, job: Job) {
-        lock(&self.q).0.push_back(job);
-        self.cv.notify_one();
+        let mut g = lock(&self.q);
+        g.jobs.push_back(job);
+        // A notify is a system call; busy workers take the job without one.
+        let wake = g.idle > 0;
+        drop(g);
+        if wake {
+            self.cv.notify_one();
+        }
     }
 
     fn run(&self) {
@@ -273,13 +286,15 @@ impl Pool {
             let job = {
                 let mut g = lock(&self.q);
                 loop {
-                    if let Some(j) = g.0.pop_front() {
+                    if let Some(j) = g.jobs.pop_front() {
                         break j;
                     }
-                    if g.1 {
+                    if g.quit {
                         return;
                     }
+                    g.idle += 1;
                     g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                    g.idle -= 1;
                 }
             };
             // A panicking export must not take the worker down: the job's in-flight guard
@@ -333,7 +348,11 @@ impl Server {
             cfg: cfg.clone(),
             quit: AtomicBool::new(false),
             pool: Pool {
-                q: Mutex::new((VecDeque::new(), false)),
+                q: Mutex::new(PoolQueue {
+                    jobs: VecDeque::new(),
+                    quit: false,
+                    idle: 0,
+                }),
                 cv: Condvar::new(),
             },
             conns: Mutex::new((HashMap::new(), 0)),
@@ -519,7 +538,7 @@ impl Server {
                 let _ = t.join();
             }
         }
-        lock(&self.inner.pool.q).1 = true;
+        lock(&self.inner.pool.q).quit = true;
         self.inner.pool.cv.notify_all();
         let workers: Vec<JoinHandle<()>> = lock(&self.workers).drain(..).collect();
         for w in workers {
@@ -719,7 +738,7 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
         replies: Mutex::new(VecDeque::new()),
         dead: AtomicBool::new(false),
         closer,
-        flight: Mutex::new((0, 0)),
+        flight: Mutex::new(Flight::default()),
         flight_cv: Condvar::new(),
         max_in_flight: inner.cfg.max_in_flight.max(1),
         max_in_flight_bytes: inner.cfg.max_in_flight_bytes,
@@ -1144,8 +1163,8 @@ struct Conn {
     /// A write failed: replies are dropped, requests not yet started are skipped.
     dead: AtomicBool,
     closer: Closer,
-    /// (requests, payload bytes) in flight.
-    flight: Mutex<(usize, usize)>,
+    /// (requests, payload bytes) in flight, and whether a thread waits on `flight_cv`.
+    flight: Mutex<Flight>,
     flight_cv: Condvar,
     max_in_flight: usize,
     max_in_flight_bytes: usize,
@@ -1169,6 +1188,14 @@ fn write_all_vectored(w: &mut (impl Write + ?Sized), parts: &[&[u8]]) -> io::Res
         }
     }
     Ok(())
+}
+
+/// Requests and payload bytes in flight on a connection, and threads waiting for them to drop.
+#[derive(Default)]
+struct Flight {
+    requests: usize,
+    bytes: usize,
+    waiters: usize,
 }
 
 /// A reply waiting to be written: its header (and error message), the read data, and the
@@ -1286,32 +1313,46 @@ impl Conn {
     /// connection is at its bounds.
     fn acquire(&self, bytes: usize) {
         let mut g = lock(&self.flight);
-        while g.0 >= self.max_in_flight
-            || (g.1 > 0 && g.1.saturating_add(bytes) > self.max_in_flight_bytes)
+        while g.requests >= self.max_in_flight
+            || (g.bytes > 0 && g.bytes.saturating_add(bytes) > self.max_in_flight_bytes)
         {
-            g = self.flight_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+            g = self.wait_flight(g);
         }
-        g.0 += 1;
-        g.1 += bytes;
+        g.requests += 1;
+        g.bytes += bytes;
+        let n = g.requests as u64;
+        drop(g);
         self.inner
             .stats
             .in_flight_max
-            .fetch_max(g.0 as u64, Ordering::Relaxed);
+            .fetch_max(n, Ordering::Relaxed);
     }
 
     fn release(&self, bytes: usize) {
         let mut g = lock(&self.flight);
-        g.0 -= 1;
-        g.1 -= bytes;
+        g.requests -= 1;
+        g.bytes -= bytes;
+        // A notify is a system call: only when the reader (or `drain`) waits.
+        let wake = g.waiters > 0;
         drop(g);
-        self.flight_cv.notify_all();
+        if wake {
+            self.flight_cv.notify_all();
+        }
+    }
+
+    /// Waits on `flight_cv`, counted so `release` knows to notify.
+    fn wait_flight<'a>(&self, mut g: MutexGuard<'a, Flight>) -> MutexGuard<'a, Flight> {
+        g.waiters += 1;
+        let mut g = self.flight_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        g.waiters -= 1;
+        g
     }
 
     /// Waits until every request in flight has been answered and every queued reply written.
     fn drain(&self) {
         let mut g = lock(&self.flight);
-        while g.0 > 0 {
-            g = self.flight_cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        while g.requests > 0 {
+            g = self.wait_flight(g);
         }
         drop(g);
         // Replies without a slot (errors and empty replies the reader sends itself) may still be
@@ -1402,6 +1443,25 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
             cookie: req.cookie,
             slot: Some(bytes),
         };
+        if req.typ == cmd::READ && !conn.dead.load(Ordering::Acquire) {
+            // A read that needs no waiting (a hit in a RAM cache) is answered from here: no
+            // hand-off to a worker and back. One that waits for a device goes to a worker.
+            match conn.export.read_start(req.offset, AlignedBuf::new(bytes)) {
+                ReadStart::Done(reply) => {
+                    answer_read(conn, &req, reply, guard);
+                    continue;
+                }
+                ReadStart::Pending(finish) => {
+                    let c = conn.clone();
+                    inner.pool.submit(Box::new(move || {
+                        let reply = finish();
+                        answer_read(&c, &req, reply, guard);
+                    }));
+                    continue;
+                }
+                ReadStart::NotStarted(_) => {}
+            }
+        }
         let payload = if req.typ == cmd::WRITE {
             let mut buf = AlignedBuf::new(bytes);
             if let Err(e) = r.read_exact(&mut buf) {
@@ -1419,6 +1479,14 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
         inner
             .pool
             .submit(Box::new(move || execute(&c, req, payload, guard)));
+    }
+}
+
+/// Answers a read with its data or its error.
+fn answer_read(c: &Conn, req: &Request, reply: ReadReply, mut guard: InFlight) {
+    match reply {
+        (Ok(()), buf) => c.reply_data(req.cookie, req.offset, buf, guard.take()),
+        (Err(err), _) => c.reply_err(req.cookie, err.errno(), &err.to_string(), guard.take()),
     }
 }
 
