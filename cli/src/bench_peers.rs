@@ -440,24 +440,31 @@ fn alive(pid: u32) -> bool {
     })
 }
 
-/// Whether the process `pid` has `path` open with O_DIRECT.
+/// Whether the process `pid` has `path` open with O_DIRECT (on any of its descriptors for
+/// it: the daemon also holds a read-only one for the device's identity and lock).
 fn opened_direct(pid: u32, path: &Path) -> Option<bool> {
     let want = std::fs::canonicalize(path).ok()?;
+    let mut seen = None;
     for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         if std::fs::read_link(e.path()).ok().as_deref() == Some(want.as_path()) {
-            let info = std::fs::read_to_string(format!(
+            let Ok(info) = std::fs::read_to_string(format!(
                 "/proc/{pid}/fdinfo/{}",
                 e.file_name().to_string_lossy()
-            ))
-            .ok()?;
-            let flags = info
+            )) else {
+                continue;
+            };
+            let Some(flags) = info
                 .lines()
                 .find_map(|l| l.strip_prefix("flags:"))
-                .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())?;
-            return Some(flags & libc::O_DIRECT as i64 != 0);
+                .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
+            else {
+                continue;
+            };
+            let direct = flags & libc::O_DIRECT as i64 != 0;
+            seen = Some(seen.unwrap_or(false) || direct);
         }
     }
-    None
+    seen
 }
 
 /// Bytes allocated to the deleted temporary files `pid` holds open (nbdkit's cache file).

@@ -19,6 +19,23 @@ use tiercache_io::AlignedBuf;
 /// Shuts a connection down from another thread: blocked and later reads and writes fail.
 pub type Closer = Arc<dyn Fn() + Send + Sync>;
 
+/// Says whether the stream's socket has room in its send buffer now (a small reply written
+/// then does not block).
+pub type RoomProbe = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Whether `fd` polls writable at once. For a unix socket that means at least 3/4 of its send
+/// buffer is free; for TCP, room above the low-water mark.
+pub(crate) fn poll_writable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, count 1, no timeout: poll only reads and writes `p`.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 1 && p.revents & libc::POLLOUT != 0 && p.revents & (libc::POLLERR | libc::POLLHUP) == 0
+}
+
 /// A connected byte stream the server can speak NBD on: unix and TCP sockets here; a TLS
 /// stream implements it the same way.
 ///
@@ -48,6 +65,13 @@ pub trait NbdStream: Read + Write + Send + 'static {
     fn tls_info(&self) -> Option<String> {
         None
     }
+    /// A probe of the socket's send buffer ([`RoomProbe`]), if the stream can tell: the
+    /// connection's reader then writes small replies itself when they fit, and otherwise (or
+    /// without a probe) leaves writing to a worker, so the reader never blocks on a client that
+    /// does not read.
+    fn room_probe(&self) -> Option<RoomProbe> {
+        None
+    }
 }
 
 impl NbdStream for UnixStream {
@@ -66,6 +90,10 @@ impl NbdStream for UnixStream {
     }
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         UnixStream::set_write_timeout(self, t)
+    }
+    fn room_probe(&self) -> Option<RoomProbe> {
+        let s = self.try_clone().ok()?;
+        Some(Arc::new(move || poll_writable(s.as_raw_fd())))
     }
     fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
         Ok(Box::new(crate::tls::accept(Sock::Unix(*self), tls)?))
@@ -88,6 +116,10 @@ impl NbdStream for TcpStream {
     }
     fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         TcpStream::set_write_timeout(self, t)
+    }
+    fn room_probe(&self) -> Option<RoomProbe> {
+        let s = self.try_clone().ok()?;
+        Some(Arc::new(move || poll_writable(s.as_raw_fd())))
     }
     fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
         Ok(Box::new(crate::tls::accept(Sock::Tcp(*self), tls)?))
@@ -255,6 +287,9 @@ struct Counters {
 }
 
 type Job = Box<dyn FnOnce() + Send>;
+
+/// The most bytes of one reply a connection's reader writes itself (when the socket has room).
+const READER_REPLY_MAX: usize = 64 << 10;
 
 /// The worker pool's queue: jobs, "quit", and how many workers wait for a job.
 struct PoolQueue {
@@ -705,6 +740,7 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
         return;
     };
     let tls_on = stream.tls_info().is_some();
+    let room = stream.room_probe();
     let Ok((r, w)) = stream.split() else {
         return;
     };
@@ -736,6 +772,7 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
         structured: neg.structured,
         writer: Mutex::new(w),
         replies: Mutex::new(VecDeque::new()),
+        room,
         dead: AtomicBool::new(false),
         closer,
         flight: Mutex::new(Flight::default()),
@@ -1160,6 +1197,8 @@ struct Conn {
     writer: Mutex<Box<dyn Write + Send>>,
     /// Replies waiting for the writer.
     replies: Mutex<VecDeque<Reply>>,
+    /// Whether the socket has room now (see [`NbdStream::room_probe`]).
+    room: Option<RoomProbe>,
     /// A write failed: replies are dropped, requests not yet started are skipped.
     dead: AtomicBool,
     closer: Closer,
@@ -1212,6 +1251,25 @@ impl Conn {
     /// client that reads slowly holds at most one worker.
     fn send(&self, r: Reply) {
         lock(&self.replies).push_back(r);
+        self.send_queued();
+    }
+
+    /// Sends a reply from the connection's reader: written right here if it is small and the
+    /// socket has room now, else queued for a worker to write. The reader must not block on a
+    /// client that does not read its replies: it would stop reading that client's requests
+    /// (a client writing a large WRITE before it reads would then never finish).
+    fn send_from_reader(self: &Arc<Self>, r: Reply) {
+        let len = r.head.len() + r.data.as_ref().map_or(0, |d| d.len());
+        if len <= READER_REPLY_MAX && self.room.as_ref().is_some_and(|room| room()) {
+            return self.send(r);
+        }
+        lock(&self.replies).push_back(r);
+        let c = self.clone();
+        self.inner.pool.submit(Box::new(move || c.send_queued()));
+    }
+
+    /// Writes queued replies unless another thread is writing them.
+    fn send_queued(&self) {
         loop {
             let mut w = match self.writer.try_lock() {
                 Ok(w) => w,
@@ -1261,6 +1319,11 @@ impl Conn {
     }
 
     fn reply_err(&self, cookie: u64, err: u32, msg: &str, slot: Option<usize>) {
+        self.send(self.err_reply(cookie, err, msg, slot));
+    }
+
+    /// The reply to a failed request.
+    fn err_reply(&self, cookie: u64, err: u32, msg: &str, slot: Option<usize>) -> Reply {
         self.inner
             .stats
             .request_errors
@@ -1281,14 +1344,19 @@ impl Conn {
         } else {
             proto::simple_reply(err, cookie).to_vec()
         };
-        self.send(Reply {
+        Reply {
             head,
             data: None,
             slot,
-        });
+        }
     }
 
     fn reply_data(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) {
+        self.send(self.data_reply(cookie, offset, data, slot));
+    }
+
+    /// The reply to a read, with its data.
+    fn data_reply(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) -> Reply {
         let head = if self.structured {
             let mut h = proto::structured_header(
                 reply::FLAG_DONE,
@@ -1302,11 +1370,11 @@ impl Conn {
         } else {
             proto::simple_reply(0, cookie).to_vec()
         };
-        self.send(Reply {
+        Reply {
             head,
             data: Some(data),
             slot,
-        });
+        }
     }
 
     /// Takes an in-flight slot for a request with `bytes` of payload, waiting while the
@@ -1448,14 +1516,14 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
             // hand-off to a worker and back. One that waits for a device goes to a worker.
             match conn.export.read_start(req.offset, AlignedBuf::new(bytes)) {
                 ReadStart::Done(reply) => {
-                    answer_read(conn, &req, reply, guard);
+                    answer_read(conn, &req, reply, guard, true);
                     continue;
                 }
                 ReadStart::Pending(finish) => {
                     let c = conn.clone();
                     inner.pool.submit(Box::new(move || {
                         let reply = finish();
-                        answer_read(&c, &req, reply, guard);
+                        answer_read(&c, &req, reply, guard, false);
                     }));
                     continue;
                 }
@@ -1482,11 +1550,22 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
     }
 }
 
-/// Answers a read with its data or its error.
-fn answer_read(c: &Conn, req: &Request, reply: ReadReply, mut guard: InFlight) {
-    match reply {
-        (Ok(()), buf) => c.reply_data(req.cookie, req.offset, buf, guard.take()),
-        (Err(err), _) => c.reply_err(req.cookie, err.errno(), &err.to_string(), guard.take()),
+/// Answers a read with its data or its error, from the connection's reader or a worker.
+fn answer_read(
+    c: &Arc<Conn>,
+    req: &Request,
+    reply: ReadReply,
+    mut guard: InFlight,
+    from_reader: bool,
+) {
+    let r = match reply {
+        (Ok(()), buf) => c.data_reply(req.cookie, req.offset, buf, guard.take()),
+        (Err(err), _) => c.err_reply(req.cookie, err.errno(), &err.to_string(), guard.take()),
+    };
+    if from_reader {
+        c.send_from_reader(r);
+    } else {
+        c.send(r);
     }
 }
 

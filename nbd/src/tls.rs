@@ -412,6 +412,13 @@ impl NbdStream for TlsStream {
         Ok((Box::new(s.rd), Box::new(s.wr)))
     }
 
+    /// The socket's room: a reply's records are a little larger than the reply, well inside
+    /// what a writable socket takes.
+    fn room_probe(&self) -> Option<crate::server::RoomProbe> {
+        let sh = self.rd.shared.clone();
+        Some(Arc::new(move || crate::server::poll_writable(sh.sock.fd())))
+    }
+
     /// Sends a `close_notify` if that cannot block (the state and the socket's write side are
     /// free and the socket takes it at once), then shuts the socket down.
     fn closer(&self) -> io::Result<Closer> {

@@ -645,3 +645,54 @@ fn disconnect_export_closes_only_its_connections() {
     srv.shutdown();
     srv.shutdown();
 }
+
+#[test]
+fn reads_answered_by_the_reader_never_stop_it_reading() {
+    // Hits in a RAM cache are answered by the connection's reader itself. A client that sends
+    // many reads (far more reply bytes than the socket holds) and then a large WRITE before it
+    // reads any reply must still get its WRITE read: replies the socket has no room for go to
+    // a worker. If the reader wrote them itself it would block, never read the WRITE, and the
+    // client's write below would time out.
+    let s = Setup::new("late", 16, 16);
+    let (mut c, _) = ready(&s.sock, "disk", true);
+    const LEN: u32 = 32 << 10;
+    const READS: u64 = 60; // 1.9 MiB of replies, under the 64 requests in flight
+    for i in 0..READS {
+        let data = vec![(i % 251) as u8; LEN as usize];
+        assert_eq!(c.call(cmd::WRITE, 0, i * LEN as u64, LEN, &data).0, 0);
+    }
+    let hits_before = s.engine.with_cache(|k| {
+        k.core_counters(tiercache_core::units::CoreId(0))
+            .map_or(0, |x| x.read.full_hit)
+    });
+    c.s.set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    c.s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    for i in 0..READS {
+        c.send_req(cmd::READ, 0, i, i * LEN as u64, LEN, &[]);
+    }
+    let big = vec![7u8; 1 << 20];
+    c.try_send_req(cmd::WRITE, 0, 1000, 4 << 20, 1 << 20, &big)
+        .expect("the server stopped reading while its replies waited for the client");
+    let mut seen = 0;
+    for _ in 0..=READS {
+        let (cookie, e, d) = c.reply(|_| LEN as usize);
+        assert_eq!(e, 0, "request {cookie}");
+        if cookie == 1000 {
+            assert!(d.is_empty());
+        } else {
+            assert_eq!(d.len(), LEN as usize);
+            assert!(
+                d.iter().all(|&b| b == (cookie % 251) as u8),
+                "data of {cookie}"
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, READS);
+    let hits = s.engine.with_cache(|k| {
+        k.core_counters(tiercache_core::units::CoreId(0))
+            .map_or(0, |x| x.read.full_hit)
+    }) - hits_before;
+    assert_eq!(hits, READS, "the reads were not all cache hits");
+}
