@@ -55,10 +55,11 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
-struct Timings {
-    p50: f64,
-    p99: f64,
-    mean: f64,
+/// Median, 99th percentile and mean of a run's samples (ns).
+pub(crate) struct Timings {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) mean: f64,
 }
 
 /// Rank r of `n` → a place in `0..n`: multiplication by a prime above `u32::MAX` (so prime to
@@ -115,7 +116,7 @@ fn memory_floor(rng: &mut Rng) -> MemoryFloor {
     }
 }
 
-fn summarize(mut v: Vec<u32>) -> Timings {
+pub(crate) fn summarize(mut v: Vec<u32>) -> Timings {
     v.sort_unstable();
     let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize] as f64;
     let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;

@@ -7,6 +7,7 @@
 //! distribution of the core's own figures) whose ranks are scattered over the cache, so that
 //! hot keys are not also neighbours.
 
+use crate::bench_core::{Timings, scatter, summarize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_core::Config;
@@ -70,25 +71,20 @@ pub fn measure(lines: u32, ops: u64) -> Result<EngineNumbers, String> {
     let timed = |mut buf: AlignedBuf,
                  rng: &mut Rng,
                  key: &dyn Fn(&mut Rng) -> u64|
-     -> Result<((f64, f64, f64), AlignedBuf), String> {
+     -> Result<(Timings, AlignedBuf), String> {
         let mut v = Vec::with_capacity(ops as usize);
         for _ in 0..ops {
             let l = key(rng);
             let t = Instant::now();
             let (r, b) = e.read_owned(CoreId(0), l * 8, buf);
-            v.push(t.elapsed().as_nanos() as u64);
+            v.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
             r.map_err(|e| format!("read failed: {e:?}"))?;
             buf = b;
         }
-        v.sort_unstable();
-        let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize] as f64;
-        let mean = v.iter().sum::<u64>() as f64 / v.len() as f64;
-        Ok(((at(0.5), at(0.99), mean), buf))
+        Ok((summarize(v), buf))
     };
-    let ((hit_p50, hit_p99, hit_mean), buf) = timed(buf, &mut rng, &|rng| rng.below(set))?;
-    let ((zipf_p50, zipf_p99, zipf_mean), _) = timed(buf, &mut rng, &|rng| {
-        crate::bench_core::scatter(zipf.sample(rng), set)
-    })?;
+    let (uniform, buf) = timed(buf, &mut rng, &|rng| rng.below(set))?;
+    let (skewed, _) = timed(buf, &mut rng, &|rng| scatter(zipf.sample(rng), set))?;
     let mut queues = Vec::new();
     for q in 1..=4usize {
         let dur = Duration::from_millis(400);
@@ -121,12 +117,12 @@ pub fn measure(lines: u32, ops: u64) -> Result<EngineNumbers, String> {
     e.stop()?;
     Ok(EngineNumbers {
         lines,
-        hit_p50,
-        hit_p99,
-        hit_mean,
-        zipf_p50,
-        zipf_p99,
-        zipf_mean,
+        hit_p50: uniform.p50,
+        hit_p99: uniform.p99,
+        hit_mean: uniform.mean,
+        zipf_p50: skewed.p50,
+        zipf_p99: skewed.p99,
+        zipf_mean: skewed.mean,
         queues,
     })
 }

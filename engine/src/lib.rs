@@ -379,8 +379,8 @@ impl Shared {
                 buf,
                 fua,
             } => {
-                if Self::device_ref(g, dev).inline() {
-                    let d = device_in(&g.cache_dev, &g.cores, dev);
+                let d = Self::device_ref(g, dev);
+                if d.inline() {
                     let r = d.write(lba.0, buf_ref(g, buf, blocks), fua);
                     g.stats.inline_ios += 1;
                     events.push_back(done(io, r));

@@ -1351,10 +1351,6 @@ impl Conn {
         }
     }
 
-    fn reply_data(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) {
-        self.send(self.data_reply(cookie, offset, data, slot));
-    }
-
     /// The reply to a read, with its data.
     fn data_reply(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) -> Reply {
         let head = if self.structured {
@@ -1511,6 +1507,8 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
             cookie: req.cookie,
             slot: Some(bytes),
         };
+        // A READ's buffer, when the export left the read to a worker.
+        let mut read_buf = None;
         if req.typ == cmd::READ && !conn.dead.load(Ordering::Acquire) {
             // A read that needs no waiting (a hit in a RAM cache) is answered from here: no
             // hand-off to a worker and back. One that waits for a device goes to a worker.
@@ -1527,7 +1525,7 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
                     }));
                     continue;
                 }
-                ReadStart::NotStarted(_) => {}
+                ReadStart::NotStarted(buf) => read_buf = Some(buf),
             }
         }
         let payload = if req.typ == cmd::WRITE {
@@ -1541,7 +1539,7 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
             }
             Some(buf)
         } else {
-            None
+            read_buf
         };
         let c = conn.clone();
         inner
@@ -1569,8 +1567,9 @@ fn answer_read(
     }
 }
 
-/// Runs one request on a worker and answers it.
-fn execute(c: &Conn, req: Request, payload: Option<AlignedBuf>, mut guard: InFlight) {
+/// Runs one request on a worker and answers it. `payload`: a WRITE's data, or a READ's buffer
+/// if the reader made one.
+fn execute(c: &Arc<Conn>, req: Request, payload: Option<AlignedBuf>, mut guard: InFlight) {
     if c.dead.load(Ordering::Acquire) && req.typ != cmd::WRITE {
         // Nobody will read the answer.
         if let Some(b) = guard.take() {
@@ -1583,12 +1582,8 @@ fn execute(c: &Conn, req: Request, payload: Option<AlignedBuf>, mut guard: InFli
     let len = req.len as u64;
     let r = match req.typ {
         cmd::READ => {
-            let (r, buf) = e.read_owned(req.offset, AlignedBuf::new(req.len as usize));
-            if r.is_ok() {
-                c.reply_data(req.cookie, req.offset, buf, guard.take());
-                return;
-            }
-            r
+            let buf = payload.unwrap_or_else(|| AlignedBuf::new(req.len as usize));
+            return answer_read(c, &req, e.read_owned(req.offset, buf), guard, false);
         }
         cmd::WRITE => {
             let buf = payload.unwrap_or_else(|| AlignedBuf::new(req.len as usize));
