@@ -4,7 +4,7 @@
 
 use crate::cache::{Cache, CoreRecord, Health};
 use crate::event::{Action, Event};
-use crate::units::{CoreId, Nanos, ReqId};
+use crate::units::{CoreId, Lba, Nanos, ReqId};
 use crate::wl::WriteLog;
 
 /// A cache's state machine.
@@ -28,6 +28,14 @@ impl Machine {
         match self {
             Machine::Cache(c) => c.apply(now, event, actions),
             Machine::Wl(w) => w.apply(now, event, actions, data_crc),
+        }
+    }
+
+    /// See [`Cache::read_hint`] (a write log gives no hint).
+    #[inline]
+    pub fn read_hint(&self, core: CoreId, lba: Lba, blocks: u32, hint: impl FnOnce(Lba, u32)) {
+        if let Machine::Cache(c) = self {
+            c.read_hint(core, lba, blocks, hint);
         }
     }
 

@@ -211,6 +211,34 @@ impl Mapping {
         }
     }
 
+    /// The line the first slot whose fingerprint matches `core_line` of `core` names, without
+    /// checking that line's reverse record (it starts loading it): usually the line [`Mapping::lookup`] finds, but
+    /// possibly another (a fingerprint collision) or a line mapped since. For hints only (one
+    /// table read instead of two).
+    #[inline]
+    pub fn candidate(&self, core: CoreId, core_line: u64) -> Option<LineId> {
+        let cl = u32::try_from(core_line).ok()?;
+        self.pos(core, cl)?;
+        let n = self.slots.len();
+        let (mut i, fp) = self.home(core, cl);
+        let mask = self.id_mask();
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return None;
+            }
+            if s & !mask == fp {
+                // Start loading the reverse record `lookup` will check.
+                crate::hint::prefetch(&self.rev, (s & mask) as usize);
+                return Some(LineId(s & mask));
+            }
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+    }
+
     /// The cache line holding `core_line` of `core`, if any.
     #[inline]
     pub fn lookup(&self, core: CoreId, core_line: u64) -> Option<LineId> {

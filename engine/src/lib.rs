@@ -1235,6 +1235,13 @@ impl Engine {
         g.next_req += 1;
         g.reqs.insert(req, Slot { buf });
         let lba = Lba(lba);
+        if matches!(op, Op::Read) && g.cache_dev.inline() {
+            // A memory cache: start loading the data a hit will copy while the core decides.
+            let Inner { m, cache_dev, .. } = &*g;
+            m.read_hint(core, lba, blocks, |at, n| {
+                cache_dev.prefetch(at.0, n as u64)
+            });
+        }
         let ev = match op {
             Op::Read => Event::Read {
                 req,

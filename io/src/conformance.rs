@@ -276,9 +276,34 @@ fn errors_change_nothing(b: &dyn Backend) {
     misaligned(b.read(0, &mut rd[..BLOCK + 1]), "read of 513 bytes");
     // Misaligned and out of range at once: an error either way.
     assert!(b.write(n, &junk[..3], false).is_err(), "{}", b.name());
+    // Prefetch hints, in range or not, change nothing and never panic.
+    for (lba, blocks) in [
+        (0, 8),
+        (n - tail, tail),
+        (n - 1, 2),
+        (n, 1),
+        (0, 0),
+        (0, u64::MAX),
+        (u64::MAX, 1),
+        (u64::MAX, u64::MAX),
+    ] {
+        b.prefetch(lba, blocks);
+    }
 
-    assert_pattern(b, tag, n - tail, tail, "tail after rejected requests");
-    assert_pattern(b, tag, 0, 8, "head after rejected requests");
+    assert_pattern(
+        b,
+        tag,
+        n - tail,
+        tail,
+        "tail after rejected requests and prefetch hints",
+    );
+    assert_pattern(
+        b,
+        tag,
+        0,
+        8,
+        "head after rejected requests and prefetch hints",
+    );
     for e in [
         IoErr::OutOfRange {
             lba: 1,

@@ -92,6 +92,12 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// A hint that a read of `blocks` blocks at `lba` probably follows within a microsecond:
+    /// an inline device (memory) may start loading the first of them into CPU cache, so that
+    /// the read's copy finds them on the way. Never changes results, never fails, never waits;
+    /// the default does nothing.
+    fn prefetch(&self, _lba: u64, _blocks: u64) {}
+
     /// Whether [`Backend::submit_async`] returns without waiting for the IO (and never calls
     /// its callback on the submitting thread). Without it, `submit_async` runs the request
     /// synchronously and calls the callback before it returns.
@@ -294,6 +300,9 @@ macro_rules! forward_backend {
             }
             fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
                 (**self).submit_batch(reqs)
+            }
+            fn prefetch(&self, lba: u64, blocks: u64) {
+                (**self).prefetch(lba, blocks)
             }
             fn is_async(&self) -> bool {
                 (**self).is_async()

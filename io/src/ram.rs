@@ -1,10 +1,21 @@
 use crate::{BLOCK, Backend, IoErr, check_blocks, check_bytes};
 use std::sync::RwLock;
 
+/// How much of a read [`RamBackend::prefetch`] asks the CPU to load ahead: the first 512
+/// bytes (8 cache lines); the hardware prefetcher follows the copy's stream for the rest.
+/// Measured with `tiercache bench core` (engine hit, 1 GiB `ram:` cache) on this project's
+/// 2-vCPU EPYC: 8 lines gave the lowest p50; 16 and 32 lines stalled the hint itself (the
+/// CPU's queue of outstanding misses fills, and the metadata reads the hint is meant to
+/// overlap wait behind the data).
+const PREFETCH_BYTES: usize = 512;
+
 /// A volatile in-memory device. Flush is a no-op; content is lost when it is dropped.
 #[derive(Debug)]
 pub struct RamBackend {
     data: RwLock<Vec<u8>>,
+    /// The address of `data`'s heap block (it never moves: the vector is never resized), for
+    /// prefetch hints, which take no lock because they read nothing.
+    base: usize,
     blocks: u64,
 }
 
@@ -15,8 +26,10 @@ impl RamBackend {
             .ok()
             .and_then(|b| b.checked_mul(BLOCK))
             .expect("RamBackend: size does not fit in memory");
+        let data = vec![0; bytes];
         RamBackend {
-            data: RwLock::new(vec![0; bytes]),
+            base: data.as_ptr() as usize,
+            data: RwLock::new(data),
             blocks,
         }
     }
@@ -67,5 +80,28 @@ impl Backend for RamBackend {
 
     fn inline(&self) -> bool {
         true
+    }
+
+    fn prefetch(&self, lba: u64, blocks: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if blocks == 0 || lba.saturating_add(blocks) > self.blocks {
+                return;
+            }
+            let start = self.base + lba as usize * BLOCK;
+            let len = (blocks as usize * BLOCK).min(PREFETCH_BYTES);
+            for at in (start..start + len).step_by(64) {
+                // SAFETY: SSE is part of the x86-64 baseline. A prefetch reads nothing a
+                // program can see (so it needs no lock) and never faults; the address lies
+                // inside `data`'s block anyway (the range was checked above).
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        at as *const i8,
+                    )
+                };
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (lba, blocks);
     }
 }

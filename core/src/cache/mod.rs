@@ -40,7 +40,7 @@ use crate::policy::promotion::Promotion;
 use crate::policy::{IO_CLASSES_MAX, LineView, position_key};
 use crate::state::LineStates;
 use crate::stats::{CacheCounters, ReqCounters};
-use crate::units::{CoreId, IoId, LineId, Nanos, ReqId};
+use crate::units::{CoreId, IoId, Lba, LineId, Nanos, ReqId};
 use lock::{LockTable, lock_key};
 use std::collections::VecDeque;
 
@@ -476,6 +476,25 @@ impl Cache {
     #[inline]
     pub(crate) fn cache_lba(&self, line: LineId, offset: u32) -> crate::units::Lba {
         crate::units::Lba(self.cfg.data_offset.0 + ((line.0 as u64) << self.shift) + offset as u64)
+    }
+
+    /// Where a read of `blocks` at `lba` on `core` will probably find its first line's data on
+    /// the cache device: calls `hint(cache_lba, blocks_there)` for the line the mapping table's
+    /// first matching slot names (not verified, and not checked for valid blocks: it may be
+    /// wrong), or not at all. A driver whose cache device is memory calls this just before it
+    /// applies the read, to start loading the data into CPU cache while the core decides
+    /// (the data's misses then overlap the metadata's). Changes nothing.
+    #[inline]
+    pub fn read_hint(&self, core: CoreId, lba: Lba, blocks: u32, hint: impl FnOnce(Lba, u32)) {
+        let cl = lba.0 >> self.shift;
+        let Some(line) = self.map.candidate(core, cl) else {
+            return;
+        };
+        self.state.prefetch(line.0);
+        self.lists.prefetch(line.0);
+        let offset = (lba.0 - (cl << self.shift)) as u32;
+        let n = blocks.min((1u32 << self.shift) - offset);
+        hint(self.cache_lba(line, offset), n);
     }
 
     // ----- read-only accessors -----

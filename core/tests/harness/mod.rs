@@ -438,6 +438,9 @@ pub struct Env {
     pub outage: Option<Outage>,
     /// Per core: whether its last completed IO failed (the health oracle).
     last_core_failed: BTreeMap<u16, bool>,
+    /// Read hints checked against a mapped line, and how many named another line.
+    hints_mapped: u64,
+    hints_wrong: u64,
     /// Whether health is checked after every event.
     pub check_health: bool,
     /// Results of completed requests, when kept (scenario tests).
@@ -502,6 +505,8 @@ impl Env {
             crashed: false,
             outage: None,
             last_core_failed: BTreeMap::new(),
+            hints_mapped: 0,
+            hints_wrong: 0,
             check_health: true,
             results: None,
             crash_exact: false,
@@ -1097,8 +1102,58 @@ impl Env {
             },
             ReqOp::Flush => Event::Flush { req, core: c },
         };
+        if op == ReqOp::Read {
+            self.check_read_hint(c, lba, blocks);
+        }
         self.apply(ev);
         req
+    }
+
+    /// The engine's prefetch hint for a read ([`Cache::read_hint`]): it always names blocks
+    /// inside the cache's data area, no more than the read has in its first line; where that
+    /// line is mapped, the hint is given and names exactly where the line holds the read's
+    /// first block, except after a fingerprint collision in the mapping table (the hint does
+    /// not verify the slot it finds). Those are rare (about 1 in 2^20 probes in these small
+    /// caches), so more than 8 + 1/1024 of the checked hints being wrong is a failure.
+    fn check_read_hint(&mut self, core: CoreId, lba: u64, blocks: u32) {
+        let cfg = self.cache.config();
+        let bpl = cfg.line_size.blocks() as u64;
+        let data = cfg.data_offset.0;
+        let end = data + cfg.lines as u64 * bpl;
+        let mut got = None;
+        self.cache
+            .read_hint(core, Lba(lba), blocks, |at, n| got = Some((at.0, n)));
+        let mapped = self
+            .cache
+            .line_state(core, lba / bpl)
+            .map(|(line, ..)| line);
+        let Some((at, n)) = got else {
+            if let Some(line) = mapped {
+                self.fail(&format!("no read hint for lba {lba}, mapped to {line:?}"));
+            }
+            return;
+        };
+        let in_line = (bpl - lba % bpl).min(blocks as u64);
+        if at < data || at + n as u64 > end || n as u64 != in_line {
+            self.fail(&format!(
+                "read hint ({at}, {n}) for {blocks} blocks at lba {lba}: outside the data area \
+                 [{data}, {end}) or not {in_line} blocks"
+            ));
+        }
+        if let Some(line) = mapped {
+            self.hints_mapped += 1;
+            let want = data + line.0 as u64 * bpl + lba % bpl;
+            if at != want {
+                self.hints_wrong += 1;
+                if self.hints_wrong > 8 + self.hints_mapped / 1024 {
+                    self.fail(&format!(
+                        "read hint for lba {lba} names cache block {at}, the line holds it at \
+                         {want} ({} of {} hints on mapped lines wrong)",
+                        self.hints_wrong, self.hints_mapped
+                    ));
+                }
+            }
+        }
     }
 
     fn on_complete(&mut self, req: ReqId, result: Result<(), tiercache_core::event::ReqError>) {
