@@ -342,8 +342,8 @@ pub fn run(args: Args) -> Result<(), String> {
         2.0 * floor.load_ns
     );
     println!(
-        "  and an engine hit on data not in CPU cache >= {:.0} ns (two reads and the copy)",
-        2.0 * floor.load_ns + floor.cold_copy_ns
+        "  and an engine hit on data not in CPU cache >= {:.0} ns (the slot's read, then the copy: the engine starts loading the data once the slot names its line)",
+        floor.load_ns + floor.cold_copy_ns
     );
     println!();
     println!(
