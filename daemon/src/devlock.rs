@@ -101,6 +101,9 @@ impl Backend for Locked {
     fn inline(&self) -> bool {
         self.inner.inline()
     }
+    fn prefetch(&self, lba: u64, blocks: u64) {
+        self.inner.prefetch(lba, blocks)
+    }
     fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
         self.inner.submit_batch(reqs)
     }
