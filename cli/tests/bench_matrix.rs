@@ -1,6 +1,7 @@
 //! `tiercache bench` (the matrix): the report is written with the promised keys, and the same
 //! short workload measured by fio's nbd engine and by tiercache's own load generator agrees
-//! within 10% where the server (the emulated HDD) is the bottleneck — a cross-check, not a copy.
+//! within 10% where the server (the emulated HDD) is the bottleneck — a cross-check, not a copy
+//! (measured again once if the first pair is apart: the emulated disk runs in real time).
 
 use std::process::Command;
 
@@ -102,9 +103,22 @@ fn report_keys_and_fio_vs_own_generator() {
     let a = run_of(&own, "baseline")["iops"].as_f64().unwrap();
     let b = run_of(&fio, "baseline")["iops"].as_f64().unwrap();
     println!("baseline randread-4k QD16 on the emulated HDD: own {a:.0} IOPS, fio {b:.0} IOPS");
-    assert!(
-        (a / b - 1.0).abs() <= 0.10,
-        "own generator {a:.0} IOPS vs fio {b:.0} IOPS: more than 10% apart"
-    );
+    if (a / b - 1.0).abs() > 0.10 {
+        // The emulated disk runs in real time, and this test shares two CPUs with the rest of
+        // the suite: one pair of 3-second runs can be apart by chance. A generator that is
+        // really off is apart in the second pair too.
+        let a2 = run_of(&bench(&dir.join("own2"), "own"), "baseline")["iops"]
+            .as_f64()
+            .unwrap();
+        let b2 = run_of(&bench(&dir.join("fio2"), "fio"), "baseline")["iops"]
+            .as_f64()
+            .unwrap();
+        println!("again: own {a2:.0} IOPS, fio {b2:.0} IOPS");
+        assert!(
+            (a2 / b2 - 1.0).abs() <= 0.10,
+            "own generator vs fio: {a:.0} vs {b:.0} IOPS, then {a2:.0} vs {b2:.0}: more than 10% \
+             apart twice"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

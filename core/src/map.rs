@@ -211,32 +211,48 @@ impl Mapping {
         }
     }
 
-    /// The line the first slot whose fingerprint matches `core_line` of `core` names, without
-    /// checking that line's reverse record (it starts loading it): usually the line [`Mapping::lookup`] finds, but
-    /// possibly another (a fingerprint collision) or a line mapped since. For hints only (one
-    /// table read instead of two).
+    /// Walks the probe run of `core_line` of `core` (home slot `i`, fingerprint `fp`) to its
+    /// first empty slot and returns the first line whose slot's fingerprint matches and which
+    /// `accept` takes.
     #[inline]
-    pub fn candidate(&self, core: CoreId, core_line: u64) -> Option<LineId> {
-        let cl = u32::try_from(core_line).ok()?;
-        self.pos(core, cl)?;
+    fn first_match(
+        &self,
+        mut i: usize,
+        fp: u32,
+        mut accept: impl FnMut(u32) -> bool,
+    ) -> Option<u32> {
         let n = self.slots.len();
-        let (mut i, fp) = self.home(core, cl);
         let mask = self.id_mask();
         loop {
             let s = self.slots[i];
             if s == EMPTY {
                 return None;
             }
-            if s & !mask == fp {
-                // Start loading the reverse record `lookup` will check.
-                crate::hint::prefetch(&self.rev, (s & mask) as usize);
-                return Some(LineId(s & mask));
+            if s & !mask == fp && accept(s & mask) {
+                return Some(s & mask);
             }
             i += 1;
             if i == n {
                 i = 0;
             }
         }
+    }
+
+    /// The line the first slot whose fingerprint matches `core_line` of `core` names, without
+    /// checking that line's reverse record (it starts loading it): usually the line
+    /// [`Mapping::lookup`] finds, but possibly another (a fingerprint collision). For hints
+    /// only (one table read instead of two).
+    #[inline]
+    pub fn candidate(&self, core: CoreId, core_line: u64) -> Option<LineId> {
+        let cl = u32::try_from(core_line).ok()?;
+        self.pos(core, cl)?;
+        let (i, fp) = self.home(core, cl);
+        self.first_match(i, fp, |l| {
+            // Start loading the reverse record `lookup` will check.
+            crate::hint::prefetch(&self.rev, l as usize);
+            true
+        })
+        .map(LineId)
     }
 
     /// The cache line holding `core_line` of `core`, if any.
@@ -259,29 +275,12 @@ impl Mapping {
             return None;
         };
         let p = self.pos(core, cl)?;
-        let n = self.slots.len();
-        let (mut i, fp) = self.home(core, cl);
-        let mask = self.id_mask();
-        loop {
-            let s = self.slots[i];
-            if s == EMPTY {
-                return None;
-            }
-            let l = s & mask;
-            if s & !mask == fp
-                && {
-                    candidate(l);
-                    true
-                }
-                && self.rev[l as usize] == p
-            {
-                return Some(LineId(l));
-            }
-            i += 1;
-            if i == n {
-                i = 0;
-            }
-        }
+        let (i, fp) = self.home(core, cl);
+        self.first_match(i, fp, |l| {
+            candidate(l);
+            self.rev[l as usize] == p
+        })
+        .map(LineId)
     }
 
     /// Maps unmapped `line` to `core_line` of `core`, which must not be mapped and must lie in

@@ -688,16 +688,24 @@ impl Shared {
                         .0;
                 }
             };
-            let (buf, r) = run(&*job.dev, job.op);
-            let mut g = self.lock();
-            if g.dead {
-                continue;
-            }
-            Self::finished_also(&mut g, &job.also, &r);
-            let ev = Self::finished(&mut g, job.io, buf, r);
-            let next = self.drive_capture(&mut g, ev);
+            let (g, next) = self.run_job(job);
             self.run_chain(g, next);
         }
+    }
+
+    /// Runs `job` (the lock not held), then takes the lock and applies its completion.
+    /// Returns the lock and the first IO that completion started, for this thread to run next
+    /// (none once the engine is dead: a dead engine applies nothing).
+    fn run_job(&self, job: Job) -> (MutexGuard<'_, Inner>, Option<Job>) {
+        let (buf, r) = run(&*job.dev, job.op);
+        let mut g = self.lock();
+        if g.dead {
+            return (g, None);
+        }
+        Self::finished_also(&mut g, &job.also, &r);
+        let ev = Self::finished(&mut g, job.io, buf, r);
+        let next = self.drive_capture(&mut g, ev);
+        (g, next)
     }
 
     /// Runs `job` (one the calling thread captured) without the lock, applies its completion,
@@ -706,14 +714,7 @@ impl Shared {
     fn run_chain(&self, g: MutexGuard<'_, Inner>, mut job: Option<Job>) {
         drop(g);
         while let Some(j) = job.take() {
-            let (buf, r) = run(&*j.dev, j.op);
-            let mut g = self.lock();
-            if g.dead {
-                return;
-            }
-            Self::finished_also(&mut g, &j.also, &r);
-            let ev = Self::finished(&mut g, j.io, buf, r);
-            job = self.drive_capture(&mut g, ev);
+            job = self.run_job(j).1;
         }
     }
 
@@ -881,14 +882,7 @@ impl Shared {
             }
             if let Some(job) = mine.take() {
                 drop(g);
-                let (buf, r) = run(&*job.dev, job.op);
-                g = self.lock();
-                if g.dead {
-                    continue;
-                }
-                Shared::finished_also(&mut g, &job.also, &r);
-                let ev = Shared::finished(&mut g, job.io, buf, r);
-                mine = self.drive_capture(&mut g, ev);
+                (g, mine) = self.run_job(job);
                 continue;
             }
             // Parked until the completion names this request (a timeout only re-checks).
