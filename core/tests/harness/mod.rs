@@ -1113,8 +1113,9 @@ impl Env {
     /// inside the cache's data area, no more than the read has in its first line; where that
     /// line is mapped, the hint is given and names exactly where the line holds the read's
     /// first block, except after a fingerprint collision in the mapping table (the hint does
-    /// not verify the slot it finds). Those are rare (about 1 in 2^20 probes in these small
-    /// caches), so more than 8 + 1/1024 of the checked hints being wrong is a failure.
+    /// not verify the slot it finds). Those are rare (a fingerprint has 32 minus the line id's
+    /// bits: at least 19 in these tests, whose caches have at most 4096 lines), so more than
+    /// 8 + 1/1024 of the checked hints being wrong is a failure.
     fn check_read_hint(&mut self, core: CoreId, lba: u64, blocks: u32) {
         let cfg = self.cache.config();
         let bpl = cfg.line_size.blocks() as u64;
