@@ -14,7 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Mutex;
 use tiercache_engine::Device;
-use tiercache_io::{Backend, IoErr, Req};
+use tiercache_io::{AsyncDone, AsyncReq, Backend, IoErr, Req};
 
 /// Locks held by this process: (st_dev, st_ino) to the locked file and its handle count.
 static HELD: Mutex<BTreeMap<(u64, u64), (std::fs::File, usize)>> = Mutex::new(BTreeMap::new());
@@ -106,6 +106,12 @@ impl Backend for Locked {
     }
     fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
         self.inner.submit_batch(reqs)
+    }
+    fn is_async(&self) -> bool {
+        self.inner.is_async()
+    }
+    fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
+        self.inner.submit_async(req, done)
     }
 }
 
