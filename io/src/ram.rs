@@ -86,12 +86,12 @@ impl Backend for RamBackend {
     fn prefetch(&self, lba: u64, blocks: u64) {
         #[cfg(target_arch = "x86_64")]
         {
-            if blocks == 0 || lba.saturating_add(blocks) > self.blocks {
+            if check_blocks(lba, blocks, self.blocks).is_err() {
                 return;
             }
-            let start = self.base + lba as usize * BLOCK;
-            let len = (blocks as usize * BLOCK).min(PREFETCH_BYTES);
-            for at in (start..start + len).step_by(64) {
+            let bytes = Self::range(lba, blocks);
+            let start = self.base + bytes.start;
+            for at in (start..start + bytes.len().min(PREFETCH_BYTES)).step_by(64) {
                 // SAFETY: SSE is part of the x86-64 baseline. A prefetch reads nothing a
                 // program can see (so it needs no lock) and never faults; the address lies
                 // inside `data`'s block anyway (the range was checked above).
