@@ -113,6 +113,9 @@ impl Backend for Locked {
     fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
         self.inner.submit_async(req, done)
     }
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        self.inner.ring_fd()
+    }
 }
 
 #[cfg(test)]

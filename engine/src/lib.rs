@@ -37,6 +37,9 @@ use tiercache_core::{Cache, Config, Machine};
 use tiercache_io::{AlignedBuf, AsyncDone, Backend, BufPool, IoErr};
 
 pub mod readahead;
+mod ring;
+
+pub use ring::{EngineIo, IoTicket, ReplySink, ReplyTo};
 
 /// The most bytes of contiguous writes the engine merges into one IO.
 const MERGE_MAX_BYTES: u64 = 256 << 10;
@@ -98,6 +101,8 @@ pub struct EngineStats {
     pub inline_ios: u64,
     /// IOs run by IO threads.
     pub thread_ios: u64,
+    /// IOs run on a caller's io_uring ([`Engine::submit`]: an NBD connection's ring).
+    pub ring_ios: u64,
     /// Writes that went to a device as part of another (contiguous writes merged into one
     /// IO: a write log's entry header and its data).
     pub merged_ios: u64,
@@ -130,9 +135,23 @@ struct Job {
 /// synchronous device runs on an IO thread.
 type JobOp = tiercache_io::AsyncReq;
 
-/// A request's buffer while the core works on it.
+/// A request's buffer while the core works on it, and where its reply goes when it was
+/// submitted without a thread waiting for it ([`Engine::submit`]).
 struct Slot {
     buf: AlignedBuf,
+    reply: Option<ReplyTo>,
+}
+
+/// What happens to the IOs a drive starts on devices that are not inline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Capture {
+    /// Handed to the IO threads.
+    Off,
+    /// Kept for the driving thread, which runs the first itself ([`Shared::drive_capture`]).
+    First,
+    /// Kept for the driving thread's ring ([`Engine::submit`]): those on devices with a
+    /// [`Backend::ring_fd`] go there, the rest to the IO threads.
+    Ring,
 }
 
 struct Inner {
@@ -164,7 +183,7 @@ struct Inner {
     /// While a request's own thread drives the core (`capture`), the IOs it starts are kept
     /// here for that thread to run itself instead of handing them to an IO thread: a cache
     /// hit on a file then costs no thread hop (see [`Engine::request`]).
-    capture: bool,
+    capture: Capture,
     captured: Vec<Job>,
     /// Threads parked until their request completes (woken one by one, not all at once).
     waiters: tiercache_core::hash::FxHashMap<ReqId, std::thread::Thread>,
@@ -327,6 +346,11 @@ impl Shared {
             Action::Complete { req, result } => {
                 let slot = g.reqs.remove(&req).expect("completion of a live request");
                 g.stats.requests += 1;
+                if let Some(to) = slot.reply {
+                    // Under the lock: the sink only queues the reply (ReplySink's contract).
+                    to.sink.reply(to.tag, result, slot.buf);
+                    return;
+                }
                 if g.driving == Some(req) {
                     g.own_done = Some((result, slot.buf));
                     return;
@@ -606,7 +630,7 @@ impl Shared {
         g.stats.in_flight += 1;
         g.stats.in_flight_max = g.stats.in_flight_max.max(g.stats.in_flight);
         g.stats.thread_ios += 1;
-        if g.capture {
+        if g.capture != Capture::Off {
             g.captured.push(job);
             return;
         }
@@ -629,9 +653,9 @@ impl Shared {
     /// the first one to run now, the rest handed to the IO threads at once (so that the IOs
     /// of one request still run in parallel).
     fn drive_capture(&self, g: &mut Inner, ev: Event) -> Option<Job> {
-        g.capture = true;
+        g.capture = Capture::First;
         self.drive(g, ev);
-        g.capture = false;
+        g.capture = Capture::Off;
         let mut jobs = std::mem::take(&mut g.captured);
         let first = if jobs.is_empty() {
             None
@@ -829,14 +853,60 @@ fn device_in<'a>(cache_dev: &'a Device, cores: &'a [Option<Device>], dev: Dev) -
     }
 }
 
-/// A request to submit.
-#[derive(Clone, Copy, Debug)]
-enum Op {
+/// A client request's kind (its range and buffer are given beside it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReqOp {
+    /// Read into the request's buffer.
     Read,
-    Write { fua: bool },
-    WriteZeroes { fua: bool },
+    /// Write the request's buffer (durable at completion with `fua`).
+    Write {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Write zeros.
+    WriteZeroes {
+        /// Force unit access.
+        fua: bool,
+    },
+    /// Discard (reads back as zeros).
     Trim,
+    /// Make every write completed before it durable.
     Flush,
+}
+
+type Op = ReqOp;
+
+/// The core's event for request `req`.
+fn request_event(op: Op, req: ReqId, core: CoreId, lba: Lba, blocks: u32) -> Event {
+    match op {
+        Op::Read => Event::Read {
+            req,
+            core,
+            lba,
+            blocks,
+        },
+        Op::Write { fua } => Event::Write {
+            req,
+            core,
+            lba,
+            blocks,
+            fua,
+        },
+        Op::WriteZeroes { fua } => Event::WriteZeroes {
+            req,
+            core,
+            lba,
+            blocks,
+            fua,
+        },
+        Op::Trim => Event::Trim {
+            req,
+            core,
+            lba,
+            blocks,
+        },
+        Op::Flush => Event::Flush { req, core },
+    }
 }
 
 /// A request that did not finish when it was started ([`Engine::read_start`]).
@@ -933,7 +1003,7 @@ impl Engine {
                 waiting: 0,
                 events: VecDeque::new(),
                 actions: Vec::new(),
-                capture: false,
+                capture: Capture::Off,
                 captured: Vec::new(),
                 waiters: Default::default(),
                 driving: None,
@@ -1227,7 +1297,7 @@ impl Engine {
         let mut g = self.sh.lock();
         let req = ReqId(g.next_req);
         g.next_req += 1;
-        g.reqs.insert(req, Slot { buf });
+        g.reqs.insert(req, Slot { buf, reply: None });
         let lba = Lba(lba);
         if matches!(op, Op::Read) && g.cache_dev.inline() {
             // A memory cache: start loading the data a hit will copy while the core decides.
@@ -1236,35 +1306,7 @@ impl Engine {
                 cache_dev.prefetch(at.0, n as u64)
             });
         }
-        let ev = match op {
-            Op::Read => Event::Read {
-                req,
-                core,
-                lba,
-                blocks,
-            },
-            Op::Write { fua } => Event::Write {
-                req,
-                core,
-                lba,
-                blocks,
-                fua,
-            },
-            Op::WriteZeroes { fua } => Event::WriteZeroes {
-                req,
-                core,
-                lba,
-                blocks,
-                fua,
-            },
-            Op::Trim => Event::Trim {
-                req,
-                core,
-                lba,
-                blocks,
-            },
-            Op::Flush => Event::Flush { req, core },
-        };
+        let ev = request_event(op, req, core, lba, blocks);
         // The IOs this request starts run on this thread (one at a time; any others at once
         // on IO threads), and so do the IOs their completions start, until the request is
         // done: a hit costs one pread and no thread hop.

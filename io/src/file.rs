@@ -512,6 +512,11 @@ impl Backend for FileBackend {
         }
     }
 
+    /// The file's descriptor where io_uring works on it (see [`Backend::ring_fd`]).
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        self.uring.as_ref().map(|_| self.file.as_raw_fd())
+    }
+
     fn blocks(&self) -> u64 {
         self.blocks
     }

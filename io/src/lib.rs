@@ -33,6 +33,7 @@ mod overlay;
 mod pool;
 mod ram;
 mod rbd;
+mod ring;
 mod timeout;
 mod uring;
 
@@ -47,6 +48,7 @@ pub use nbd::{NbdBackend, NbdEvent, NbdExportInfo, NbdOptions};
 pub use overlay::OverlayBackend;
 pub use pool::{BufPool, PoolStats};
 pub use ram::RamBackend;
+pub use ring::{Ring, RingDone, RingOp};
 pub use rbd::{
     DEFAULT_CLIENT_ID, DIRTY_KEY, RbdBackend, RbdIdentity, RbdOptions, RbdTarget, parse_rbd,
     rbd_available, rbd_identity,
@@ -97,6 +99,17 @@ pub trait Backend: Send + Sync {
     /// the read's copy finds them on the way. Never changes results, never fails, never waits;
     /// the default does nothing.
     fn prefetch(&self, _lba: u64, _blocks: u64) {}
+
+    /// The file descriptor on which this device's reads, writes and flushes are `pread`,
+    /// `pwrite` (with `RWF_DSYNC` for FUA) and `fdatasync` at byte offset `lba * 512`, for a
+    /// caller that runs them on an io_uring of its own ([`Ring`]). `None` (the default): only
+    /// the calls of this trait are this device's IO — a wrapper that injects faults, delays or
+    /// timeouts, or keeps state of its own, must not give one. A caller that gets an error or
+    /// a short transfer from the ring runs the request again through the calls (which then
+    /// report the error, or apply their fallbacks).
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        None
+    }
 
     /// Whether [`Backend::submit_async`] returns without waiting for the IO (and never calls
     /// its callback on the submitting thread). Without it, `submit_async` runs the request
@@ -306,6 +319,9 @@ macro_rules! forward_backend {
             }
             fn is_async(&self) -> bool {
                 (**self).is_async()
+            }
+            fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+                (**self).ring_fd()
             }
             fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
                 (**self).submit_async(req, done)

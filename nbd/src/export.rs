@@ -175,6 +175,11 @@ pub trait Export: Send + Sync {
     fn read_start(&self, _offset: u64, buf: AlignedBuf) -> ReadStart {
         ReadStart::NotStarted(buf)
     }
+    /// The engine export behind this one, if it is one: a connection on a plain socket then
+    /// runs its requests on its own io_uring reactor (`reactor.rs`), without worker threads.
+    fn as_engine(&self) -> Option<&EngineExport> {
+        None
+    }
     /// Writes an owned aligned buffer and hands it back. The default calls [`Export::write`].
     fn write_owned(
         &self,
@@ -326,7 +331,8 @@ impl EngineExport {
         self.core
     }
 
-    fn lba(offset: u64, len: u64) -> Result<u64, ExportError> {
+    /// The first block of a request at `offset` of `len` bytes (both multiples of 512).
+    pub(crate) fn lba(offset: u64, len: u64) -> Result<u64, ExportError> {
         if !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
             return Err(ExportError::Invalid);
         }
@@ -360,6 +366,10 @@ impl Export for EngineExport {
 
     fn block_sizes(&self) -> BlockSizes {
         self.sizes
+    }
+
+    fn as_engine(&self) -> Option<&EngineExport> {
+        Some(self)
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {

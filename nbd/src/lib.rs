@@ -104,6 +104,7 @@
 
 mod export;
 pub mod proto;
+mod reactor;
 mod server;
 mod tls;
 

@@ -72,6 +72,12 @@ pub trait NbdStream: Read + Write + Send + 'static {
     fn room_probe(&self) -> Option<RoomProbe> {
         None
     }
+    /// The socket's descriptor, where the stream is a plain socket whose bytes are the NBD
+    /// stream itself (unix, TCP; not TLS): the connection then runs on an io_uring reactor
+    /// (`reactor.rs`) that reads and writes it directly.
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 impl NbdStream for UnixStream {
@@ -98,6 +104,9 @@ impl NbdStream for UnixStream {
     fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
         Ok(Box::new(crate::tls::accept(Sock::Unix(*self), tls)?))
     }
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
+    }
 }
 
 impl NbdStream for TcpStream {
@@ -123,6 +132,9 @@ impl NbdStream for TcpStream {
     }
     fn start_tls(self: Box<Self>, tls: &TlsConfig) -> io::Result<Box<dyn NbdStream>> {
         Ok(Box::new(crate::tls::accept(Sock::Tcp(*self), tls)?))
+    }
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.as_raw_fd())
     }
 }
 
@@ -275,18 +287,18 @@ pub struct ServerStats {
 }
 
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     accepted: AtomicU64,
     open: AtomicU64,
     transmitting: AtomicU64,
     handshake_ended: AtomicU64,
-    requests: AtomicU64,
+    pub(crate) requests: AtomicU64,
     request_errors: AtomicU64,
-    in_flight_max: AtomicU64,
+    pub(crate) in_flight_max: AtomicU64,
     tls_refused: AtomicU64,
 }
 
-type Job = Box<dyn FnOnce() + Send>;
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 /// The most bytes of one reply a connection's reader writes itself (when the socket has room).
 const READER_REPLY_MAX: usize = 64 << 10;
@@ -299,13 +311,13 @@ struct PoolQueue {
 }
 
 /// The worker pool shared by every connection.
-struct Pool {
+pub(crate) struct Pool {
     q: Mutex<PoolQueue>,
     cv: Condvar,
 }
 
 impl Pool {
-    fn submit(&self, job: Job) {
+    pub(crate) fn submit(&self, job: Job) {
         let mut g = lock(&self.q);
         g.jobs.push_back(job);
         // A notify is a system call; busy workers take the job without one.
@@ -352,13 +364,13 @@ struct ListenerEntry {
     unix: Option<(PathBuf, u64, u64)>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     exports: Arc<dyn Exports>,
-    cfg: ServerConfig,
+    pub(crate) cfg: ServerConfig,
     quit: AtomicBool,
-    pool: Pool,
+    pub(crate) pool: Pool,
     conns: Mutex<(HashMap<u64, ConnEntry>, u64)>,
-    stats: Counters,
+    pub(crate) stats: Counters,
 }
 
 /// A running NBD server: a worker pool, listeners, and connections.
@@ -370,7 +382,7 @@ pub struct Server {
     listeners: Mutex<Vec<ListenerEntry>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -741,6 +753,11 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
     };
     let tls_on = stream.tls_info().is_some();
     let room = stream.room_probe();
+    // A plain socket to an engine export runs on a reactor, if the kernel gives it a ring.
+    let reactor = match (stream.raw_fd(), neg.export.as_engine()) {
+        (Some(fd), Some(_)) => crate::reactor::Reactor::new(fd, &inner.cfg).ok(),
+        _ => None,
+    };
     let Ok((r, w)) = stream.split() else {
         return;
     };
@@ -780,9 +797,13 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
         max_in_flight: inner.cfg.max_in_flight.max(1),
         max_in_flight_bytes: inner.cfg.max_in_flight_bytes,
         inner: inner.clone(),
+        wake: reactor.as_ref().map(|r| r.waker()),
     });
-    let mut r = BufReader::with_capacity(64 << 10, r);
-    let end = transmission(&conn, &mut r);
+    let end = match reactor {
+        // `r` (the stream's read half) keeps the socket open while the reactor uses it.
+        Some(reactor) => reactor.run(&conn),
+        None => transmission(&conn, &mut BufReader::with_capacity(64 << 10, r)),
+    };
     // Replies of requests still executing go out (or fail) before the socket is shut.
     conn.drain();
     (conn.closer)();
@@ -1188,26 +1209,30 @@ pub fn serve_handshake<S: Read + Write + ?Sized>(
 }
 
 /// One connection in transmission.
-struct Conn {
-    export: Arc<dyn Export>,
+pub(crate) struct Conn {
+    pub(crate) export: Arc<dyn Export>,
     size: u64,
     sizes: BlockSizes,
     read_only: bool,
     structured: bool,
     writer: Mutex<Box<dyn Write + Send>>,
     /// Replies waiting for the writer.
-    replies: Mutex<VecDeque<Reply>>,
+    pub(crate) replies: Mutex<VecDeque<Reply>>,
     /// Whether the socket has room now (see [`NbdStream::room_probe`]).
     room: Option<RoomProbe>,
     /// A write failed: replies are dropped, requests not yet started are skipped.
-    dead: AtomicBool,
-    closer: Closer,
+    pub(crate) dead: AtomicBool,
+    pub(crate) closer: Closer,
     /// (requests, payload bytes) in flight, and whether a thread waits on `flight_cv`.
     flight: Mutex<Flight>,
     flight_cv: Condvar,
-    max_in_flight: usize,
-    max_in_flight_bytes: usize,
-    inner: Arc<Inner>,
+    pub(crate) max_in_flight: usize,
+    pub(crate) max_in_flight_bytes: usize,
+    pub(crate) inner: Arc<Inner>,
+    /// Set when the connection runs on a reactor (`reactor.rs`): the reactor alone writes
+    /// the socket and counts what is in flight, so [`Conn::send`] and [`Conn::release`] only
+    /// queue for it and wake it.
+    pub(crate) wake: Option<Arc<crate::reactor::Waker>>,
 }
 
 /// Writes every byte of `parts` (gathered).
@@ -1239,18 +1264,21 @@ struct Flight {
 
 /// A reply waiting to be written: its header (and error message), the read data, and the
 /// in-flight slot (payload bytes) it releases once written.
-struct Reply {
-    head: Vec<u8>,
-    data: Option<AlignedBuf>,
-    slot: Option<usize>,
+pub(crate) struct Reply {
+    pub(crate) head: Vec<u8>,
+    pub(crate) data: Option<AlignedBuf>,
+    pub(crate) slot: Option<usize>,
 }
 
 impl Conn {
     /// Queues `r` and writes queued replies unless another thread is writing (that thread
     /// then writes this one too): a worker never waits behind another's socket write, so a
     /// client that reads slowly holds at most one worker.
-    fn send(&self, r: Reply) {
+    pub(crate) fn send(&self, r: Reply) {
         lock(&self.replies).push_back(r);
+        if let Some(w) = &self.wake {
+            return w.wake();
+        }
         self.send_queued();
     }
 
@@ -1305,17 +1333,22 @@ impl Conn {
         }
     }
 
-    fn reply_ok(&self, cookie: u64, slot: Option<usize>) {
+    pub(crate) fn reply_ok(&self, cookie: u64, slot: Option<usize>) {
+        self.send(self.ok_reply(cookie, slot));
+    }
+
+    /// The reply to a request that succeeded without data.
+    pub(crate) fn ok_reply(&self, cookie: u64, slot: Option<usize>) -> Reply {
         let head = if self.structured {
             proto::structured_header(reply::FLAG_DONE, reply::TYPE_NONE, cookie, 0).to_vec()
         } else {
             proto::simple_reply(0, cookie).to_vec()
         };
-        self.send(Reply {
+        Reply {
             head,
             data: None,
             slot,
-        });
+        }
     }
 
     fn reply_err(&self, cookie: u64, err: u32, msg: &str, slot: Option<usize>) {
@@ -1323,7 +1356,7 @@ impl Conn {
     }
 
     /// The reply to a failed request.
-    fn err_reply(&self, cookie: u64, err: u32, msg: &str, slot: Option<usize>) -> Reply {
+    pub(crate) fn err_reply(&self, cookie: u64, err: u32, msg: &str, slot: Option<usize>) -> Reply {
         self.inner
             .stats
             .request_errors
@@ -1352,7 +1385,7 @@ impl Conn {
     }
 
     /// The reply to a read, with its data.
-    fn data_reply(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) -> Reply {
+    pub(crate) fn data_reply(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) -> Reply {
         let head = if self.structured {
             let mut h = proto::structured_header(
                 reply::FLAG_DONE,
@@ -1392,7 +1425,15 @@ impl Conn {
             .fetch_max(n, Ordering::Relaxed);
     }
 
-    fn release(&self, bytes: usize) {
+    pub(crate) fn release(&self, bytes: usize) {
+        if self.wake.is_some() {
+            // The reactor counts: an empty reply carrying the slot gives it back.
+            return self.send(Reply {
+                head: Vec::new(),
+                data: None,
+                slot: Some(bytes),
+            });
+        }
         let mut g = lock(&self.flight);
         g.requests -= 1;
         g.bytes -= bytes;
@@ -1428,17 +1469,17 @@ impl Conn {
     }
 
     /// Checks a request against the export; `Err((errno, message))` to answer it with.
-    fn check(&self, r: &Request) -> Result<(), (u32, String)> {
+    pub(crate) fn check(&self, r: &Request) -> Result<(), (u32, String)> {
         r.check(self.size, self.sizes, self.read_only)
     }
 }
 
 /// A request in flight: its slot goes with its reply; if it is dropped unanswered (a
 /// panicking export) it answers EIO.
-struct InFlight {
-    conn: Arc<Conn>,
-    cookie: u64,
-    slot: Option<usize>,
+pub(crate) struct InFlight {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) cookie: u64,
+    pub(crate) slot: Option<usize>,
 }
 
 impl InFlight {
@@ -1569,7 +1610,12 @@ fn answer_read(
 
 /// Runs one request on a worker and answers it. `payload`: a WRITE's data, or a READ's buffer
 /// if the reader made one.
-fn execute(c: &Arc<Conn>, req: Request, payload: Option<AlignedBuf>, mut guard: InFlight) {
+pub(crate) fn execute(
+    c: &Arc<Conn>,
+    req: Request,
+    payload: Option<AlignedBuf>,
+    mut guard: InFlight,
+) {
     if c.dead.load(Ordering::Acquire) && req.typ != cmd::WRITE {
         // Nobody will read the answer.
         if let Some(b) = guard.take() {

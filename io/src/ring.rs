@@ -1,0 +1,383 @@
+//! An io_uring owned by one thread, for callers that run IO without waiting for each one: an
+//! NBD connection's reactor submits the reads and writes its requests need, polls its socket
+//! on the same ring, and goes to sleep in one `io_uring_enter` until any of them completes.
+//!
+//! Operations own their buffers ([`AlignedBuf`]): the ring keeps each buffer until the kernel
+//! is done with it and gives it back with the completion ([`RingDone`]), so no borrowed memory
+//! is ever in flight. Dropping the ring cancels its polls and waits for the IO still in flight
+//! before the buffers are freed.
+//!
+//! Everything a wake-up produced is submitted with one system call ([`Ring::wait`] submits the
+//! queued entries and waits in the same `io_uring_enter`), and completions are reaped in
+//! batches.
+
+use crate::AlignedBuf;
+use io_uring::{IoUring, opcode, squeue, types};
+use std::io;
+use std::os::unix::io::RawFd;
+use std::time::Duration;
+
+/// One operation for a [`Ring`].
+#[derive(Debug)]
+pub enum RingOp {
+    /// Read `buf.len()` bytes at byte offset `off` of `fd`.
+    Read {
+        /// The file.
+        fd: RawFd,
+        /// Byte offset.
+        off: u64,
+        /// Destination (given back in the completion).
+        buf: AlignedBuf,
+    },
+    /// Write `buf` at byte offset `off` of `fd`, with `RWF_DSYNC` when `dsync`.
+    Write {
+        /// The file.
+        fd: RawFd,
+        /// Byte offset.
+        off: u64,
+        /// Source (given back in the completion).
+        buf: AlignedBuf,
+        /// Durable on completion (force unit access).
+        dsync: bool,
+    },
+    /// `fdatasync(fd)`.
+    Fsync {
+        /// The file.
+        fd: RawFd,
+    },
+    /// Wait until `fd` polls with any of `events` (`POLLIN`, `POLLOUT`); one shot. The result
+    /// is the events that fired.
+    Poll {
+        /// The file.
+        fd: RawFd,
+        /// `libc::POLL*` bits.
+        events: u32,
+    },
+}
+
+/// A completed [`RingOp`]: the caller's token, the kernel's result (bytes transferred, events
+/// for a poll, or `-errno`; `-ECANCELED` for a poll cancelled at drop) and the buffer.
+#[derive(Debug)]
+pub struct RingDone {
+    /// The token given to [`Ring::push`].
+    pub token: u64,
+    /// The result.
+    pub res: i32,
+    /// A read's or a write's buffer.
+    pub buf: Option<AlignedBuf>,
+}
+
+struct Slot {
+    token: u64,
+    buf: Option<AlignedBuf>,
+    poll: bool,
+}
+
+/// An io_uring used by one thread (see the module docs).
+pub struct Ring {
+    ring: IoUring,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
+    in_flight: usize,
+    /// Entries pushed and not yet submitted.
+    queued: usize,
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Ring({} in flight)", self.in_flight)
+    }
+}
+
+/// Whether an `io_uring_enter` error only means "try again" (nothing was lost).
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ETIME)
+    )
+}
+
+impl Ring {
+    /// A ring with `entries` submission entries (a power of two; the completion queue is
+    /// twice as long, and a full completion queue is reaped, never lost, on kernels with
+    /// `IORING_FEAT_NODROP`).
+    pub fn new(entries: u32) -> io::Result<Ring> {
+        let ring = IoUring::builder()
+            .setup_cqsize(entries * 2)
+            .build(entries)?;
+        if !ring.params().is_feature_ext_arg() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "io_uring without IORING_FEAT_EXT_ARG (kernel older than 5.11)",
+            ));
+        }
+        Ok(Ring {
+            ring,
+            slots: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            queued: 0,
+        })
+    }
+
+    /// Operations pushed and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Queues `op` with `token` (submitted by the next [`Ring::wait`]). When the submission
+    /// queue is full, what is queued is submitted first, and completions that were ready are
+    /// reaped into `out`.
+    pub fn push(&mut self, op: RingOp, token: u64, out: &mut Vec<RingDone>) -> io::Result<()> {
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let (entry, buf, poll) = match op {
+            RingOp::Read { fd, off, mut buf } => {
+                let e = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
+                    .offset(off)
+                    .build();
+                (e, Some(buf), false)
+            }
+            RingOp::Write {
+                fd,
+                off,
+                buf,
+                dsync,
+            } => {
+                let e = opcode::Write::new(types::Fd(fd), buf.as_ptr(), buf.len() as u32)
+                    .offset(off)
+                    .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
+                    .build();
+                (e, Some(buf), false)
+            }
+            RingOp::Fsync { fd } => {
+                let e = opcode::Fsync::new(types::Fd(fd))
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build();
+                (e, None, false)
+            }
+            RingOp::Poll { fd, events } => (
+                opcode::PollAdd::new(types::Fd(fd), events).build(),
+                None,
+                true,
+            ),
+        };
+        self.slots[idx as usize] = Some(Slot { token, buf, poll });
+        self.in_flight += 1;
+        self.push_entry(entry.user_data(idx as u64), out)
+    }
+
+    fn push_entry(&mut self, entry: squeue::Entry, out: &mut Vec<RingDone>) -> io::Result<()> {
+        loop {
+            // SAFETY: the entry's buffer (if any) is owned by its slot, which keeps it (and its
+            // heap memory, which does not move) until the completion is reaped; a poll and an
+            // fsync point at no memory.
+            if unsafe { self.ring.submission().push(&entry) }.is_ok() {
+                self.queued += 1;
+                return Ok(());
+            }
+            // The submission queue is full: hand it to the kernel, and take what completed.
+            match self.ring.submit() {
+                Ok(_) => self.queued = 0,
+                Err(e) if transient(&e) => {}
+                Err(e) => return Err(e),
+            }
+            self.reap(out);
+        }
+    }
+
+    /// Submits what is queued and waits until at least `want` operations have completed (or
+    /// `timeout` passed; `want` 0 does not wait), then reaps every completion into `out`.
+    pub fn wait(
+        &mut self,
+        want: usize,
+        timeout: Duration,
+        out: &mut Vec<RingDone>,
+    ) -> io::Result<()> {
+        let want = want.min(self.in_flight);
+        let ts = types::Timespec::from(timeout);
+        let args = types::SubmitArgs::new().timespec(&ts);
+        match self.ring.submitter().submit_with_args(want, &args) {
+            Ok(_) => self.queued = 0,
+            Err(e) if transient(&e) => {}
+            Err(e) => return Err(e),
+        }
+        self.reap(out);
+        Ok(())
+    }
+
+    /// Takes every completion the kernel has posted.
+    fn reap(&mut self, out: &mut Vec<RingDone>) {
+        let mut cq = self.ring.completion();
+        cq.sync();
+        for cqe in &mut cq {
+            let idx = cqe.user_data() as usize;
+            let Some(slot) = self.slots.get_mut(idx).and_then(Option::take) else {
+                continue; // a cancellation's own completion (see Drop)
+            };
+            self.free.push(idx as u32);
+            self.in_flight -= 1;
+            out.push(RingDone {
+                token: slot.token,
+                res: cqe.result(),
+                buf: slot.buf,
+            });
+        }
+    }
+}
+
+/// The user data of cancellation entries (no slot has it).
+const CANCEL: u64 = u64::MAX;
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // Polls may never fire: cancel them. Reads and writes finish on their own.
+        let polls: Vec<u64> = (self.slots.iter().enumerate())
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.poll))
+            .map(|(i, _)| i as u64)
+            .collect();
+        let mut out = Vec::new();
+        for p in polls {
+            let e = opcode::AsyncCancel::new(p).build().user_data(CANCEL);
+            let _ = self.push_entry(e, &mut out);
+        }
+        let mut tries = 0u32;
+        while self.in_flight > 0 {
+            out.clear();
+            if let Err(e) = self.wait(1, Duration::from_millis(100), &mut out) {
+                tries += 1;
+                if tries > 100 {
+                    // The kernel may still write into buffers we would free.
+                    eprintln!("tiercache-io: io_uring failed with IO in flight at drop: {e}");
+                    std::process::abort();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::io::AsRawFd;
+
+    fn file(bytes: usize) -> (std::fs::File, std::path::PathBuf) {
+        let p = std::env::temp_dir().join(format!(
+            "tiercache-ring-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .unwrap();
+        f.set_len(bytes as u64).unwrap();
+        (f, p)
+    }
+
+    #[test]
+    fn writes_then_reads_back_with_tokens_and_buffers() {
+        let (f, p) = file(1 << 20);
+        let fd = f.as_raw_fd();
+        let mut ring = Ring::new(8).unwrap();
+        let mut out = Vec::new();
+        // More operations than submission entries: push submits on its own.
+        for i in 0..32u64 {
+            let mut buf = AlignedBuf::new(4096);
+            buf.fill(i as u8);
+            let op = RingOp::Write {
+                fd,
+                off: i * 4096,
+                buf,
+                dsync: i % 2 == 0,
+            };
+            ring.push(op, i, &mut out).unwrap();
+        }
+        while ring.in_flight() > 0 {
+            ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+        }
+        assert_eq!(out.len(), 32);
+        assert!(out.iter().all(|d| d.res == 4096 && d.buf.is_some()));
+        out.clear();
+        ring.push(RingOp::Fsync { fd }, 100, &mut out).unwrap();
+        for i in 0..32u64 {
+            let op = RingOp::Read {
+                fd,
+                off: i * 4096,
+                buf: AlignedBuf::new(4096),
+            };
+            ring.push(op, 1000 + i, &mut out).unwrap();
+        }
+        while ring.in_flight() > 0 {
+            ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+        }
+        assert_eq!(out.len(), 33);
+        for d in &out {
+            assert!(d.res >= 0, "{d:?}");
+            if d.token >= 1000 {
+                let b = d.buf.as_ref().unwrap();
+                assert!(b.iter().all(|&x| x == (d.token - 1000) as u8));
+            }
+        }
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn errors_come_back_as_negative_results() {
+        let mut ring = Ring::new(4).unwrap();
+        let mut out = Vec::new();
+        let op = RingOp::Read {
+            fd: -1,
+            off: 0,
+            buf: AlignedBuf::new(512),
+        };
+        ring.push(op, 7, &mut out).unwrap();
+        ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].res, -libc::EBADF);
+        assert!(out[0].buf.is_some());
+    }
+
+    #[test]
+    fn polls_fire_and_unfired_polls_are_cancelled_at_drop() {
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut ring = Ring::new(4).unwrap();
+        let mut out = Vec::new();
+        ring.push(
+            RingOp::Poll {
+                fd: a.as_raw_fd(),
+                events: libc::POLLIN as u32,
+            },
+            1,
+            &mut out,
+        )
+        .unwrap();
+        ring.wait(0, Duration::ZERO, &mut out).unwrap();
+        assert!(out.is_empty(), "nothing to read yet");
+        std::io::Write::write_all(&mut b, b"x").unwrap();
+        ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(out[0].res & libc::POLLIN as i32 != 0);
+        // A poll that never fires does not keep the drop waiting.
+        let (c, _d) = std::os::unix::net::UnixStream::pair().unwrap();
+        ring.push(
+            RingOp::Poll {
+                fd: c.as_raw_fd(),
+                events: libc::POLLIN as u32,
+            },
+            2,
+            &mut out,
+        )
+        .unwrap();
+        ring.wait(0, Duration::ZERO, &mut out).unwrap();
+        drop(ring);
+    }
+}
