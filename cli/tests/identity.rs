@@ -26,9 +26,8 @@ fn with_core(d: &Dir, core: impl Fn(&str) -> String) -> (Daemon, String) {
     (dm, shown)
 }
 
-/// `add-core DEVICE` to cache 1, and to a second cache, is refused naming core 0 of cache 1
-/// (`held`, as it was given); the caches listed are unchanged.
-fn refused_as_core_0(dm: &Daemon, device: &str, held: &str) {
+/// Starts cache 2 on `ram:64m`; the caches listed then (to compare after refusals).
+fn second_cache(dm: &Daemon) -> Value {
     dm.ok(&[
         "start-cache",
         "--cache-device",
@@ -36,7 +35,13 @@ fn refused_as_core_0(dm: &Daemon, device: &str, held: &str) {
         "--cache-id",
         "2",
     ]);
-    let before: Value = dm.json(&["list"]);
+    dm.json(&["list"])
+}
+
+/// `add-core DEVICE` to cache 1, and to a second cache, is refused naming core 0 of cache 1
+/// (`held`, as it was given); the caches listed are unchanged.
+fn refused_as_core_0(dm: &Daemon, device: &str, held: &str) {
+    let before = second_cache(dm);
     let want = format!("{device} is the same device as core 0 of cache 1 ({held})");
     for cache in ["1", "2"] {
         dm.fails(
@@ -101,14 +106,7 @@ fn the_cache_device_cannot_be_a_core() {
     let cache = d.sparse("cache.img", 32 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache]);
-    dm.ok(&[
-        "start-cache",
-        "--cache-device",
-        "ram:64m",
-        "--cache-id",
-        "2",
-    ]);
-    let before: Value = dm.json(&["list"]);
+    let before = second_cache(&dm);
     let dot = d.path("./cache.img");
     for id in ["1", "2"] {
         dm.fails(
