@@ -245,11 +245,12 @@ pub fn reassemble(reg: &Registry, cfg: &ConfigFile) -> Vec<String> {
             reg.add_detached(k.id, &k.device, why, cores());
             continue;
         }
-        // Load what is there; create only on a blank device.
-        let what = if spec.volatile() {
-            Ok("nothing")
-        } else {
-            crate::registry::probe(&k.device)
+        // Load what is there; create only on a blank device. A device another cache or core
+        // here already is is refused before the probe opens it.
+        let what = match reg.claimable(&spec, &k.device, None) {
+            Err(e) => Err(e),
+            Ok(_) if spec.volatile() => Ok("nothing"),
+            Ok(_) => crate::registry::probe(&k.device),
         };
         let started = match what {
             Ok("cache") => reg

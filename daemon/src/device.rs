@@ -180,8 +180,13 @@ impl DeviceSpec {
         }
     }
 
-    /// The identity the core table records (SPEC C18).
-    pub fn identity(&self, shown: &str) -> Result<CoreIdentity, String> {
+    /// The identity the core table records (SPEC C18); `held` is what
+    /// [`crate::identity::Identity::of`] found (an RBD image's ids are taken from it).
+    pub fn identity(
+        &self,
+        shown: &str,
+        held: &crate::identity::Identity,
+    ) -> Result<CoreIdentity, String> {
         match self {
             DeviceSpec::Path(p)
             | DeviceSpec::Emu(_, p)
@@ -192,7 +197,10 @@ impl DeviceSpec {
             DeviceSpec::Nbd(uri) => Ok(CoreIdentity::Nbd { uri: uri.clone() }),
             DeviceSpec::Ram(_) => Ok(CoreIdentity::Nbd { uri: "ram:".into() }),
             DeviceSpec::Rbd(t) => {
-                let id = tiercache_io::rbd_identity(t).map_err(|e| rbd_msg(shown, e))?;
+                let id = match held.rbd() {
+                    Some(id) => id.clone(),
+                    None => tiercache_io::rbd_identity(t).map_err(|e| rbd_msg(shown, e))?,
+                };
                 Ok(CoreIdentity::Rbd {
                     pool_id: id.pool_id,
                     image_id: id.image_id,
@@ -378,7 +386,7 @@ pub fn timed(dev: Device, timeout: Option<Duration>) -> (Device, Option<Timed>) 
 
 /// An RBD error as one line: librbd's message (which names the image) without the IO-error
 /// wrapping, after the device string when that says more.
-fn rbd_msg(shown: &str, e: IoErr) -> String {
+pub(crate) fn rbd_msg(shown: &str, e: IoErr) -> String {
     let msg = match e {
         IoErr::Io { msg, .. } => msg,
         e => e.to_string(),

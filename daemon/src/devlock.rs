@@ -4,7 +4,8 @@
 //! the first one's feet. The lock is taken before the device is opened (opening it may write:
 //! the `O_DIRECT` probe rewrites a block).
 //!
-//! Within one daemon the registry already refuses a device used twice, by name; handles of
+//! Within one daemon the registry refuses a device used twice, by identity under any spelling
+//! (`crate::identity`, checked before the device is opened); handles of
 //! the same process share the lock, so a device reopened while an old handle is still being
 //! dropped (a cache stopped and loaded again, a core resized) is not refused by itself.
 

@@ -21,6 +21,7 @@ pub mod config;
 pub mod device;
 pub mod devlock;
 pub mod health;
+pub mod identity;
 mod nbd_glue;
 pub mod registry;
 pub mod server;

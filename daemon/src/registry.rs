@@ -31,6 +31,7 @@
 
 use crate::device::{DeviceSpec, Timed, preallocate, timed, with_timeout};
 use crate::health::{err_name, human, utc, wall};
+use crate::identity::{Holder, Identity, refusal};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -85,6 +86,8 @@ pub struct CoreEntry {
     pub timer: Option<Timed>,
     /// Why the config file's core could not be attached (while `dev` is `None`).
     pub error: Option<String>,
+    /// Which storage `dev` is (set with it): no other device of this daemon may be it.
+    pub held: Option<Identity>,
 }
 
 impl CoreEntry {
@@ -113,6 +116,9 @@ pub struct CacheEntry {
     pub wb_sample: (Instant, u64),
     /// The IO timeout the cache device runs under, if any.
     pub io_timeout: Option<Duration>,
+    /// Which storage the cache device is, while it is open (not detached): no other device of
+    /// this daemon may be it.
+    pub held: Option<Identity>,
 }
 
 impl CacheEntry {
@@ -171,6 +177,10 @@ pub struct Registry {
     /// The health watcher's view (one log line per problem start and end). Taken before
     /// `caches`, never while holding it.
     watch: Mutex<crate::health::Watch>,
+    /// Held by `start-cache` until its cache is listed and by `add-core` throughout, so that a
+    /// device checked as held by no one here (see [`Registry::claimable`]) is not taken by
+    /// another attach before it is listed. Taken before `markers` and `caches`.
+    attach: Mutex<()>,
 }
 
 /// Creation parameters of a cache.
@@ -409,6 +419,7 @@ impl Registry {
     /// `start-cache` with IO timeouts for the cache device and the recorded cores.
     pub fn start_cache_with(&self, p: NewCache<'_>, io: &IoTimeouts) -> Result<Value, String> {
         let spec = DeviceSpec::parse(p.device)?;
+        let attach = lock_markers(&self.attach);
         if matches!(spec, DeviceSpec::Nbd(_) | DeviceSpec::Rbd(_)) {
             return Err(format!(
                 "{}: nbd: and rbd: devices can be cores, not cache devices",
@@ -458,13 +469,20 @@ impl Registry {
                     return Err(format!("cache {id} already exists"));
                 }
             }
-            if let Some(c) = caches.values().find(|c| c.device == p.device) {
+            // A detached cache's device, back: `start-cache --load` it under its own id.
+            if let Some(c) = caches
+                .values()
+                .find(|c| c.held.is_none() && !spec.volatile() && c.device == p.device)
+            {
                 return Err(format!("{} is already cache {}", p.device, c.id));
             }
         }
         if !spec.present() {
             return Err(format!("{}: no such file or device", p.device));
         }
+        // Before anything opens it (opening locks it; creating a cache preallocates and
+        // formats it).
+        let held = self.claimable(&spec, p.device, None)?;
         if other_user(&spec) {
             return Err(format!(
                 "{} is mounted or opened exclusively by another program; refusing to use it as a cache device (--force does not override this)",
@@ -559,6 +577,7 @@ impl Registry {
             volatile,
             wb_sample: (Instant::now(), 0),
             io_timeout: io.cache,
+            held: Some(held),
         };
         if let CacheRun::Incomplete(_, r, _) = &entry.run {
             for e in &r.cores {
@@ -574,6 +593,7 @@ impl Registry {
                         io_timeout: None,
                         timer: None,
                         error: None,
+                        held: None,
                     },
                 );
             }
@@ -589,6 +609,7 @@ impl Registry {
         };
         caches.insert(id, entry);
         drop(caches);
+        drop(attach);
         // `--load` brings the cores back by the device strings they were attached with (each
         // checked against its recorded identity and size), with the IO timeouts given, or else
         // those they had (config file, last stop); a core not found stays detached until
@@ -683,6 +704,7 @@ impl Registry {
                 io_timeout: None,
                 timer: None,
                 error: Some(error.to_string()),
+                held: None,
             },
         );
     }
@@ -695,43 +717,62 @@ impl Registry {
         why: String,
         cores: Vec<(u16, String, String, bool)>,
     ) {
+        let _attach = lock_markers(&self.attach);
         let mut caches = self.lock();
-        let mut entry = CacheEntry {
+        caches.insert(
             id,
-            device: device.to_string(),
-            run: CacheRun::Detached(why),
-            cores: BTreeMap::new(),
-            line_size: LineSize::K4,
-            volatile: false,
-            wb_sample: (Instant::now(), 0),
-            io_timeout: None,
-        };
+            CacheEntry {
+                id,
+                device: device.to_string(),
+                run: CacheRun::Detached(why),
+                cores: BTreeMap::new(),
+                line_size: LineSize::K4,
+                volatile: false,
+                wb_sample: (Instant::now(), 0),
+                io_timeout: None,
+                held: None,
+            },
+        );
         for (cid, dev, export, bare) in cores {
-            let (d, rbd) = if bare {
-                match DeviceSpec::parse(&dev).and_then(|s| s.open_core(&dev)) {
-                    Ok((d, r)) => (Some(d), r),
-                    Err(_) => (None, None),
+            // A bare core is opened only when no other device of this daemon is it.
+            let opened = bare.then(|| {
+                let spec = DeviceSpec::parse(&dev)?;
+                let held = Identity::of(&spec, &dev)?;
+                check_unheld(&caches, &dev, &held, None)?;
+                let (d, rbd) = spec.open_core(&dev)?;
+                Ok::<_, String>((d, rbd, held))
+            });
+            let (d, rbd, held, error) = match opened {
+                Some(Ok((d, rbd, held))) => (Some(d), rbd, Some(held), None),
+                Some(Err(e)) => {
+                    crate::log!(
+                        error,
+                        "bare core not served",
+                        cache = id,
+                        core = cid,
+                        reason = e
+                    );
+                    (None, None, None, Some(e))
                 }
-            } else {
-                (None, None)
+                None => (None, None, None, None),
             };
             let size_blocks = d.as_ref().map_or(0, |d| d.blocks());
-            entry.cores.insert(
-                cid,
-                CoreEntry {
-                    device: dev,
-                    dev: d,
-                    export,
-                    size_blocks,
-                    bare,
-                    rbd,
-                    io_timeout: None,
-                    timer: None,
-                    error: None,
-                },
-            );
+            let entry = CoreEntry {
+                device: dev,
+                dev: d,
+                export,
+                size_blocks,
+                bare,
+                rbd,
+                io_timeout: None,
+                timer: None,
+                error,
+                held,
+            };
+            if let Some(c) = caches.get_mut(&id) {
+                c.cores.insert(cid, entry);
+            }
         }
-        caches.insert(id, entry);
     }
 
     /// `add-core`.
@@ -757,9 +798,11 @@ impl Registry {
         io_timeout: Option<Duration>,
     ) -> Result<Value, String> {
         let spec = DeviceSpec::parse(device)?;
-        // Lock order: markers, then the registry (then an engine). Held throughout, so that a
-        // set-mode cannot switch to a lazy mode between the marker decision and the core
-        // being listed.
+        // Lock order: attach, markers, then the registry (then an engine). Held throughout, so
+        // that no other attach takes the device between the identity check and the core being
+        // listed, and a set-mode cannot switch to a lazy mode between the marker decision and
+        // the core being listed.
+        let _attach = lock_markers(&self.attach);
         let _markers = lock_markers(&self.markers);
         if let Some(i) = core_id
             && i > CORE_ID_MAX
@@ -777,9 +820,12 @@ impl Registry {
             if let CacheRun::Detached(why) = &c.run {
                 return Err(format!("cache {cache_id} is detached ({why})"));
             }
+            // A core listed but not attached (of a detached cache, say) by its device string;
+            // attached devices by their identity, below.
             for other in caches.values() {
                 if let Some((i, _)) = other.cores.iter().find(|(i, x)| {
-                    x.device == device
+                    x.dev.is_none()
+                        && x.device == device
                         && !(other.id == cache_id && (core_id == Some(**i) || x.unattached(other)))
                 }) {
                     return Err(format!(
@@ -797,7 +843,9 @@ impl Registry {
         if !spec.present() {
             return Err(format!("{device}: no such file or device"));
         }
-        let identity = spec.identity(device)?;
+        // The same core added again (by id) is not another holder of it.
+        let held = self.claimable(&spec, device, core_id.map(|i| (cache_id, i)))?;
+        let identity = spec.identity(device, &held)?;
         // Opened only where it is attached: a core already attached keeps its one handle.
         let open = || {
             spec.open_core(device).map(|(d, rbd)| {
@@ -871,6 +919,7 @@ impl Registry {
                 ce.io_timeout = io_timeout;
                 ce.timer = timer;
                 ce.error = None;
+                ce.held = Some(held);
                 if let Some(n) = export {
                     ce.export = n.to_string();
                 }
@@ -1036,6 +1085,7 @@ impl Registry {
                         io_timeout,
                         timer,
                         error: None,
+                        held: Some(held),
                     },
                 );
                 crate::log!(
@@ -1050,6 +1100,21 @@ impl Registry {
             }
             CacheRun::Detached(why) => Err(format!("cache {cache_id} is detached ({why})")),
         }
+    }
+
+    /// Which storage `device` (`spec`) is, when no device this daemon holds — a cache device
+    /// that is open, an attached core — is it or overlaps it (module `identity`); else the
+    /// one-line refusal naming the holder. `except` (cache id, core id) is a core not counted
+    /// (the same core added again). Nothing is opened.
+    pub fn claimable(
+        &self,
+        spec: &DeviceSpec,
+        device: &str,
+        except: Option<(u16, u16)>,
+    ) -> Result<Identity, String> {
+        let held = Identity::of(spec, device)?;
+        check_unheld(&self.lock(), device, &held, except)?;
+        Ok(held)
     }
 
     /// The engine of a running cache.
@@ -2080,6 +2145,29 @@ fn check_export_name(n: &str) -> Result<(), String> {
 }
 
 /// Whether a block device is mounted or opened exclusively by someone else (O_EXCL fails).
+/// [`Registry::claimable`]'s check against the caches listed.
+fn check_unheld(
+    caches: &BTreeMap<u16, CacheEntry>,
+    device: &str,
+    id: &Identity,
+    except: Option<(u16, u16)>,
+) -> Result<(), String> {
+    for c in caches.values() {
+        let cores = c
+            .cores
+            .iter()
+            .filter(|(i, k)| k.dev.is_some() && except != Some((c.id, **i)))
+            .filter_map(|(i, k)| Some((Holder::Core(c.id, *i), k.held.as_ref()?, &k.device)));
+        let cache = c.held.as_ref().map(|h| (Holder::Cache(c.id), h, &c.device));
+        for (holder, h, shown) in cache.into_iter().chain(cores) {
+            if let Some(how) = id.overlap(h) {
+                return Err(refusal(device, how, holder, shown));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn other_user(spec: &DeviceSpec) -> bool {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let Some(p) = spec.path() else {

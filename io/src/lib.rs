@@ -44,7 +44,7 @@ pub use fault::{
     FaultBackend, FaultConfig, InjectedError, OpKind, PowerCutPattern, PowerCutReport,
 };
 pub use file::{FileBackend, FileOptions, IoPath};
-pub use nbd::{NbdBackend, NbdEvent, NbdExportInfo, NbdOptions};
+pub use nbd::{NbdBackend, NbdEvent, NbdExportInfo, NbdOptions, nbd_endpoints};
 pub use overlay::OverlayBackend;
 pub use pool::{BufPool, PoolStats};
 pub use ram::RamBackend;

@@ -5,6 +5,8 @@ mod conn;
 mod proto;
 mod uri;
 
+pub use uri::endpoints as nbd_endpoints;
+
 use crate::{BLOCK, Backend, IoErr, Req, check_blocks, check_bytes};
 use conn::{Conn, OnDeath, Ticket};
 use proto::{Export, Sock, cmd, tflag};

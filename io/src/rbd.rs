@@ -52,6 +52,7 @@ type FnConfSet = unsafe extern "C" fn(RadosT, *const c_char, *const c_char) -> c
 type FnConfGet = unsafe extern "C" fn(RadosT, *const c_char, *mut c_char, usize) -> c_int;
 type FnRados = unsafe extern "C" fn(RadosT) -> c_int;
 type FnRadosVoid = unsafe extern "C" fn(RadosT);
+type FnClusterFsid = unsafe extern "C" fn(RadosT, *mut c_char, usize) -> c_int;
 type FnIoctxCreate = unsafe extern "C" fn(RadosT, *const c_char, *mut IoctxT) -> c_int;
 type FnIoctxGetId = unsafe extern "C" fn(IoctxT) -> i64;
 type FnIoctxVoid = unsafe extern "C" fn(IoctxT);
@@ -98,6 +99,7 @@ struct Lib {
     rados_conf_get: FnConfGet,
     rados_connect: FnRados,
     rados_shutdown: FnRadosVoid,
+    rados_cluster_fsid: FnClusterFsid,
     rados_ioctx_create: FnIoctxCreate,
     rados_ioctx_get_id: FnIoctxGetId,
     rados_ioctx_destroy: FnIoctxVoid,
@@ -198,6 +200,7 @@ impl Lib {
             rados_conf_get: sym!(librados, c"rados_conf_get", FnConfGet),
             rados_connect: sym!(librados, c"rados_connect", FnRados),
             rados_shutdown: sym!(librados, c"rados_shutdown", FnRadosVoid),
+            rados_cluster_fsid: sym!(librados, c"rados_cluster_fsid", FnClusterFsid),
             rados_ioctx_create: sym!(librados, c"rados_ioctx_create", FnIoctxCreate),
             rados_ioctx_get_id: sym!(librados, c"rados_ioctx_get_id", FnIoctxGetId),
             rados_ioctx_destroy: sym!(librados, c"rados_ioctx_destroy", FnIoctxVoid),
@@ -372,6 +375,8 @@ pub struct RbdIdentity {
     pub pool_id: u64,
     /// The image's id (names can be reused; ids cannot).
     pub image_id: String,
+    /// The cluster's fsid, when librados gives it (two config files may name one cluster).
+    pub cluster_fsid: Option<String>,
 }
 
 /// The symbolic name of an errno value.
@@ -673,6 +678,17 @@ fn open_image(
 }
 
 /// The image's id.
+/// The fsid of a connected cluster (`None` if librados does not give it).
+fn cluster_fsid(c: &Cluster) -> Option<String> {
+    let mut buf = [0u8; 64];
+    // SAFETY: `c.h` is a connected cluster handle and `buf` is writable for its length.
+    let r = unsafe { (c.lib.rados_cluster_fsid)(c.h, buf.as_mut_ptr().cast(), buf.len()) };
+    let n = usize::try_from(r).ok()?.min(buf.len());
+    let s = String::from_utf8_lossy(&buf[..n]);
+    let s = s.trim_end_matches('\0').trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
 fn image_id(lib: &'static Lib, img: &Image) -> Result<String, isize> {
     let mut buf = vec![0u8; 64];
     loop {
@@ -694,7 +710,7 @@ fn image_id(lib: &'static Lib, img: &Image) -> Result<String, isize> {
 /// the core table's identity before the core is opened.
 pub fn rbd_identity(target: &RbdTarget) -> Result<RbdIdentity, IoErr> {
     let lib = lib()?;
-    let (_cluster, io) = connect(lib, target)?;
+    let (cluster, io) = connect(lib, target)?;
     let img = open_image(lib, &io, target, true)?;
     // SAFETY: `io.h` is a live I/O context.
     let pool_id = unsafe { (lib.rados_ioctx_get_id)(io.h) };
@@ -703,6 +719,7 @@ pub fn rbd_identity(target: &RbdTarget) -> Result<RbdIdentity, IoErr> {
     Ok(RbdIdentity {
         pool_id: pool_id as u64,
         image_id,
+        cluster_fsid: cluster_fsid(&cluster),
     })
 }
 
@@ -876,6 +893,7 @@ impl RbdBackend {
         if r < 0 {
             return Err(rbd_err(r as isize, target, Stage::Lock));
         }
+        let cluster_fsid = cluster_fsid(&cluster);
         // From here on the lock is released by RbdBackend's Drop.
         let mut b = RbdBackend {
             lib,
@@ -886,6 +904,7 @@ impl RbdBackend {
             identity: RbdIdentity {
                 pool_id: 0,
                 image_id: String::new(),
+                cluster_fsid,
             },
             obj_size: 0,
             size_blocks: AtomicU64::new(0),

@@ -425,3 +425,58 @@ pub fn env_u64(k: &str, d: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(d)
 }
+
+/// A loop device this test attached (detached, and unmounted if mounted, when dropped).
+pub struct Loop {
+    pub dev: String,
+    mnt: Option<String>,
+}
+
+impl Loop {
+    pub fn attach(file: &str) -> Option<Loop> {
+        let o = Command::new("losetup")
+            .args(["-f", "--show", file])
+            .output()
+            .ok()?;
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        (o.status.success() && dev.starts_with("/dev/")).then_some(Loop { dev, mnt: None })
+    }
+
+    pub fn mount(&mut self, dir: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
+        ok(Command::new("mkfs.ext4").args(["-q", "-F", &self.dev]));
+        ok(Command::new("mount").args([&self.dev, dir]));
+        self.mnt = Some(dir.to_string());
+    }
+
+    pub fn umount(&mut self) {
+        if let Some(m) = self.mnt.take() {
+            let _ = Command::new("umount").arg(&m).status();
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        self.umount();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+/// Whether this machine can make loop devices here (root, `losetup`, the loop driver); a skip
+/// line if not.
+pub fn loop_devices_work(d: &Dir) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !have("losetup") {
+        println!("skipped: needs root and losetup");
+        return false;
+    }
+    let f = d.sparse("probe.img", 1 << 20);
+    if Loop::attach(&f).is_none() {
+        println!("skipped: no loop device could be attached (no loop driver here?)");
+        return false;
+    }
+    true
+}

@@ -147,6 +147,28 @@ fn host_port(authority: &str) -> Result<(String, u16), String> {
     Ok((host.to_string(), port))
 }
 
+/// Where an NBD URI (without the `nbd:` device prefix) points, to tell whether two URIs name
+/// one export: the addresses of its server and the export name. A unix socket is its
+/// canonical path (symlinks, `.` and `..` resolved; as given when that fails); a TCP host is
+/// every address it resolves to, with the port (`localhost` and `127.0.0.1` share one),
+/// or its lower-cased name when it does not resolve. Two URIs name one export when the export
+/// names are equal and the address lists share one.
+pub fn endpoints(s: &str) -> Result<(Vec<String>, String), String> {
+    use std::net::ToSocketAddrs;
+    let u = parse(s)?;
+    let at = match &u.target {
+        Target::Unix(p) => {
+            let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            vec![format!("unix:{}", p.display())]
+        }
+        Target::Tcp { host, port } => match (host.as_str(), *port).to_socket_addrs() {
+            Ok(a) => a.map(|a| format!("tcp:{a}")).collect(),
+            Err(_) => vec![format!("tcp:{}:{port}", host.to_ascii_lowercase())],
+        },
+    };
+    Ok((at, u.export))
+}
+
 /// Decodes `%XX` escapes; the result must be UTF-8 without NUL.
 fn decode(s: &str, what: &str) -> Result<String, String> {
     let b = s.as_bytes();
@@ -186,6 +208,28 @@ mod tests {
             },
             export: export.into(),
         }
+    }
+
+    #[test]
+    fn endpoints_of_one_export_spelled_two_ways() {
+        let d = std::env::temp_dir().join(format!("tc-uri-{}", std::process::id()));
+        std::fs::create_dir_all(d.join("sub")).unwrap();
+        std::fs::write(d.join("s.sock"), b"").unwrap();
+        let a = endpoints(&format!("nbd+unix:///vm?socket={}/s.sock", d.display())).unwrap();
+        let b = endpoints(&format!(
+            "nbd+unix:///v%6d?socket={}/sub/../s.sock",
+            d.display()
+        ));
+        assert_eq!(b.unwrap(), a);
+        assert_eq!(a.1, "vm");
+        let (x, e) = endpoints("nbd://LOCALHOST/vm").unwrap();
+        let (y, _) = endpoints("nbd://127.0.0.1:10809/vm").unwrap();
+        assert_eq!(e, "vm");
+        assert!(x.iter().any(|a| y.contains(a)), "{x:?} {y:?}");
+        let (z, _) = endpoints("nbd://127.0.0.1:10810/vm").unwrap();
+        assert!(!z.iter().any(|a| y.contains(a)), "another port");
+        assert!(endpoints("nbd://").is_err());
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
