@@ -141,13 +141,17 @@ impl Shared {
         self.drive(g, ev);
         g.capture = Capture::Off;
         let mut threads = Vec::new();
+        let mut moved = 0;
         for job in g.captured.drain(..) {
             match ring_job(job) {
-                Ok(io) => ios.push(io),
+                Ok(io) => {
+                    ios.push(io);
+                    moved += 1;
+                }
                 Err(job) => threads.push(job),
             }
         }
-        let moved = ios.len() as u64;
+        // submit_job counted them as IO-thread IOs.
         g.stats.thread_ios -= moved;
         g.stats.ring_ios += moved;
         if !threads.is_empty() {

@@ -48,11 +48,11 @@ pub use nbd::{NbdBackend, NbdEvent, NbdExportInfo, NbdOptions, nbd_endpoints};
 pub use overlay::OverlayBackend;
 pub use pool::{BufPool, PoolStats};
 pub use ram::RamBackend;
-pub use ring::{Ring, RingDone, RingOp};
 pub use rbd::{
     DEFAULT_CLIENT_ID, DIRTY_KEY, RbdBackend, RbdIdentity, RbdOptions, RbdTarget, parse_rbd,
     rbd_available, rbd_identity,
 };
+pub use ring::{Ring, RingDone, RingOp};
 pub use timeout::{TimeoutBackend, TimeoutStats};
 
 /// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple

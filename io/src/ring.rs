@@ -40,6 +40,16 @@ pub enum RingOp {
         /// Durable on completion (force unit access).
         dsync: bool,
     },
+    /// Receive into `buf[at..]` from the socket `fd` (`recv(2)`): the result is the bytes
+    /// received, 0 at the end of the stream.
+    Recv {
+        /// The socket.
+        fd: RawFd,
+        /// Destination (given back in the completion).
+        buf: AlignedBuf,
+        /// Where in `buf` the bytes go (below its length).
+        at: usize,
+    },
     /// `fdatasync(fd)`.
     Fsync {
         /// The file.
@@ -70,7 +80,8 @@ pub struct RingDone {
 struct Slot {
     token: u64,
     buf: Option<AlignedBuf>,
-    poll: bool,
+    /// It may never complete on its own (a poll, a receive): cancelled at drop.
+    waits: bool,
 }
 
 /// An io_uring used by one thread (see the module docs).
@@ -136,7 +147,7 @@ impl Ring {
                 (self.slots.len() - 1) as u32
             }
         };
-        let (entry, buf, poll) = match op {
+        let (entry, buf, waits) = match op {
             RingOp::Read { fd, off, mut buf } => {
                 let e = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
                     .offset(off)
@@ -155,6 +166,13 @@ impl Ring {
                     .build();
                 (e, Some(buf), false)
             }
+            RingOp::Recv { fd, mut buf, at } => {
+                assert!(at < buf.len(), "a receive needs room in its buffer");
+                let room = &mut buf[at..];
+                let e =
+                    opcode::Recv::new(types::Fd(fd), room.as_mut_ptr(), room.len() as u32).build();
+                (e, Some(buf), true)
+            }
             RingOp::Fsync { fd } => {
                 let e = opcode::Fsync::new(types::Fd(fd))
                     .flags(types::FsyncFlags::DATASYNC)
@@ -167,7 +185,7 @@ impl Ring {
                 true,
             ),
         };
-        self.slots[idx as usize] = Some(Slot { token, buf, poll });
+        self.slots[idx as usize] = Some(Slot { token, buf, waits });
         self.in_flight += 1;
         self.push_entry(entry.user_data(idx as u64), out)
     }
@@ -236,9 +254,10 @@ const CANCEL: u64 = u64::MAX;
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        // Polls may never fire: cancel them. Reads and writes finish on their own.
+        // Polls and receives may never fire: cancel them. Reads and writes finish on their
+        // own.
         let polls: Vec<u64> = (self.slots.iter().enumerate())
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.poll))
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.waits))
             .map(|(i, _)| i as u64)
             .collect();
         let mut out = Vec::new();

@@ -37,8 +37,9 @@ use tiercache_core::config::REQUEST_BLOCKS_MAX;
 use tiercache_engine::{EngineIo, IoTicket, ReplySink, ReplyTo, ReqOp};
 use tiercache_io::{AlignedBuf, Ring, RingDone, RingOp};
 
-/// Ring tokens of the reactor's own polls (IO tokens are ticket indexes, far below).
-const SOCK_IN: u64 = u64::MAX - 1;
+/// Ring tokens of the reactor's socket and waker operations (IO tokens are ticket indexes,
+/// far below).
+const RECV: u64 = u64::MAX - 1;
 const SOCK_OUT: u64 = u64::MAX - 2;
 const WAKE: u64 = u64::MAX - 3;
 
@@ -195,12 +196,11 @@ impl Reactor {
             ring: self.ring,
             waker: self.waker,
             sink,
-            inbuf: vec![0u8; READ_BUF],
+            inbuf: Some(AlignedBuf::new(READ_BUF)),
             lo: 0,
             hi: 0,
             payload: None,
             skip: 0,
-            readable: true,
             ending: None,
             reqs: Slab::new(),
             tickets: Slab::new(),
@@ -212,7 +212,6 @@ impl Reactor {
             stalled: None,
             in_flight: 0,
             in_bytes: 0,
-            armed_in: false,
             armed_out: false,
             armed_wake: false,
             write_timeout: self.write_timeout,
@@ -228,16 +227,15 @@ struct State<'a> {
     ring: Ring,
     waker: Arc<Waker>,
     sink: Arc<Sink>,
-    /// Bytes read and not yet parsed: `inbuf[lo..hi]`.
-    inbuf: Vec<u8>,
+    /// Bytes received and not yet parsed: `inbuf[lo..hi]`. `None` while a receive into it
+    /// is on the ring.
+    inbuf: Option<AlignedBuf>,
     lo: usize,
     hi: usize,
     /// A WRITE whose payload is arriving: the request, its buffer, bytes filled.
     payload: Option<(Request, AlignedBuf, usize)>,
     /// Payload bytes of a refused WRITE still to be read and dropped.
     skip: u64,
-    /// The socket may have bytes (the last read did not say `EAGAIN`).
-    readable: bool,
     /// Why reading stopped: the stream's end (`Ok`) or an error; in-flight requests still
     /// complete.
     ending: Option<io::Result<()>>,
@@ -254,7 +252,6 @@ struct State<'a> {
     stalled: Option<Instant>,
     in_flight: usize,
     in_bytes: usize,
-    armed_in: bool,
     armed_out: bool,
     armed_wake: bool,
     write_timeout: Duration,
@@ -273,19 +270,13 @@ fn set_nonblocking(fd: RawFd) -> io::Result<()> {
 impl State<'_> {
     fn run(&mut self) -> io::Result<()> {
         loop {
-            if self.ending.is_none() {
-                self.read_requests();
-                if self.ending.is_some()
-                    && let Some((req, _, _)) = self.payload.take()
-                {
-                    // The client left in the middle of a WRITE's payload: nothing to answer.
-                    self.in_flight -= 1;
-                    self.in_bytes -= req.len as usize;
-                }
-            }
+            self.parse();
             self.start_ios();
             self.collect();
             self.write_out();
+            if self.parsable() {
+                continue; // replies made room for requests already received
+            }
             if self.ending.is_some() && self.in_flight == 0 && self.tickets.len() == 0 {
                 break;
             }
@@ -294,11 +285,8 @@ impl State<'_> {
                 break;
             }
             self.arm()?;
-            // More to do at once (bytes waiting, under the bounds): only submit.
-            let busy = self.ending.is_none() && self.readable && self.room();
-            let want = if busy { 0 } else { 1 };
             let mut done = std::mem::take(&mut self.done);
-            self.ring.wait(want, Duration::from_millis(100), &mut done)?;
+            self.ring.wait(1, Duration::from_millis(100), &mut done)?;
             for d in done.drain(..) {
                 self.completed(d);
             }
@@ -315,60 +303,54 @@ impl State<'_> {
         self.in_flight < self.conn.max_in_flight && self.in_bytes < self.conn.max_in_flight_bytes
     }
 
-    /// Reads and parses requests while the socket has bytes and the bounds allow.
-    fn read_requests(&mut self) {
-        loop {
-            self.parse();
-            if self.ending.is_some() || !self.readable || !self.room() {
-                return;
-            }
-            // A large payload is read straight into its buffer.
-            let n = match &mut self.payload {
-                Some((_, buf, filled)) if self.lo == self.hi && buf.len() - *filled >= 4096 => {
-                    let r = read_fd(self.fd, &mut buf[*filled..]);
-                    if let Ok(n) = r {
-                        *filled += n;
-                    }
-                    r
-                }
-                _ => {
-                    if self.lo == self.hi {
-                        self.lo = 0;
-                        self.hi = 0;
-                    } else if self.inbuf.len() - self.hi < proto::REQUEST_LEN {
-                        self.inbuf.copy_within(self.lo..self.hi, 0);
-                        self.hi -= self.lo;
-                        self.lo = 0;
-                    }
-                    let r = read_fd(self.fd, &mut self.inbuf[self.hi..]);
-                    if let Ok(n) = r {
-                        self.hi += n;
-                    }
-                    r
-                }
-            };
-            match n {
-                Ok(0) => {
-                    self.ending = Some(Ok(()));
-                    return;
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.readable = false;
-                    return;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.ending = Some(Err(e));
-                    return;
-                }
-            }
+    /// Whether [`State::parse`] can take something now.
+    fn parsable(&self) -> bool {
+        let have = self.hi - self.lo;
+        self.ending.is_none()
+            && self.inbuf.is_some()
+            && have > 0
+            && (self.skip > 0
+                || self.payload.is_some()
+                || (have >= proto::REQUEST_LEN && self.room()))
+    }
+
+    /// A receive finished (`res`: bytes, 0 at the end of the stream, or `-errno`).
+    fn received(&mut self, buf: AlignedBuf, res: i32) {
+        self.inbuf = Some(buf);
+        match res {
+            n if n > 0 => self.hi += n as usize,
+            0 => self.end(Ok(())),
+            e if e == -libc::EAGAIN || e == -libc::EINTR => {}
+            e => self.end(Err(io::Error::from_raw_os_error(-e))),
         }
     }
 
-    /// Takes complete requests (and payload bytes) from the read buffer.
+    /// Reading stops (the stream ended, broke the protocol, or failed); what is in flight
+    /// still completes. A WRITE whose payload was cut short has nobody to answer.
+    fn end(&mut self, why: io::Result<()>) {
+        if self.ending.is_none() {
+            self.ending = Some(why);
+        }
+        if let Some((req, _, _)) = self.payload.take() {
+            self.in_flight -= 1;
+            self.in_bytes -= req.len as usize;
+        }
+    }
+
+    /// Takes complete requests (and payload bytes) from the receive buffer.
     fn parse(&mut self) {
+        let Some(inbuf) = self.inbuf.take() else {
+            return; // a receive is on the ring
+        };
+        self.parse_in(&inbuf);
+        self.inbuf = Some(inbuf);
+    }
+
+    fn parse_in(&mut self, inbuf: &[u8]) {
         loop {
+            if self.ending.is_some() {
+                return;
+            }
             if self.skip > 0 {
                 let n = (self.hi - self.lo).min(self.skip as usize);
                 self.lo += n;
@@ -379,7 +361,7 @@ impl State<'_> {
             }
             if let Some((_, buf, filled)) = &mut self.payload {
                 let n = (self.hi - self.lo).min(buf.len() - *filled);
-                buf[*filled..*filled + n].copy_from_slice(&self.inbuf[self.lo..self.lo + n]);
+                buf[*filled..*filled + n].copy_from_slice(&inbuf[self.lo..self.lo + n]);
                 self.lo += n;
                 *filled += n;
                 if *filled < buf.len() {
@@ -389,18 +371,18 @@ impl State<'_> {
                 let fua = req.flags & cmd::FLAG_FUA != 0;
                 self.submit(&req, ReqOp::Write { fua }, 0, buf);
             }
-            if self.ending.is_some() || !self.room() || self.hi - self.lo < proto::REQUEST_LEN {
+            if !self.room() || self.hi - self.lo < proto::REQUEST_LEN {
                 return;
             }
-            let h: &[u8; proto::REQUEST_LEN] = self.inbuf[self.lo..self.lo + proto::REQUEST_LEN]
+            let h: &[u8; proto::REQUEST_LEN] = inbuf[self.lo..self.lo + proto::REQUEST_LEN]
                 .try_into()
                 .expect("REQUEST_LEN bytes");
             let req = Request::decode(h);
             self.lo += proto::REQUEST_LEN;
             match req {
                 // Not a request: the stream is out of sync; close.
-                None => self.ending = Some(Ok(())),
-                Some(r) if r.typ == cmd::DISC => self.ending = Some(Ok(())),
+                None => self.end(Ok(())),
+                Some(r) if r.typ == cmd::DISC => self.end(Ok(())),
                 Some(r) => self.dispatch(r),
             }
         }
@@ -473,7 +455,9 @@ impl State<'_> {
         let lba = match EngineExport::lba(req.offset, req.len as u64) {
             Ok(l) => l,
             Err(e) => {
-                let r = self.conn.err_reply(req.cookie, e.errno(), &e.to_string(), Some(bytes));
+                let r = self
+                    .conn
+                    .err_reply(req.cookie, e.errno(), &e.to_string(), Some(bytes));
                 self.out.push_back(r);
                 return;
             }
@@ -510,10 +494,10 @@ impl State<'_> {
     /// A ring completion: one of the reactor's polls, or an IO for the engine.
     fn completed(&mut self, d: RingDone) {
         match d.token {
-            SOCK_IN => {
-                self.armed_in = false;
-                self.readable = true;
-            }
+            RECV => match d.buf {
+                Some(buf) => self.received(buf, d.res),
+                None => unreachable!("a receive comes back with its buffer"),
+            },
             SOCK_OUT => {
                 self.armed_out = false;
                 self.out_blocked = false;
@@ -545,7 +529,9 @@ impl State<'_> {
             };
             let c = self.conn;
             let r = match result {
-                Ok(()) if s.typ == cmd::READ => c.data_reply(s.cookie, s.offset, buf, Some(s.bytes)),
+                Ok(()) if s.typ == cmd::READ => {
+                    c.data_reply(s.cookie, s.offset, buf, Some(s.bytes))
+                }
                 Ok(()) => c.ok_reply(s.cookie, Some(s.bytes)),
                 Err(e) => {
                     let e = ExportError::from(e);
@@ -672,13 +658,22 @@ impl State<'_> {
             self.ring.push(op, WAKE, &mut self.done)?;
             self.armed_wake = true;
         }
-        if self.ending.is_none() && !self.readable && self.room() && !self.armed_in {
-            let op = RingOp::Poll {
+        if self.ending.is_none()
+            && self.room()
+            && let Some(mut buf) = self.inbuf.take()
+        {
+            // Unparsed bytes (part of a request) move to the front; the receive appends.
+            if self.lo > 0 {
+                buf.copy_within(self.lo..self.hi, 0);
+                self.hi -= self.lo;
+                self.lo = 0;
+            }
+            let op = RingOp::Recv {
                 fd,
-                events: libc::POLLIN as u32,
+                buf,
+                at: self.hi,
             };
-            self.ring.push(op, SOCK_IN, &mut self.done)?;
-            self.armed_in = true;
+            self.ring.push(op, RECV, &mut self.done)?;
         }
         if self.out_blocked && !self.armed_out {
             let op = RingOp::Poll {
@@ -714,14 +709,4 @@ impl State<'_> {
             }
         }
     }
-}
-
-/// `read(2)` into `buf`.
-fn read_fd(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for writes of its length during the call.
-    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
 }

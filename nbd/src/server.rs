@@ -1385,7 +1385,13 @@ impl Conn {
     }
 
     /// The reply to a read, with its data.
-    pub(crate) fn data_reply(&self, cookie: u64, offset: u64, data: AlignedBuf, slot: Option<usize>) -> Reply {
+    pub(crate) fn data_reply(
+        &self,
+        cookie: u64,
+        offset: u64,
+        data: AlignedBuf,
+        slot: Option<usize>,
+    ) -> Reply {
         let head = if self.structured {
             let mut h = proto::structured_header(
                 reply::FLAG_DONE,

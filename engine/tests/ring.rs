@@ -1,0 +1,366 @@
+//! Requests submitted without a waiting thread (`Engine::submit`), their file IOs run on the
+//! caller's io_uring (`tiercache_io::Ring`) and given back with `Engine::complete`: the path an
+//! NBD connection's reactor takes. Data is checked against a model in every mode; a ring that
+//! fails or transfers short falls back to the device's calls; errors reach the reply; stop
+//! waits for IOs still on a ring.
+
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tiercache_core::ReqError;
+use tiercache_core::mode::CacheMode;
+use tiercache_core::units::{CoreId, LineSize};
+use tiercache_engine::{
+    CoreSpec, Device, Engine, EngineConfig, EngineIo, IoTicket, ReplySink, ReplyTo, ReqOp,
+};
+use tiercache_io::{AlignedBuf, Backend, FileBackend, IoErr, Ring, RingDone};
+
+mod common;
+use common::*;
+
+type Reply = (u64, Result<(), ReqError>, AlignedBuf);
+
+/// Collects replies.
+#[derive(Default)]
+struct Replies(Mutex<Vec<Reply>>);
+
+impl ReplySink for Replies {
+    fn reply(&self, tag: u64, result: Result<(), ReqError>, buf: AlignedBuf) {
+        self.0.lock().unwrap().push((tag, result, buf));
+    }
+}
+
+/// A file device whose ring descriptor is another one (a read-only descriptor of the same
+/// file: ring writes fail; or none that is open: every ring IO fails), and whose own calls can
+/// be made to fail: what the ring path does when the ring does not do the IO.
+struct Odd {
+    file: FileBackend,
+    ring_fd: RawFd,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Odd {
+    fn check(&self) -> Result<(), IoErr> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(IoErr::io(
+                "injected",
+                &std::io::Error::from_raw_os_error(libc::EIO),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Odd {
+    fn name(&self) -> String {
+        "odd".into()
+    }
+    fn blocks(&self) -> u64 {
+        self.file.blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
+        self.check()?;
+        self.file.read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
+        self.check()?;
+        self.file.write(lba, buf, fua)
+    }
+    fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
+        self.check()?;
+        self.file.write_zeroes(lba, blocks, fua)
+    }
+    fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
+        self.check()?;
+        self.file.trim(lba, blocks)
+    }
+    fn flush(&self) -> Result<(), IoErr> {
+        self.check()?;
+        self.file.flush()
+    }
+    fn ring_fd(&self) -> Option<RawFd> {
+        Some(self.ring_fd)
+    }
+}
+
+fn tmp(tag: &str, bytes: u64) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("tc-ring-{tag}-{}", std::process::id()));
+    let f = std::fs::File::create(&p).unwrap();
+    f.set_len(bytes).unwrap();
+    p
+}
+
+/// A single-threaded driver: the ring, the IOs it holds, and the replies.
+struct Driver {
+    ring: Ring,
+    tickets: Vec<Option<IoTicket>>,
+    ios: Vec<EngineIo>,
+    done: Vec<RingDone>,
+    replies: Arc<Replies>,
+    ring_ios: u64,
+}
+
+impl Driver {
+    fn new() -> Driver {
+        Driver {
+            ring: Ring::new(32).unwrap(),
+            tickets: Vec::new(),
+            ios: Vec::new(),
+            done: Vec::new(),
+            replies: Arc::new(Replies::default()),
+            ring_ios: 0,
+        }
+    }
+
+    fn submit(&mut self, e: &Engine, op: ReqOp, lba: u64, blocks: u32, buf: AlignedBuf, tag: u64) {
+        let reply = ReplyTo {
+            sink: self.replies.clone(),
+            tag,
+        };
+        e.submit(op, CoreId(0), lba, blocks, buf, reply, &mut self.ios);
+    }
+
+    /// Puts the IOs the engine gave on the ring.
+    fn start(&mut self) {
+        for io in std::mem::take(&mut self.ios) {
+            let (op, t) = io.into_ring();
+            self.tickets.push(Some(t));
+            let token = (self.tickets.len() - 1) as u64;
+            self.ring.push(op, token, &mut self.done).unwrap();
+            self.ring_ios += 1;
+        }
+    }
+
+    /// Runs the ring until `n` replies are in (IOs other threads finish count too).
+    fn until_replies(&mut self, e: &Engine, n: usize) -> Vec<Reply> {
+        let t0 = std::time::Instant::now();
+        loop {
+            if t0.elapsed() > Duration::from_secs(5) {
+                panic!(
+                    "{} of {n} replies after 5 s; {} IOs on the ring; engine {:?}",
+                    self.replies.0.lock().unwrap().len(),
+                    self.ring.in_flight(),
+                    e.stats()
+                );
+            }
+            self.start();
+            if self.replies.0.lock().unwrap().len() >= n {
+                return std::mem::take(&mut *self.replies.0.lock().unwrap());
+            }
+            self.step(e);
+        }
+    }
+
+    /// Waits (20 ms at most) for ring completions and gives them to the engine.
+    fn step(&mut self, e: &Engine) {
+        self.start();
+        let mut done = std::mem::take(&mut self.done);
+        self.ring
+            .wait(1, Duration::from_millis(20), &mut done)
+            .unwrap();
+        for d in done.drain(..) {
+            let t = self.tickets[d.token as usize].take().expect("live ticket");
+            e.complete(t, d.buf, d.res, Some(&mut self.ios));
+        }
+        self.done = done;
+    }
+}
+
+fn file_engine(mode: CacheMode, cache: Device, core: Device) -> Engine {
+    let cfg = persistent(cache.blocks() * 512, LineSize::K4, mode, 3);
+    Engine::create(
+        cfg,
+        cache,
+        vec![CoreSpec {
+            id: CoreId(0),
+            dev: core,
+            record: record(0),
+        }],
+        EngineConfig::threads(2),
+    )
+    .expect("create")
+}
+
+/// Random reads, writes, zeroing, trims and flushes, 16 in flight at once on disjoint
+/// stripes, checked block by block against a model.
+fn model_run(e: &Engine, d: &mut Driver, seed: u64, rounds: u64) {
+    const STRIPE: u64 = 256; // blocks per in-flight slot
+    let mut rng = Rng(seed);
+    let mut versions = vec![0u64; (16 * STRIPE) as usize];
+    let mut n = 0u64;
+    for _ in 0..rounds {
+        // One request per stripe, all in flight together.
+        let mut reads = Vec::new();
+        for s in 0..16u64 {
+            n += 1;
+            let b = s * STRIPE + rng.below(STRIPE - 16);
+            let len = 1 + rng.below(16);
+            match rng.below(10) {
+                0..=3 => {
+                    let mut buf = AlignedBuf::new(len as usize * BS);
+                    for i in 0..len {
+                        let at = (i as usize) * BS;
+                        fill(&mut buf[at..at + BS], b + i, n);
+                        versions[(b + i) as usize] = n;
+                    }
+                    let fua = rng.below(4) == 0;
+                    d.submit(e, ReqOp::Write { fua }, b, 0, buf, s);
+                }
+                4 => {
+                    for i in 0..len {
+                        versions[(b + i) as usize] = 0;
+                    }
+                    let op = if rng.below(2) == 0 {
+                        ReqOp::Trim
+                    } else {
+                        ReqOp::WriteZeroes { fua: false }
+                    };
+                    d.submit(e, op, b, len as u32, AlignedBuf::new(0), s);
+                }
+                5 => d.submit(e, ReqOp::Flush, 0, 0, AlignedBuf::new(0), s),
+                _ => {
+                    reads.push((s, b));
+                    d.submit(e, ReqOp::Read, b, 0, AlignedBuf::new(len as usize * BS), s);
+                }
+            }
+        }
+        let got = d.until_replies(e, 16);
+        assert_eq!(got.len(), 16);
+        for (tag, r, buf) in got {
+            r.unwrap_or_else(|err| panic!("request {tag}: {err:?}"));
+            if let Some(&(_, b)) = reads.iter().find(|(s, _)| *s == tag) {
+                for (i, blk) in buf.chunks(BS).enumerate() {
+                    let block = b + i as u64;
+                    assert_eq!(
+                        decode(blk, block),
+                        Some(versions[block as usize]),
+                        "block {block}: stale or wrong data after a ring read"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn requests_on_a_ring_read_back_in_every_mode() {
+    for (i, mode) in [CacheMode::Wt, CacheMode::Wb, CacheMode::Wa, CacheMode::Wo]
+        .into_iter()
+        .enumerate()
+    {
+        let (cp, kp) = (
+            tmp(&format!("c{i}"), 8 << 20),
+            tmp(&format!("k{i}"), 32 << 20),
+        );
+        let cache: Device = Arc::new(FileBackend::open(&cp).unwrap());
+        let core: Device = Arc::new(FileBackend::open(&kp).unwrap());
+        assert!(cache.ring_fd().is_some(), "io_uring works on this machine");
+        let e = file_engine(mode, cache, core);
+        let mut d = Driver::new();
+        model_run(&e, &mut d, 0x5eed + i as u64, 60);
+        assert!(d.ring_ios > 0, "{mode:?}: no IO ran on the ring");
+        assert!(e.stats().ring_ios > 0);
+        e.stop().expect("stop");
+        let _ = std::fs::remove_file(cp);
+        let _ = std::fs::remove_file(kp);
+    }
+}
+
+#[test]
+fn ring_failures_and_short_transfers_fall_back_to_the_device_calls() {
+    // The cache's ring descriptor is read-only (ring writes fail with EBADF), the core's is
+    // not open at all (every ring IO fails): the data must still be right.
+    for (i, mode) in [CacheMode::Wt, CacheMode::Wb].into_iter().enumerate() {
+        let (cp, kp) = (
+            tmp(&format!("fc{i}"), 8 << 20),
+            tmp(&format!("fk{i}"), 32 << 20),
+        );
+        let ro = std::fs::File::open(&cp).unwrap();
+        let cache: Device = Arc::new(Odd {
+            file: FileBackend::open(&cp).unwrap(),
+            ring_fd: ro.as_raw_fd(),
+            fail: false.into(),
+        });
+        let core: Device = Arc::new(Odd {
+            file: FileBackend::open(&kp).unwrap(),
+            ring_fd: -1,
+            fail: false.into(),
+        });
+        let e = file_engine(mode, cache, core);
+        let mut d = Driver::new();
+        model_run(&e, &mut d, 0xfa11, 30);
+        assert!(d.ring_ios > 0);
+        e.stop().expect("stop");
+        drop(ro);
+        let _ = std::fs::remove_file(cp);
+        let _ = std::fs::remove_file(kp);
+    }
+}
+
+#[test]
+fn device_errors_reach_the_reply_and_the_engine_goes_on() {
+    let (cp, kp) = (tmp("ec", 8 << 20), tmp("ek", 32 << 20));
+    let core = Arc::new(Odd {
+        file: FileBackend::open(&kp).unwrap(),
+        ring_fd: -1,
+        fail: false.into(),
+    });
+    let cache: Device = Arc::new(FileBackend::open(&cp).unwrap());
+    let e = file_engine(CacheMode::Wt, cache, core.clone());
+    let mut d = Driver::new();
+    core.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Read misses go to the failing core: each reply says so, none is lost.
+    for s in 0..8u64 {
+        d.submit(&e, ReqOp::Read, s * 64, 0, AlignedBuf::new(4096), s);
+    }
+    let got = d.until_replies(&e, 8);
+    assert_eq!(got.len(), 8);
+    assert!(
+        got.iter()
+            .all(|(_, r, _)| matches!(r, Err(ReqError::Io(_)))),
+        "{:?}",
+        got.iter().map(|g| &g.1).collect::<Vec<_>>()
+    );
+    core.fail.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut buf = AlignedBuf::new(4096);
+    fill(&mut buf[..BS], 0, 7);
+    d.submit(&e, ReqOp::Write { fua: true }, 0, 0, buf, 100);
+    let got = d.until_replies(&e, 1);
+    assert!(got[0].1.is_ok(), "{:?}", got[0].1);
+    d.submit(&e, ReqOp::Read, 0, 0, AlignedBuf::new(BS), 101);
+    let got = d.until_replies(&e, 1);
+    assert_eq!(decode(&got[0].2, 0), Some(7));
+    e.stop().expect("stop");
+    let _ = std::fs::remove_file(cp);
+    let _ = std::fs::remove_file(kp);
+}
+
+#[test]
+fn stop_waits_for_ios_still_on_a_ring() {
+    let (cp, kp) = (tmp("sc", 8 << 20), tmp("sk", 32 << 20));
+    let cache: Device = Arc::new(FileBackend::open(&cp).unwrap());
+    let core: Device = Arc::new(FileBackend::open(&kp).unwrap());
+    let e = Arc::new(file_engine(CacheMode::Wb, cache, core));
+    let mut d = Driver::new();
+    for s in 0..8u64 {
+        let mut buf = AlignedBuf::new(4096);
+        fill(&mut buf[..BS], s * 64, 1);
+        d.submit(&e, ReqOp::Write { fua: false }, s * 64, 0, buf, s);
+    }
+    assert!(!d.ios.is_empty(), "the writes wait for IOs the caller runs");
+    // The IOs are handed out but not run: stop must wait for them.
+    let e2 = e.clone();
+    let stopper = std::thread::spawn(move || e2.stop_shared());
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!stopper.is_finished(), "stop returned with IOs still out");
+    let got = d.until_replies(&e, 8);
+    assert!(got.iter().all(|(_, r, _)| r.is_ok()));
+    // The final checkpoint's IOs may have started from this ring's completions: they are the
+    // ring's to run (the caller runs every IO it is given) until stop returns.
+    while !stopper.is_finished() {
+        d.step(&e);
+    }
+    stopper.join().unwrap().expect("stop");
+    let _ = std::fs::remove_file(cp);
+    let _ = std::fs::remove_file(kp);
+}
