@@ -93,7 +93,7 @@ pub fn cache_stats(
             "merged_core_reads": k.merged_core_reads,
             "engine": {"in_flight": es.in_flight, "in_flight_max": es.in_flight_max,
                 "requests": es.requests, "inline_ios": es.inline_ios,
-                "thread_ios": es.thread_ios, "async_ios": es.async_ios,
+                "thread_ios": es.thread_ios, "ring_ios": es.ring_ios, "async_ios": es.async_ios,
                 "merged_ios": es.merged_ios,
                 "io_buffers": {"bytes": es.buffer_bytes, "in_use": es.buffer_in_use,
                     "peak": es.buffer_peak, "waits": es.buffer_waits,

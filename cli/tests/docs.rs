@@ -1,0 +1,96 @@
+//! docs/ARCHITECTURE.md's "Life of a READ" and "Life of a WRITE" walk through real files and
+//! functions: this fails when one they name is gone (renamed, moved, deleted), so the walk
+//! cannot drift from the code.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .to_path_buf()
+}
+
+/// The text of the sections whose heading starts with `## Life of`.
+fn life_sections(doc: &str) -> String {
+    let mut out = String::new();
+    let mut on = false;
+    for line in doc.lines() {
+        if line.starts_with("## ") {
+            on = line.starts_with("## Life of");
+        }
+        if on {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Every `code span` of `text`.
+fn spans(text: &str) -> Vec<String> {
+    text.split('`')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, s)| s.to_string())
+        .collect()
+}
+
+fn rust_sources(dir: &Path, out: &mut String) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if p.is_dir() {
+            rust_sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+        }
+    }
+}
+
+#[test]
+fn the_life_of_a_request_names_files_and_functions_that_exist() {
+    let root = root();
+    let doc = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).expect("ARCHITECTURE");
+    let life = life_sections(&doc);
+    assert!(
+        life.contains("## Life of a READ") && life.contains("## Life of a WRITE"),
+        "docs/ARCHITECTURE.md lost its Life of a READ / WRITE sections"
+    );
+    let mut code = String::new();
+    rust_sources(&root, &mut code);
+    let (mut files, mut fns) = (0, 0);
+    let mut missing = Vec::new();
+    for s in spans(&life) {
+        if s.contains('/') && (s.ends_with(".rs") || s.ends_with('/')) && !s.contains(' ') {
+            files += 1;
+            if !root.join(&s).exists() {
+                missing.push(format!("file {s}"));
+            }
+        } else if let Some((ty, f)) = s.split_once("::")
+            && !ty.is_empty()
+            && ty.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && f.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && f.starts_with(|c: char| c.is_ascii_lowercase())
+        {
+            fns += 1;
+            if !code.contains(&format!("fn {f}(")) && !code.contains(&format!("fn {f}<")) {
+                missing.push(format!("function {s}"));
+            }
+        }
+    }
+    assert!(
+        files >= 10 && fns >= 10,
+        "the walk names too little to check ({files} files, {fns} functions)"
+    );
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md's Life of a READ/WRITE names what no longer exists: {missing:?}"
+    );
+}
