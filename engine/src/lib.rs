@@ -11,6 +11,11 @@
 //!   buffer from the engine's IO buffer pool (a write's data is copied into it under the lock;
 //!   a read's data is copied out of it under the lock when it completes), so no two threads
 //!   ever share a buffer.
+//! - **Callers with a ring of their own** (an NBD connection's reactor, `nbd/src/reactor.rs`)
+//!   submit without waiting ([`Engine::submit`], `ring.rs`): the file IOs a drive starts come
+//!   back to them as [`EngineIo`]s to run on their io_uring and give back with
+//!   [`Engine::complete`], and each reply goes to the request's [`ReplySink`], on whichever
+//!   thread completes it.
 //! - **A ticker** applies `Tick` at the core's next deadline (cleaner wake-ups, throttled
 //!   writes, metadata retries) and at least every 50 ms.
 //!
