@@ -881,6 +881,33 @@ pub enum ReqOp {
 
 type Op = ReqOp;
 
+impl Shared {
+    /// Names a new request, keeps its buffer (and where its reply goes, if no thread waits
+    /// for it), and returns its id and the core's event for it. A read on a memory cache
+    /// starts loading the data a hit will copy while the core decides.
+    fn open_request(
+        g: &mut Inner,
+        op: Op,
+        core: CoreId,
+        lba: u64,
+        blocks: u32,
+        buf: AlignedBuf,
+        reply: Option<ReplyTo>,
+    ) -> (ReqId, Event) {
+        let req = ReqId(g.next_req);
+        g.next_req += 1;
+        g.reqs.insert(req, Slot { buf, reply });
+        let lba = Lba(lba);
+        if matches!(op, Op::Read) && g.cache_dev.inline() {
+            let Inner { m, cache_dev, .. } = &*g;
+            m.read_hint(core, lba, blocks, |at, n| {
+                cache_dev.prefetch(at.0, n as u64)
+            });
+        }
+        (req, request_event(op, req, core, lba, blocks))
+    }
+}
+
 /// The core's event for request `req`.
 fn request_event(op: Op, req: ReqId, core: CoreId, lba: Lba, blocks: u32) -> Event {
     match op {
@@ -1300,18 +1327,7 @@ impl Engine {
         buf: AlignedBuf,
     ) -> Result<(Result<(), ReqError>, AlignedBuf), Pending> {
         let mut g = self.sh.lock();
-        let req = ReqId(g.next_req);
-        g.next_req += 1;
-        g.reqs.insert(req, Slot { buf, reply: None });
-        let lba = Lba(lba);
-        if matches!(op, Op::Read) && g.cache_dev.inline() {
-            // A memory cache: start loading the data a hit will copy while the core decides.
-            let Inner { m, cache_dev, .. } = &*g;
-            m.read_hint(core, lba, blocks, |at, n| {
-                cache_dev.prefetch(at.0, n as u64)
-            });
-        }
-        let ev = request_event(op, req, core, lba, blocks);
+        let (req, ev) = Shared::open_request(&mut g, op, core, lba, blocks, buf, None);
         // The IOs this request starts run on this thread (one at a time; any others at once
         // on IO threads), and so do the IOs their completions start, until the request is
         // done: a hit costs one pread and no thread hop.

@@ -9,11 +9,11 @@
 //! ([`Backend::ring_fd`]: RAM, emulated or remote devices, fault wrappers) take the engine's
 //! usual ways: inline, the IO threads, or the device's own asynchronous path.
 
-use super::{Capture, Engine, Event, Inner, Job, JobOp, Op, Shared, Slot, request_event};
+use super::{Capture, Engine, Event, Inner, Job, JobOp, Op, Shared};
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 use tiercache_core::event::ReqError;
-use tiercache_core::units::{CoreId, IoId, Lba, ReqId};
+use tiercache_core::units::{CoreId, IoId};
 use tiercache_io::{AlignedBuf, IoErr, RingOp};
 
 /// Where the reply of a request submitted with [`Engine::submit`] goes.
@@ -185,17 +185,7 @@ impl Engine {
             _ => blocks,
         };
         let mut g = self.sh.lock();
-        let req = ReqId(g.next_req);
-        g.next_req += 1;
-        g.reqs.insert(
-            req,
-            Slot {
-                buf,
-                reply: Some(reply),
-            },
-        );
-        let lba = Lba(lba);
-        let ev = request_event(op, req, core, lba, blocks);
+        let (_, ev) = Shared::open_request(&mut g, op, core, lba, blocks, buf, Some(reply));
         self.sh.drive_ring(&mut g, ev, ios);
     }
 

@@ -13,7 +13,7 @@ use tiercache_core::units::{CoreId, LineSize};
 use tiercache_engine::{
     CoreSpec, Device, Engine, EngineConfig, EngineIo, IoTicket, ReplySink, ReplyTo, ReqOp,
 };
-use tiercache_io::{AlignedBuf, Backend, FileBackend, IoErr, Ring, RingDone};
+use tiercache_io::{AlignedBuf, Backend, FileBackend, IoErr, Ring, RingDone, Slab};
 
 mod common;
 use common::*;
@@ -93,7 +93,7 @@ fn tmp(tag: &str, bytes: u64) -> std::path::PathBuf {
 /// A single-threaded driver: the ring, the IOs it holds, and the replies.
 struct Driver {
     ring: Ring,
-    tickets: Vec<Option<IoTicket>>,
+    tickets: Slab<IoTicket>,
     ios: Vec<EngineIo>,
     done: Vec<RingDone>,
     replies: Arc<Replies>,
@@ -104,7 +104,7 @@ impl Driver {
     fn new() -> Driver {
         Driver {
             ring: Ring::new(32).unwrap(),
-            tickets: Vec::new(),
+            tickets: Slab::new(),
             ios: Vec::new(),
             done: Vec::new(),
             replies: Arc::new(Replies::default()),
@@ -124,8 +124,7 @@ impl Driver {
     fn start(&mut self) {
         for io in std::mem::take(&mut self.ios) {
             let (op, t) = io.into_ring();
-            self.tickets.push(Some(t));
-            let token = (self.tickets.len() - 1) as u64;
+            let token = self.tickets.insert(t) as u64;
             self.ring.push(op, token, &mut self.done).unwrap();
             self.ring_ios += 1;
         }
@@ -159,7 +158,7 @@ impl Driver {
             .wait(1, Duration::from_millis(20), &mut done)
             .unwrap();
         for d in done.drain(..) {
-            let t = self.tickets[d.token as usize].take().expect("live ticket");
+            let t = self.tickets.take(d.token as usize).expect("live ticket");
             e.complete(t, d.buf, d.res, Some(&mut self.ios));
         }
         self.done = done;

@@ -34,6 +34,7 @@ mod pool;
 mod ram;
 mod rbd;
 mod ring;
+mod slab;
 mod timeout;
 mod uring;
 
@@ -53,6 +54,7 @@ pub use rbd::{
     rbd_available, rbd_identity,
 };
 pub use ring::{Ring, RingDone, RingOp};
+pub use slab::Slab;
 pub use timeout::{TimeoutBackend, TimeoutStats};
 
 /// Size of one block in bytes: every LBA counts 512-byte blocks and every buffer is a multiple

@@ -11,7 +11,7 @@
 //! queued entries and waits in the same `io_uring_enter`), and completions are reaped in
 //! batches.
 
-use crate::AlignedBuf;
+use crate::{AlignedBuf, Slab};
 use io_uring::{IoUring, opcode, squeue, types};
 use std::io;
 use std::os::unix::io::RawFd;
@@ -87,16 +87,13 @@ struct Slot {
 /// An io_uring used by one thread (see the module docs).
 pub struct Ring {
     ring: IoUring,
-    slots: Vec<Option<Slot>>,
-    free: Vec<u32>,
-    in_flight: usize,
-    /// Entries pushed and not yet submitted.
-    queued: usize,
+    /// Operations in flight, by the user data of their entries.
+    slots: Slab<Slot>,
 }
 
 impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Ring({} in flight)", self.in_flight)
+        write!(f, "Ring({} in flight)", self.slots.len())
     }
 }
 
@@ -124,29 +121,19 @@ impl Ring {
         }
         Ok(Ring {
             ring,
-            slots: Vec::new(),
-            free: Vec::new(),
-            in_flight: 0,
-            queued: 0,
+            slots: Slab::new(),
         })
     }
 
     /// Operations pushed and not yet completed.
     pub fn in_flight(&self) -> usize {
-        self.in_flight
+        self.slots.len()
     }
 
     /// Queues `op` with `token` (submitted by the next [`Ring::wait`]). When the submission
     /// queue is full, what is queued is submitted first, and completions that were ready are
     /// reaped into `out`.
     pub fn push(&mut self, op: RingOp, token: u64, out: &mut Vec<RingDone>) -> io::Result<()> {
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.slots.push(None);
-                (self.slots.len() - 1) as u32
-            }
-        };
         let (entry, buf, waits) = match op {
             RingOp::Read { fd, off, mut buf } => {
                 let e = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
@@ -185,8 +172,7 @@ impl Ring {
                 true,
             ),
         };
-        self.slots[idx as usize] = Some(Slot { token, buf, waits });
-        self.in_flight += 1;
+        let idx = self.slots.insert(Slot { token, buf, waits });
         self.push_entry(entry.user_data(idx as u64), out)
     }
 
@@ -196,12 +182,11 @@ impl Ring {
             // heap memory, which does not move) until the completion is reaped; a poll and an
             // fsync point at no memory.
             if unsafe { self.ring.submission().push(&entry) }.is_ok() {
-                self.queued += 1;
                 return Ok(());
             }
             // The submission queue is full: hand it to the kernel, and take what completed.
             match self.ring.submit() {
-                Ok(_) => self.queued = 0,
+                Ok(_) => {}
                 Err(e) if transient(&e) => {}
                 Err(e) => return Err(e),
             }
@@ -217,11 +202,11 @@ impl Ring {
         timeout: Duration,
         out: &mut Vec<RingDone>,
     ) -> io::Result<()> {
-        let want = want.min(self.in_flight);
+        let want = want.min(self.slots.len());
         let ts = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&ts);
         match self.ring.submitter().submit_with_args(want, &args) {
-            Ok(_) => self.queued = 0,
+            Ok(_) => {}
             Err(e) if transient(&e) => {}
             Err(e) => return Err(e),
         }
@@ -234,12 +219,9 @@ impl Ring {
         let mut cq = self.ring.completion();
         cq.sync();
         for cqe in &mut cq {
-            let idx = cqe.user_data() as usize;
-            let Some(slot) = self.slots.get_mut(idx).and_then(Option::take) else {
+            let Some(slot) = self.slots.take(cqe.user_data() as usize) else {
                 continue; // a cancellation's own completion (see Drop)
             };
-            self.free.push(idx as u32);
-            self.in_flight -= 1;
             out.push(RingDone {
                 token: slot.token,
                 res: cqe.result(),
@@ -256,8 +238,8 @@ impl Drop for Ring {
     fn drop(&mut self) {
         // Polls and receives may never fire: cancel them. Reads and writes finish on their
         // own.
-        let polls: Vec<u64> = (self.slots.iter().enumerate())
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.waits))
+        let polls: Vec<u64> = (self.slots.iter())
+            .filter(|(_, s)| s.waits)
             .map(|(i, _)| i as u64)
             .collect();
         let mut out = Vec::new();
@@ -266,7 +248,7 @@ impl Drop for Ring {
             let _ = self.push_entry(e, &mut out);
         }
         let mut tries = 0u32;
-        while self.in_flight > 0 {
+        while !self.slots.is_empty() {
             out.clear();
             if let Err(e) = self.wait(1, Duration::from_millis(100), &mut out) {
                 tries += 1;
@@ -370,16 +352,12 @@ mod tests {
         let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         let mut ring = Ring::new(4).unwrap();
         let mut out = Vec::new();
-        ring.push(
-            RingOp::Poll {
-                fd: a.as_raw_fd(),
-                events: libc::POLLIN as u32,
-            },
-            1,
-            &mut out,
-        )
-        .unwrap();
-        ring.wait(0, Duration::ZERO, &mut out).unwrap();
+        let poll_in = |ring: &mut Ring, fd, token, out: &mut Vec<RingDone>| {
+            let events = libc::POLLIN as u32;
+            ring.push(RingOp::Poll { fd, events }, token, out).unwrap();
+            ring.wait(0, Duration::ZERO, out).unwrap();
+        };
+        poll_in(&mut ring, a.as_raw_fd(), 1, &mut out);
         assert!(out.is_empty(), "nothing to read yet");
         std::io::Write::write_all(&mut b, b"x").unwrap();
         ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
@@ -387,16 +365,7 @@ mod tests {
         assert!(out[0].res & libc::POLLIN as i32 != 0);
         // A poll that never fires does not keep the drop waiting.
         let (c, _d) = std::os::unix::net::UnixStream::pair().unwrap();
-        ring.push(
-            RingOp::Poll {
-                fd: c.as_raw_fd(),
-                events: libc::POLLIN as u32,
-            },
-            2,
-            &mut out,
-        )
-        .unwrap();
-        ring.wait(0, Duration::ZERO, &mut out).unwrap();
+        poll_in(&mut ring, c.as_raw_fd(), 2, &mut out);
         drop(ring);
     }
 }

@@ -233,6 +233,15 @@ impl Request {
         h
     }
 
+    /// The data bytes the request moves (a READ's reply data, a WRITE's payload); 0 for the
+    /// others. The in-flight byte bound counts these.
+    pub fn data_bytes(&self) -> usize {
+        match self.typ {
+            cmd::READ | cmd::WRITE => self.len as usize,
+            _ => 0,
+        }
+    }
+
     /// Checks a request against an export of `size` bytes with block sizes `sizes`;
     /// `Err((errno, message))` to answer it with. `NBD_CMD_DISC` is not a request here (the
     /// caller ends the connection before checking).

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use tiercache_core::ReqError;
 use tiercache_core::config::REQUEST_BLOCKS_MAX;
 use tiercache_engine::{EngineIo, IoTicket, ReplySink, ReplyTo, ReqOp};
-use tiercache_io::{AlignedBuf, Ring, RingDone, RingOp};
+use tiercache_io::{AlignedBuf, Ring, RingDone, RingOp, Slab};
 
 /// Ring tokens of the reactor's socket and waker operations (IO tokens are ticket indexes,
 /// far below).
@@ -113,41 +113,6 @@ struct Submitted {
     typ: u16,
     offset: u64,
     bytes: usize,
-}
-
-/// Index-addressed storage with reuse (requests by tag, IO tickets by ring token).
-struct Slab<T> {
-    v: Vec<Option<T>>,
-    free: Vec<usize>,
-}
-
-impl<T> Slab<T> {
-    fn new() -> Self {
-        Slab {
-            v: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-    fn insert(&mut self, t: T) -> usize {
-        match self.free.pop() {
-            Some(i) => {
-                self.v[i] = Some(t);
-                i
-            }
-            None => {
-                self.v.push(Some(t));
-                self.v.len() - 1
-            }
-        }
-    }
-    fn take(&mut self, i: usize) -> Option<T> {
-        let t = self.v.get_mut(i)?.take()?;
-        self.free.push(i);
-        Some(t)
-    }
-    fn len(&self) -> usize {
-        self.v.len() - self.free.len()
-    }
 }
 
 /// A connection's reactor before it runs: made before the connection so that the connection
@@ -277,7 +242,7 @@ impl State<'_> {
             if self.parsable() {
                 continue; // replies made room for requests already received
             }
-            if self.ending.is_some() && self.in_flight == 0 && self.tickets.len() == 0 {
+            if self.ending.is_some() && self.in_flight == 0 && self.tickets.is_empty() {
                 break;
             }
             if self.ending.is_some() && self.exp.engine().is_dead() {
@@ -285,12 +250,7 @@ impl State<'_> {
                 break;
             }
             self.arm()?;
-            let mut done = std::mem::take(&mut self.done);
-            self.ring.wait(1, Duration::from_millis(100), &mut done)?;
-            for d in done.drain(..) {
-                self.completed(d);
-            }
-            self.done = done;
+            self.wait()?;
             self.check_stall();
         }
         // IOs of other requests may still be on the ring (none of ours: they are answered).
@@ -400,13 +360,10 @@ impl State<'_> {
             return;
         }
         if req.len == 0 && req.typ != cmd::FLUSH {
-            self.queue_ok(req.cookie, None);
+            self.out.push_back(c.ok_reply(req.cookie, None));
             return;
         }
-        let bytes = match req.typ {
-            cmd::READ | cmd::WRITE => req.len as usize,
-            _ => 0,
-        };
+        let bytes = req.data_bytes();
         self.in_flight += 1;
         self.in_bytes += bytes;
         c.inner
@@ -448,10 +405,7 @@ impl State<'_> {
 
     /// Submits a request to the engine (its reply comes to the sink).
     fn submit(&mut self, req: &Request, op: ReqOp, blocks: u32, buf: AlignedBuf) {
-        let bytes = match req.typ {
-            cmd::READ | cmd::WRITE => req.len as usize,
-            _ => 0,
-        };
+        let bytes = req.data_bytes();
         let lba = match EngineExport::lba(req.offset, req.len as u64) {
             Ok(l) => l,
             Err(e) => {
@@ -542,11 +496,6 @@ impl State<'_> {
         }
         let mut q = lock(&self.conn.replies);
         self.out.extend(q.drain(..));
-    }
-
-    fn queue_ok(&mut self, cookie: u64, slot: Option<usize>) {
-        let r = self.conn.ok_reply(cookie, slot);
-        self.out.push_back(r);
     }
 
     /// Writes queued replies, several per `writev`, until done or the socket is full.
@@ -686,27 +635,23 @@ impl State<'_> {
         Ok(())
     }
 
-    /// Completes the IOs still on the ring (of other requests, or writeback), handing what
-    /// they start to the engine's IO threads.
+    /// Waits (100 ms at most) for the ring and takes what completed.
+    fn wait(&mut self) -> io::Result<()> {
+        let mut done = std::mem::take(&mut self.done);
+        let r = self.ring.wait(1, Duration::from_millis(100), &mut done);
+        for d in done.drain(..) {
+            self.completed(d);
+        }
+        self.done = done;
+        r
+    }
+
+    /// Completes the IOs still on the ring (of other requests, or writeback): reading has
+    /// ended and nothing is in flight, so what they start goes to the engine's IO threads
+    /// (see [`State::completed`]).
     fn drain_ring(&mut self) {
-        let mut done = Vec::new();
-        while self.tickets.len() > 0 {
-            done.clear();
-            if self
-                .ring
-                .wait(1, Duration::from_millis(100), &mut done)
-                .is_err()
-            {
-                continue;
-            }
-            for d in done.drain(..) {
-                if let Some(t) = usize::try_from(d.token)
-                    .ok()
-                    .and_then(|i| self.tickets.take(i))
-                {
-                    self.exp.engine().complete(t, d.buf, d.res, None);
-                }
-            }
+        while !self.tickets.is_empty() {
+            let _ = self.wait();
         }
     }
 }

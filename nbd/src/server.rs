@@ -1544,10 +1544,7 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
             conn.reply_ok(req.cookie, None);
             continue;
         }
-        let bytes = match req.typ {
-            cmd::READ | cmd::WRITE => req.len as usize,
-            _ => 0,
-        };
+        let bytes = req.data_bytes();
         conn.acquire(bytes);
         let mut guard = InFlight {
             conn: conn.clone(),
