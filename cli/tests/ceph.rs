@@ -778,8 +778,35 @@ impl<'a> Stalled<'a> {
         for p in &pids {
             run_ok(Command::new("kill").args(["-STOP", p]));
         }
+        // kill(2) returns once the signal is queued; every thread of the OSD stops when it
+        // next runs, which on a loaded machine can be after the test's next request reached
+        // it. Wait until all of them are stopped (state T in /proc).
+        let t = Instant::now();
+        for p in &pids {
+            while !all_threads_stopped(p) {
+                assert!(
+                    t.elapsed() < Duration::from_secs(30),
+                    "OSD {p} is not stopped 30 s after SIGSTOP"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         Stalled(c, pids)
     }
+}
+
+/// Whether every thread of process `pid` is stopped (or gone).
+fn all_threads_stopped(pid: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        // The state follows the command name in parentheses, which may itself hold spaces.
+        std::fs::read_to_string(t.path().join("stat")).map_or(true, |st| {
+            st.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    })
 }
 
 impl Drop for Stalled<'_> {
@@ -813,14 +840,28 @@ fn an_unresponsive_cluster_times_out_and_the_daemon_stays_up() {
     // Written back and dropped from the cache: blocks 0..64 are on the image only (a read of
     // a block never written would not reach an OSD: librbd's object map knows it is zeros).
     dm.json(&["writeback", "--cache-id", "1"]);
-    dm.json(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
+    let inv = dm.json(&["invalidate", "--cache-id", "1", "--core-id", "0", "--force"]);
+    assert_eq!(inv["dirty_bytes_dropped"], 0, "written back before: {inv}");
 
     let stall = Stalled::start(&c);
     let mut buf = vec![0u8; 4096];
     let t = Instant::now();
-    let e = vm
-        .read(10 * 8, &mut buf)
-        .expect_err("a read of the stalled core fails");
+    let r = vm.read(10 * 8, &mut buf);
+    if r.is_ok() {
+        let what = if buf == stall_block(10, 1) {
+            "the data written"
+        } else if buf.iter().all(|&b| b == 0) {
+            "zeros"
+        } else {
+            "other data"
+        };
+        let s = dm.json(&["stats", "--cache-id", "1"]);
+        panic!(
+            "a read of the stalled core succeeded after {:?} with {what}; invalidate said {inv}; stats: {s}",
+            t.elapsed()
+        );
+    }
+    let e = r.expect_err("a read of the stalled core fails");
     let took = t.elapsed();
     assert!(e.to_string().contains("EIO"), "{e}");
     assert!(
