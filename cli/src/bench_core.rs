@@ -296,6 +296,9 @@ pub fn run(args: Args) -> Result<(), String> {
     eprint!("  engine: 4K read hits through the engine, ram: cache ...");
     let en = crate::bench_engine::measure(lines.min(1 << 18), args.ops.min(1_000_000))?;
     eprintln!(" done");
+    eprint!("  lock waits: N reads queued behind N slow core reads, N = 100 to 100k ...");
+    let waits = crate::bench_waiters::measure(lines)?;
+    eprintln!(" done");
 
     println!(
         "tiercache bench core: {lines} lines of 4 KiB, {} requests per phase",
@@ -359,6 +362,14 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     println!();
     println!(
+        "  lock waits: core work per wake-up (a slow core read completes, its line's waiter starts and hits), ns:"
+    );
+    println!("    {:>8} {:>9} {:>9}", "queued", "mean", "p99");
+    for w in &waits {
+        println!("    {:>8} {:>9.0} {:>9.0}", w.queued, w.mean_ns, w.p99_ns);
+    }
+    println!();
+    println!(
         "  metadata RAM: {:.3} bytes per 4 KiB line (allocator-counted, all per-line structures)",
         bytes_per_line
     );
@@ -396,6 +407,7 @@ pub fn run(args: Args) -> Result<(), String> {
             "engine_ram_hit_ns_p99": en.hit_p99,
             "engine_ram_hit_zipf_ns": en.zipf_p50,
             "engine_ram_hit_zipf_ns_p99": en.zipf_p99,
+            "lock_wait": waits.iter().map(|w| serde_json::json!({"queued": w.queued, "wake_up_ns": w.mean_ns, "wake_up_ns_p99": w.p99_ns})).collect::<Vec<_>>(),
             "engine_queues": en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
         });
         std::fs::write(

@@ -12,6 +12,7 @@ mod bench_load;
 mod bench_peers;
 mod bench_run;
 mod bench_studies;
+mod bench_waiters;
 mod bench_wl;
 mod inspect;
 mod sim_cmd;

@@ -39,6 +39,14 @@ fn bench_core_json_has_the_promised_keys() {
             "{k} missing or not positive in {v}"
         );
     }
+    let waits = v["lock_wait"].as_array().expect("lock_wait");
+    assert!(
+        waits.len() >= 2
+            && waits
+                .iter()
+                .all(|w| w["queued"].as_u64() > Some(0) && w["wake_up_ns"].as_f64() > Some(0.0)),
+        "lock_wait: {v}"
+    );
     std::fs::remove_file(&path).ok();
     let bad = Command::new(env!("CARGO_BIN_EXE_tiercache"))
         .args(["bench", "core", "--lines", "0"])

@@ -118,5 +118,12 @@ impl Cache {
                 super::IoOwner::Meta { .. } | super::IoOwner::Probe => {}
             }
         }
+        self.waits.check();
+        for id in self.waits.ids() {
+            assert!(
+                self.reqs.contains_key(&id),
+                "waiting request {id:?} has no record"
+            );
+        }
     }
 }

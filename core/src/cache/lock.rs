@@ -47,6 +47,10 @@ impl LockEntry {
 #[derive(Default, Debug)]
 pub struct LockTable {
     map: FxHashMap<u64, LockEntry>,
+    /// While requests wait for locks: the keys released since they were last retried (an
+    /// unlock or the end of a writeback; duplicates allowed). See `wait.rs`.
+    released: Vec<u64>,
+    recording: bool,
 }
 
 /// How a request wants its lines.
@@ -170,7 +174,47 @@ impl LockTable {
             if e.unused() {
                 o.remove();
             }
+            if self.recording {
+                self.released.push(lock_key(core, cl));
+            }
         }
+    }
+
+    /// Ends the writeback of line `key`: returns the blocks it may mark clean.
+    pub fn end_wb(&mut self, key: u64) -> BlockMask {
+        let e = self.entry(key);
+        let mask = e.wb_mask;
+        e.wb = false;
+        e.wb_mask = 0;
+        self.tidy(key);
+        if self.recording {
+            self.released.push(key);
+        }
+        mask
+    }
+
+    /// Records released keys (while requests wait) or stops and forgets them.
+    #[inline]
+    pub(crate) fn record_releases(&mut self, on: bool) {
+        if self.recording != on {
+            self.recording = on;
+            if !on {
+                self.released.clear();
+            }
+        }
+    }
+
+    /// Names `key` as released (a retry will look at its queue).
+    pub(crate) fn note_released(&mut self, key: u64) {
+        if self.recording {
+            self.released.push(key);
+        }
+    }
+
+    /// The keys released since the last call, moved to `into` (cleared first).
+    pub(crate) fn take_released(&mut self, into: &mut Vec<u64>) {
+        into.clear();
+        std::mem::swap(into, &mut self.released);
     }
 
     /// Whether any writeback is in flight on core lines `first..=last` of `core`.

@@ -23,6 +23,7 @@ mod meta;
 mod mgmt;
 mod request;
 mod tables;
+mod wait;
 mod writeback;
 
 use crate::config::Config;
@@ -42,7 +43,6 @@ use crate::state::LineStates;
 use crate::stats::{CacheCounters, ReqCounters};
 use crate::units::{CoreId, IoId, Lba, LineId, Nanos, ReqId};
 use lock::{LockTable, lock_key};
-use std::collections::VecDeque;
 
 pub use health::{
     CoreFaults, DeviceErrors, FaultCounters, FaultParams, Health, HealthState, Problem,
@@ -219,8 +219,11 @@ pub struct Cache {
     /// point, so clippy's advice to store the requests inline does not apply).
     #[allow(clippy::vec_box)]
     pub(crate) req_pool: Vec<Box<Request>>,
-    /// Requests waiting for locks, in arrival order.
-    pub(crate) waiting: VecDeque<ReqId>,
+    /// Requests waiting for locks, in arrival order (`wait.rs`).
+    pub(crate) waits: wait::WaitQueues,
+    /// A retry's scratch: released keys, and the requests to look at in queue order.
+    pub(crate) wait_keys: Vec<u64>,
+    pub(crate) wait_work: std::collections::BinaryHeap<std::cmp::Reverse<(u64, ReqId)>>,
     /// Writes delayed by the rate controller: (release time, request), unsorted (few).
     pub(crate) throttled: Vec<(Nanos, ReqId)>,
     pub(crate) ios: IoTable,
@@ -324,7 +327,9 @@ impl Cache {
             locks: LockTable::default(),
             reqs: FxHashMap::default(),
             req_pool: Vec::new(),
-            waiting: VecDeque::new(),
+            waits: wait::WaitQueues::default(),
+            wait_keys: Vec::new(),
+            wait_work: std::collections::BinaryHeap::new(),
             throttled: Vec::new(),
             ios: IoTable::default(),
             jobs: FxHashMap::default(),
@@ -435,7 +440,7 @@ impl Cache {
         if !self.throttled.is_empty() {
             self.release_throttled(actions);
         }
-        if self.wake_waiters && !self.waiting.is_empty() {
+        if self.wake_waiters && !self.waits.is_empty() {
             self.wake_waiters = false;
             self.retry_waiting(actions);
         }

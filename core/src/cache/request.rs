@@ -342,7 +342,7 @@ impl Cache {
         // The common case: nobody waits (so no earlier request can overlap this one) and its
         // lines are free: start it here, without parking it in `reqs` first. The same decision
         // `admit` makes, minus a hash-table round trip.
-        if self.waiting.is_empty() && self.locks.try_lock(core, first, last, r.lock) {
+        if self.waits.is_empty() && self.locks.try_lock(core, first, last, r.lock) {
             return self.plan(r, looked_up, actions);
         }
         self.reqs.insert(req, r);
@@ -432,39 +432,75 @@ impl Cache {
     /// otherwise queues it.
     pub(crate) fn admit(&mut self, id: ReqId, actions: &mut Vec<Action>) {
         let r = &self.reqs[&id];
-        let overlaps = self.waiting.iter().any(|w| {
-            let o = &self.reqs[w];
-            o.core == r.core && o.first <= r.last && r.first <= o.last
-        });
-        if !overlaps && self.locks.can_lock(r.core, r.first, r.last, r.lock) {
+        let (core, first, last) = (r.core, r.first, r.last);
+        if !self.waits.overlaps(core, first, last) && self.locks.can_lock(core, first, last, r.lock)
+        {
             self.start_locked(id, actions);
         } else {
             self.counters.deferred += 1;
-            self.waiting.push_back(id);
+            self.waits.push_back(id, core, first, last);
+            self.locks.record_releases(true);
         }
     }
 
+    /// Queues request `id` (in `reqs`) again, at the back or (it arrived before every request
+    /// waiting now) at the front, to be looked at by the next retry.
+    fn requeue(&mut self, id: ReqId, front: bool) {
+        let r = &self.reqs[&id];
+        let (core, first, last) = (r.core, r.first, r.last);
+        if front {
+            self.waits.push_front(id, core, first, last);
+        } else {
+            self.waits.push_back(id, core, first, last);
+        }
+        self.locks.record_releases(true);
+        self.locks.note_released(lock_key(core, first));
+        self.counters.deferred += 1;
+    }
+
     /// Retries waiting requests in arrival order; a request never passes an earlier waiting
-    /// request it overlaps.
+    /// request it overlaps. Only the requests that head the queue of a line released since the
+    /// last retry can start, and those that come to head a queue as the ones before them start
+    /// (`wait.rs`). The order is the queue order; a line released during the retry whose
+    /// first request comes before the one being looked at is left for the next retry (as a
+    /// scan of one arrival-ordered list, which this replaces, would do).
     pub(crate) fn retry_waiting(&mut self, actions: &mut Vec<Action>) {
-        let mut blocked: Vec<(CoreId, u64, u64)> = Vec::new();
-        let mut i = 0;
-        let mut budget = self.waiting.len();
-        while i < self.waiting.len() && budget > 0 {
-            budget -= 1;
-            let id = self.waiting[i];
+        let mut keys = std::mem::take(&mut self.wait_keys);
+        let mut work = std::mem::take(&mut self.wait_work);
+        let mut later: Vec<u64> = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            self.locks.take_released(&mut keys);
+            for &key in &keys {
+                if let Some((s, id)) = self.waits.front_of(key) {
+                    if s < cursor {
+                        later.push(key);
+                    } else {
+                        work.push(std::cmp::Reverse((s, id)));
+                    }
+                }
+            }
+            let Some(std::cmp::Reverse((s, id))) = work.pop() else {
+                break;
+            };
+            if self.waits.seq(id) != Some(s) {
+                continue; // started already (a second entry), or queued again since
+            }
+            cursor = s;
             let r = &self.reqs[&id];
-            let ovl = blocked
-                .iter()
-                .any(|&(c, f, l)| c == r.core && f <= r.last && r.first <= l);
-            if ovl || !self.locks.can_lock(r.core, r.first, r.last, r.lock) {
-                blocked.push((r.core, r.first, r.last));
-                i += 1;
+            if !self.waits.is_first(id) || !self.locks.can_lock(r.core, r.first, r.last, r.lock) {
                 continue;
             }
-            self.waiting.remove(i);
+            self.waits
+                .remove_first(id, &mut |s, id| work.push(std::cmp::Reverse((s, id))));
             self.start_locked(id, actions);
         }
+        self.locks.record_releases(!self.waits.is_empty());
+        for key in later {
+            self.locks.note_released(key);
+        }
+        self.wait_keys = keys;
+        self.wait_work = work;
     }
 
     /// Releases throttled writes whose time has come, oldest first.
@@ -1009,8 +1045,7 @@ impl Cache {
             r.lock = LockKind::ExclusiveNoWb;
             let id = r.id;
             self.reqs.insert(id, r);
-            self.waiting.push_back(id);
-            self.counters.deferred += 1;
+            self.requeue(id, false);
             return;
         }
         if matches!(r.op, Op::Trim) {
@@ -1266,8 +1301,7 @@ impl Cache {
         let id = r.id;
         self.reqs.insert(id, r);
         // Overlapping requests queued meanwhile arrived after it: it goes first.
-        self.waiting.push_front(id);
-        self.counters.deferred += 1;
+        self.requeue(id, true);
     }
 
     /// Drops the request's blocks from lines holding no dirty data (a cache read of them

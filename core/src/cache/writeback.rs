@@ -432,12 +432,7 @@ impl Cache {
         // Per core: (lines cleaned, a core write or flush failed).
         let mut per_core: Vec<(CoreId, bool, bool)> = Vec::new();
         for &(l, c, cl) in &job.lines {
-            let key = lock_key(c, cl);
-            let e = self.locks.entry(key);
-            let mask = e.wb_mask;
-            e.wb = false;
-            e.wb_mask = 0;
-            self.locks.tidy(key);
+            let mask = self.locks.end_wb(lock_key(c, cl));
             if !self.map.is_mapped(l) || self.map.position(l) != (c, cl) {
                 continue; // only under the broken-eviction canary
             }
