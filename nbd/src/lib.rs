@@ -80,7 +80,8 @@
 //! TLS, `NBD_OPT_STARTTLS` is acknowledged (with data: `NBD_REP_ERR_INVALID`), `NBD_OPT_ABORT`
 //! is acknowledged, `NBD_OPT_EXPORT_NAME` ends the connection (it cannot carry an error), and
 //! every other option gets `NBD_REP_ERR_TLS_REQD`. After the ACK the TLS handshake runs
-//! (rustls, `ring` provider, TLS 1.2 and 1.3) and the client must present a certificate that
+//! (rustls, `aws-lc-rs` provider, TLS 1.2 and 1.3; keys: RSA of 2048 to 8192 bits, ECDSA
+//! P-256/P-384/P-521, Ed25519) and the client must present a certificate that
 //! chains to the listener's CA, or the handshake fails with an alert and the connection ends
 //! ([`ServerStats::tls_refused`]). Option haggling then starts afresh inside TLS (nothing
 //! negotiated before survives), a second `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_INVALID`, and
@@ -107,6 +108,7 @@ pub mod proto;
 mod reactor;
 mod server;
 mod tls;
+mod tls_key;
 
 pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,
