@@ -11,7 +11,8 @@
 //!   Options: `NBD_OPT_GO` and `NBD_OPT_INFO` (answering `NBD_INFO_EXPORT`, `NBD_INFO_NAME`,
 //!   `NBD_INFO_DESCRIPTION`, and always `NBD_INFO_BLOCK_SIZE`), `NBD_OPT_LIST`,
 //!   `NBD_OPT_EXPORT_NAME`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_STARTTLS`
-//!   (see TLS below); unknown options get `NBD_REP_ERR_UNSUP` and the handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
+//!   (see TLS below), `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT` (the one
+//!   context `base:allocation`, after structured replies); unknown options get `NBD_REP_ERR_UNSUP` and the handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
 //!   with the registry's reason. Option data longer than 64 KiB ends the connection (after
 //!   `NBD_REP_ERR_TOO_BIG`) without being read; each handshake read must arrive within
 //!   [`ServerConfig::handshake_timeout`], and an export must be chosen within 1024 options.
@@ -19,9 +20,12 @@
 //!   size, maximum 32 MiB (the engine's request limit).
 //! - **Transmission**: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim, then flush), WRITE_ZEROES
 //!   (FUA, `NO_HOLE`, `FAST_ZERO` — zeroing is always fast here, so it is honoured), CACHE (a
-//!   read whose data is dropped: warm-up), DISC. Flags sent: `HAS_FLAGS`, `SEND_FLUSH`,
+//!   read whose data is dropped: warm-up), BLOCK_STATUS (with `base:allocation` negotiated:
+//!   holes as `HOLE | ZERO`, the rest allocated, from [`Export::extents`]; `REQ_ONE`
+//!   honoured), DISC. Flags sent: `HAS_FLAGS`, `SEND_FLUSH`,
 //!   `SEND_FUA`, `SEND_TRIM`, `SEND_WRITE_ZEROES`, `SEND_FAST_ZERO`, `SEND_CACHE`,
-//!   `CAN_MULTI_CONN` (and `READ_ONLY` for read-only exports). Simple replies, or structured
+//!   `CAN_MULTI_CONN`, `SEND_DF` with structured replies (a read's data is always one chunk)
+//!   (and `READ_ONLY` for read-only exports). Simple replies, or structured
 //!   replies once negotiated (`OFFSET_DATA` for reads, `ERROR` with a message, `NONE`; every
 //!   reply is one chunk with `DONE`).
 //! - **Errors** (SPEC R6, R7): reads, trims and caches out of range → `EINVAL`; writes and
