@@ -38,6 +38,8 @@ command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
 python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# GnuTLS's certtool: the TLS key test's keys as GnuTLS users make them (cli/tests/tls.rs).
+command -v certtool >/dev/null 2>&1 || need+=(gnutls-bin)
 # A real single-node Ceph for the RBD core tests (scripts/ceph-cluster.sh, docs/CEPH.md): mon,
 # OSD, mgr, the ceph/rbd CLIs, librbd/librados (opened at run time by tiercache; the -dev
 # packages carry the headers its declarations follow) and python3-rbd (a second client).

@@ -58,7 +58,6 @@ fn make_ca(dir: &Path, name: &str) {
 
 /// `name.pem` and `name-key.pem`, signed by CA `ca`, with the extensions `ext`.
 fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, ext: &str) {
-    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
     openssl(
         dir,
         &[
@@ -76,6 +75,12 @@ fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, ext: &str) {
             &format!("/CN={cn}"),
         ],
     );
+    sign(dir, ca, name, ext);
+}
+
+/// `name.pem` from the request `name.csr`, signed by CA `ca`, with the extensions `ext`.
+fn sign(dir: &Path, ca: &str, name: &str, ext: &str) {
+    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
     openssl(
         dir,
         &[
@@ -387,6 +392,13 @@ fn refuses(d: &Dir, args: &[&str], want: &[&str]) -> String {
     err
 }
 
+/// [`refuses`] with TLS files `cert`, `key` and `ca` on the NBD listener `nbd`.
+fn refuses_tls(d: &Dir, nbd: &str, files: [&str; 3], want: &[&str]) -> String {
+    let [cert, key, ca] = files;
+    let tls = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca];
+    refuses(d, &[&["--nbd-listen", nbd][..], &tls].concat(), want)
+}
+
 #[test]
 fn non_loopback_without_tls_and_bad_security_flags_refuse_to_start() {
     let d = Dir::new("tls-refuse");
@@ -434,19 +446,324 @@ fn non_loopback_without_tls_and_bad_security_flags_refuse_to_start() {
     if have("openssl") {
         let p = pki(&d);
         let pf = |f: &str| p.join(f).display().to_string();
-        refuses(
+        refuses_tls(
             &d,
-            &[
-                "--nbd-listen",
-                &nbd,
-                "--tls-cert",
-                &pf("server.pem"),
-                "--tls-key",
-                &pf("client-key.pem"),
-                "--tls-ca",
-                &pf("good-ca.pem"),
-            ],
+            &nbd,
+            [&pf("server.pem"), &pf("client-key.pem"), &pf("good-ca.pem")],
             &["KeyMismatch"],
+        );
+    }
+}
+
+/// A key `name-key.pem` made by `cmd` run in `dir` (`{}` standing for the file).
+fn make_key(dir: &Path, name: &str, cmd: &[&str]) -> Result<String, String> {
+    let key = format!("{name}-key.pem");
+    let args: Vec<String> = cmd.iter().map(|a| a.replace("{}", &key)).collect();
+    let (ok, _, err) = run(
+        Command::new(&args[0]).args(&args[1..]).current_dir(dir),
+        120,
+    );
+    if !ok {
+        return Err(format!("{args:?}: {err}"));
+    }
+    Ok(key)
+}
+
+/// A server key `name-key.pem` made by `cmd` and its certificate `name.pem`, made by openssl
+/// from that key and signed by the CA `good`.
+fn key_and_cert(dir: &Path, name: &str, cmd: &[&str]) {
+    let key = make_key(dir, name, cmd).unwrap();
+    let csr = format!("{name}.csr");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-key",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    let ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
+               extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n";
+    sign(dir, "good", name, ext);
+}
+
+/// The PEM label and (from `openssl pkey -text`) the size of a key, for the log.
+fn describe_key(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let label = text
+        .lines()
+        .find_map(|l| l.strip_prefix("-----BEGIN "))
+        .unwrap_or("?")
+        .trim_end_matches('-')
+        .to_string();
+    let (_, out, _) = run(
+        Command::new("openssl")
+            .args(["pkey", "-noout", "-text", "-in"])
+            .arg(path),
+        30,
+    );
+    format!("{label}, {}", out.lines().next().unwrap_or("").trim())
+}
+
+/// Issue 25 item 4: the daemon starts with RSA keys of 2048, 2432, 3072 and 4096 bits, ECDSA
+/// P-256 and P-384 and Ed25519 keys, made by GnuTLS's `certtool` (its defaults included) and
+/// by `openssl`, in PKCS#1, PKCS#8 and SEC1 PEM, and `nbdinfo nbds://` connects with each;
+/// a 1024-bit RSA key, an Ed448 key and an encrypted key are refused in one line saying what
+/// was found and what is supported.
+#[test]
+fn tls_keys_of_every_usual_kind_and_size() {
+    if !(have("openssl") && have("nbdinfo")) {
+        return;
+    }
+    let d = Dir::new("tls-keys");
+    let p = pki(&d);
+    let pf = |f: &str| p.join(f).display().to_string();
+    let core = d.sparse("core.img", 8 << 20);
+    let certtool = have("certtool");
+    if !certtool {
+        println!("skipped part: certtool (package gnutls-bin) is not installed: no GnuTLS keys");
+    }
+    let gnutls: &[(&str, &[&str])] = &[
+        (
+            "gnutls-default",
+            &["certtool", "--generate-privkey", "--outfile", "{}"],
+        ),
+        (
+            "gnutls-rsa2432",
+            &[
+                "certtool",
+                "--generate-privkey",
+                "--key-type",
+                "rsa",
+                "--bits",
+                "2432",
+                "--outfile",
+                "{}",
+            ],
+        ),
+        (
+            "gnutls-rsa3072",
+            &[
+                "certtool",
+                "--generate-privkey",
+                "--key-type",
+                "rsa",
+                "--bits",
+                "3072",
+                "--outfile",
+                "{}",
+            ],
+        ),
+        (
+            "gnutls-ecdsa",
+            &[
+                "certtool",
+                "--generate-privkey",
+                "--key-type",
+                "ecdsa",
+                "--outfile",
+                "{}",
+            ],
+        ),
+        (
+            "gnutls-ed25519",
+            &[
+                "certtool",
+                "--generate-privkey",
+                "--key-type",
+                "ed25519",
+                "--outfile",
+                "{}",
+            ],
+        ),
+    ];
+    let openssl_keys: &[(&str, &[&str])] = &[
+        (
+            "ossl-rsa2048-pkcs1",
+            &["openssl", "genrsa", "-traditional", "-out", "{}", "2048"],
+        ),
+        (
+            "ossl-rsa2432-pkcs8",
+            &[
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2432",
+                "-out",
+                "{}",
+            ],
+        ),
+        (
+            "ossl-rsa4096-pkcs8",
+            &[
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:4096",
+                "-out",
+                "{}",
+            ],
+        ),
+        (
+            "ossl-p256-sec1",
+            &[
+                "openssl",
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                "{}",
+            ],
+        ),
+        (
+            "ossl-p384-pkcs8",
+            &[
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-384",
+                "-out",
+                "{}",
+            ],
+        ),
+        (
+            "ossl-ed25519",
+            &["openssl", "genpkey", "-algorithm", "ed25519", "-out", "{}"],
+        ),
+        (
+            "ossl-p521-pkcs8",
+            &[
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-521",
+                "-out",
+                "{}",
+            ],
+        ),
+    ];
+    let good: Vec<_> = gnutls
+        .iter()
+        .filter(|_| certtool)
+        .chain(openssl_keys)
+        .collect();
+    let t0 = std::time::Instant::now();
+    for (name, cmd) in &good {
+        key_and_cert(&p, name, cmd);
+    }
+    println!(
+        "keys and certificates made in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    for (name, _) in &good {
+        let key = pf(&format!("{name}-key.pem"));
+        let dm = Daemon::start(Opts::new(&d).args(&[
+            "--nbd-listen",
+            "tcp:127.0.0.1:0",
+            "--tls-cert",
+            &pf(&format!("{name}.pem")),
+            "--tls-key",
+            &key,
+            "--tls-ca",
+            &pf("good-ca.pem"),
+        ]));
+        dm.cache_and_core("ram:8m", "wt", &core, "vm");
+        let uri = format!(
+            "nbds://127.0.0.1:{}/vm?tls-certificates={}",
+            dm.tcp_port(),
+            d.path("client")
+        );
+        let (ok, out, err) = run(Command::new("nbdinfo").arg(&uri), 60);
+        assert!(ok, "{name}: nbdinfo: {err}");
+        assert!(
+            out.contains("with TLS") && out.contains("export-size: 8388608"),
+            "{out}"
+        );
+        println!(
+            "{name} ({}): served, nbdinfo connected",
+            describe_key(Path::new(&key))
+        );
+        dm.stop();
+    }
+
+    // Refused, in one line naming the file, what it holds and what is supported.
+    let nbd = format!("unix:{}", d.path("n.sock"));
+    let bad: &[(&str, &[&str], &[&str])] = &[
+        (
+            "rsa1024",
+            &[
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:1024",
+                "-out",
+                "{}",
+            ],
+            &[
+                "RSA key of 1024 bits: at least 2048 needed",
+                "supported: RSA of 2048 to 8192 bits",
+            ],
+        ),
+        (
+            "ed448",
+            &["openssl", "genpkey", "-algorithm", "ed448", "-out", "{}"],
+            &["Ed448 key: not supported", "supported:"],
+        ),
+        (
+            "encrypted",
+            &[
+                "openssl",
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-aes-128-cbc",
+                "-pass",
+                "pass:x",
+                "-out",
+                "{}",
+            ],
+            &[
+                "no private key",
+                "only ENCRYPTED PRIVATE KEY",
+                "unencrypted",
+            ],
+        ),
+    ];
+    for (name, cmd, want) in bad {
+        // The daemon refuses the key before it compares it with the certificate.
+        let key = match make_key(&p, name, cmd) {
+            Ok(k) => pf(&k),
+            Err(e) => {
+                println!("skipped part: {name}: this openssl cannot make it: {e}");
+                continue;
+            }
+        };
+        let mut want = want.to_vec();
+        want.push(&key);
+        refuses_tls(
+            &d,
+            &nbd,
+            [&pf("server.pem"), &key, &pf("good-ca.pem")],
+            &want,
         );
     }
 }

@@ -295,6 +295,9 @@ impl Backend for FaultyFile {
         self.check(FaultyOp::Flush)?;
         self.inner.flush()
     }
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<tiercache_io::Extent>, IoErr> {
+        self.inner.extents(lba, blocks)
+    }
 }
 
 /// Shortest and longest IO timeout accepted.

@@ -117,6 +117,9 @@ impl Backend for Locked {
     fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
         self.inner.ring_fd()
     }
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<tiercache_io::Extent>, IoErr> {
+        self.inner.extents(lba, blocks)
+    }
 }
 
 #[cfg(test)]

@@ -41,6 +41,7 @@ use tiercache_core::wl::WlConfig;
 use tiercache_core::{Cache, Config, Machine};
 use tiercache_io::{AlignedBuf, AsyncDone, Backend, BufPool, IoErr};
 
+mod extents;
 pub mod readahead;
 mod ring;
 

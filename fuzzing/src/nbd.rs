@@ -266,6 +266,8 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
     }
     let no_zeroes = cflags & proto::FLAG_C_NO_ZEROES != 0;
     let mut structured = false;
+    // The export `base:allocation` was selected for (NBD_OPT_SET_META_CONTEXT).
+    let mut meta: Option<String> = None;
     let mut i = 4; // position in the input
     let replies = |o: &mut usize, code: u32| -> Vec<(u32, Vec<u8>)> {
         let mut v = Vec::new();
@@ -325,8 +327,12 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
                 assert!(x[10..].iter().all(|&b| b == 0));
                 let h = run.result.as_ref().expect("EXPORT_NAME of a served export");
                 assert_eq!(
-                    (h.export.as_str(), h.structured),
-                    (name.unwrap(), structured)
+                    (h.export.as_str(), h.structured, h.block_status),
+                    (
+                        name.unwrap(),
+                        structured,
+                        structured && meta.as_deref() == name
+                    )
                 );
                 return end(o + n, true);
             }
@@ -346,6 +352,41 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
                         assert_eq!(*t, rep::SERVER);
                         let n = be32(d) as usize;
                         assert!(4 + n <= d.len());
+                    }
+                }
+            }
+            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                let r = replies(&mut o, code);
+                let set = code == opt::SET_META_CONTEXT;
+                if set {
+                    meta = None;
+                }
+                let last = r.last().expect("at least one reply").0;
+                let parsed = proto::parse_meta_request(d);
+                let want = match &parsed {
+                    _ if !structured => rep::ERR_INVALID,
+                    None => rep::ERR_INVALID,
+                    Some((name, _)) if served(name).is_none() => rep::ERR_UNKNOWN,
+                    Some(_) => rep::ACK,
+                };
+                assert_eq!(last, want, "meta context option {code}");
+                if want != rep::ACK {
+                    assert_eq!(r.len(), 1);
+                    continue;
+                }
+                let (name, queries) = parsed.expect("parsed");
+                let q = |x: &str| queries.iter().any(|y| y == x);
+                let listed = if set {
+                    q(proto::BASE_ALLOCATION)
+                } else {
+                    queries.is_empty() || q(proto::BASE_ALLOCATION) || q("base:")
+                };
+                assert_eq!(r.len(), 1 + listed as usize);
+                if listed {
+                    assert_eq!(r[0].0, rep::META_CONTEXT);
+                    assert_eq!(&r[0].1[4..], proto::BASE_ALLOCATION.as_bytes());
+                    if set {
+                        meta = Some(name);
                     }
                 }
             }
@@ -408,9 +449,17 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
                             h.size,
                             h.sizes,
                             h.read_only,
-                            h.structured
+                            h.structured,
+                            h.block_status
                         ),
-                        (name.as_str(), size, sizes, ro, structured)
+                        (
+                            name.as_str(),
+                            size,
+                            sizes,
+                            ro,
+                            structured,
+                            structured && meta.as_deref() == Some(name.as_str())
+                        )
                     );
                     return end(o, true);
                 }
@@ -958,6 +1007,11 @@ pub fn nbd_session(data: &[u8]) -> bool {
         assert_eq!(out.len(), hs.out.len(), "bytes after a failed handshake");
         return false;
     };
+    if h.block_status {
+        // The request model knows no NBD_CMD_BLOCK_STATUS (its replies are checked by
+        // cli/tests/block_status.rs and the server's unit tests): not modelled.
+        return false;
+    }
     let (exp, end) = model_transmission(&data[hs.consumed..], h.size, h.sizes, h.read_only);
     if std::env::var_os("TIERCACHE_TRACE").is_some() {
         eprintln!(

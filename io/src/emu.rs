@@ -527,6 +527,11 @@ impl<B: Backend> Backend for EmuBackend<B> {
         self.inner.blocks()
     }
 
+    /// The inner device's (no IO is modelled: an allocation query moves no data).
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<crate::Extent>, IoErr> {
+        self.inner.extents(lba, blocks)
+    }
+
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
         let n = check_bytes(lba, buf.len(), self.inner.blocks())?;
         if n == 0 {

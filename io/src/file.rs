@@ -1,5 +1,5 @@
 use crate::uring::{RING_ENTRIES, UOp, Uring};
-use crate::{AlignedBuf, BLOCK, Backend, IoErr, Req, check_blocks, check_bytes};
+use crate::{AlignedBuf, BLOCK, Backend, Extent, IoErr, Req, check_blocks, check_bytes};
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
@@ -7,6 +7,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// Most runs [`Backend::extents`] gives in one call.
+const MAX_EXTENTS: usize = 1 << 16;
 /// Largest chunk written at once when zeros have to be written by hand (1 MiB).
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -464,6 +466,45 @@ impl FileBackend {
         }
     }
 
+    /// `lseek(fd, off, whence)` for `SEEK_DATA`/`SEEK_HOLE`: `Ok(None)` when there is no more
+    /// data (`ENXIO`). It moves the file offset, which nothing here uses (all IO is positional).
+    fn seek(&self, off: u64, whence: libc::c_int) -> std::io::Result<Option<u64>> {
+        // SAFETY: plain syscall on a valid open fd; no memory is passed.
+        let r = unsafe { libc::lseek(self.file.as_raw_fd(), off as libc::off_t, whence) };
+        if r >= 0 {
+            return Ok(Some(r as u64));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    /// The file's holes and data in `[lba, lba + blocks)` from `SEEK_DATA`/`SEEK_HOLE`; a block
+    /// that is partly data is data. At most [`MAX_EXTENTS`] runs (the caller asks again).
+    fn sparse_extents(&self, lba: u64, blocks: u64) -> std::io::Result<Vec<Extent>> {
+        let b = BLOCK as u64;
+        let end = (lba + blocks) * b;
+        let mut pos = lba * b;
+        let mut out = Vec::new();
+        while pos < end && out.len() < MAX_EXTENTS {
+            let data = self.seek(pos, libc::SEEK_DATA)?.unwrap_or(end).min(end);
+            // The hole's whole blocks; a block the data starts inside is data.
+            let hole_end = (data / b * b).max(pos);
+            Extent::push(&mut out, (hole_end - pos) / b, true);
+            pos = hole_end;
+            if pos >= end {
+                break;
+            }
+            let hole = self.seek(pos, libc::SEEK_HOLE)?.unwrap_or(end).min(end);
+            let data_end = hole.div_ceil(b).saturating_mul(b).clamp(pos + b, end);
+            Extent::push(&mut out, (data_end - pos) / b, false);
+            pos = data_end;
+        }
+        Ok(out)
+    }
+
     /// Writes zeros by hand, in chunks of at most 1 MiB.
     fn write_zero_blocks(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
         let chunk_blocks = (ZERO_CHUNK / BLOCK) as u64;
@@ -510,6 +551,18 @@ impl Backend for FileBackend {
             let why = self.fallback_reasons.join("; ");
             format!("file:{} ({kind}; {path}; {why})", self.path.display())
         }
+    }
+
+    /// A regular file's holes (`SEEK_DATA`/`SEEK_HOLE`); a block device's or a file system's
+    /// that cannot say: all allocated.
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<Extent>, IoErr> {
+        check_blocks(lba, blocks, self.blocks)?;
+        if self.is_block_device || blocks == 0 {
+            return Ok(Extent::allocated(blocks));
+        }
+        Ok(self
+            .sparse_extents(lba, blocks)
+            .unwrap_or_else(|_| Extent::allocated(blocks)))
     }
 
     /// The file's descriptor where io_uring works on it (see [`Backend::ring_fd`]).

@@ -102,6 +102,17 @@ pub trait Backend: Send + Sync {
     /// the default does nothing.
     fn prefetch(&self, _lba: u64, _blocks: u64) {}
 
+    /// What the device knows of the allocation of blocks `[lba, lba + blocks)` (NBD block
+    /// status): consecutive runs from `lba`, covering at least the first block (when `blocks`
+    /// is not 0) and at most `blocks`; a device may stop early, and the caller asks again from
+    /// where it stopped. A run marked [`Extent::hole`] must read as zeros. The default knows
+    /// nothing: one allocated run, which is always correct. A wrapper that keeps data of its
+    /// own (unflushed writes, an overlay) must not forward this.
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<Extent>, IoErr> {
+        check_blocks(lba, blocks, self.blocks())?;
+        Ok(Extent::allocated(blocks))
+    }
+
     /// The file descriptor on which this device's reads, writes and flushes are `pread`,
     /// `pwrite` (with `RWF_DSYNC` for FUA) and `fdatasync` at byte offset `lba * 512`, for a
     /// caller that runs them on an io_uring of its own ([`Ring`]). `None` (the default): only
@@ -146,6 +157,41 @@ pub trait Backend: Send + Sync {
                 Req::Flush => self.flush(),
             })
             .collect()
+    }
+}
+
+/// A run of blocks and what a device knows of them ([`Backend::extents`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Blocks in the run.
+    pub blocks: u64,
+    /// Not allocated on the device (a hole of a sparse file): reads as zeros. `false` means
+    /// allocated, or not known.
+    pub hole: bool,
+}
+
+impl Extent {
+    /// `blocks` blocks allocated (or not known): one run, none for 0 blocks.
+    pub fn allocated(blocks: u64) -> Vec<Extent> {
+        if blocks == 0 {
+            Vec::new()
+        } else {
+            vec![Extent {
+                blocks,
+                hole: false,
+            }]
+        }
+    }
+
+    /// Appends a run to `v`, merging it into the last one when it is of the same kind.
+    pub fn push(v: &mut Vec<Extent>, blocks: u64, hole: bool) {
+        if blocks == 0 {
+            return;
+        }
+        match v.last_mut() {
+            Some(l) if l.hole == hole => l.blocks += blocks,
+            _ => v.push(Extent { blocks, hole }),
+        }
     }
 }
 
@@ -324,6 +370,9 @@ macro_rules! forward_backend {
             }
             fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
                 (**self).ring_fd()
+            }
+            fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<Extent>, IoErr> {
+                (**self).extents(lba, blocks)
             }
             fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
                 (**self).submit_async(req, done)

@@ -389,6 +389,11 @@ impl<B: Backend + 'static> Backend for TimeoutBackend<B> {
         self.inner.blocks()
     }
 
+    /// The inner device's (no IO is modelled: an allocation query moves no data).
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<crate::Extent>, IoErr> {
+        self.inner.extents(lba, blocks)
+    }
+
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
         check_bytes(lba, buf.len(), self.inner.blocks())?;
         let op = Op::Read {

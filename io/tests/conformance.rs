@@ -486,3 +486,55 @@ fn power_cut_repeated_cycles() {
         }
     }
 }
+
+/// `Backend::extents` of a sparse file: holes from `SEEK_HOLE`/`SEEK_DATA` (issue 25 item 3),
+/// partly-data blocks counted as data, every run reported as a hole reading as zeros, runs
+/// covering exactly what was asked; the default (RAM) is one allocated run.
+#[test]
+fn file_extents_follow_the_holes() {
+    use tiercache_io::Extent;
+    let dir = TempDir::in_tmp("io-extents");
+    let path = dir.0.join("sparse.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(2048 * 512)
+        .unwrap();
+    let f = FileBackend::open(&path).unwrap();
+    let hole = |blocks| Extent { blocks, hole: true };
+    let data = |blocks| Extent {
+        blocks,
+        hole: false,
+    };
+    // Block 0 may be data: opening rewrites it (the O_DIRECT probe). Looked at from block 8.
+    assert_eq!(f.extents(8, 2040).unwrap(), vec![hole(2040)]);
+    let mut buf = vec![0u8; 8 * BLOCK];
+    fill_pattern(7, 256, &mut buf);
+    f.write(256, &buf, false).unwrap();
+    assert_eq!(
+        f.extents(8, 2040).unwrap(),
+        vec![hole(248), data(8), hole(1784)]
+    );
+    assert_eq!(f.extents(260, 10).unwrap(), vec![data(4), hole(6)]);
+    assert_eq!(f.extents(250, 8).unwrap(), vec![hole(6), data(2)]);
+    // Trimmed: a hole again. Zeroed (ZERO_RANGE): a hole or data, never anything else.
+    f.trim(256, 8).unwrap();
+    assert_eq!(f.extents(8, 2040).unwrap(), vec![hole(2040)]);
+    f.write(1024, &buf, false).unwrap();
+    f.write_zeroes(1024, 512, false).unwrap();
+    let runs = f.extents(0, 2048).unwrap();
+    assert_eq!(runs.iter().map(|e| e.blocks).sum::<u64>(), 2048);
+    let mut lba = 0;
+    for e in &runs {
+        if e.hole {
+            let mut b = vec![1u8; e.blocks as usize * BLOCK];
+            f.read(lba, &mut b).unwrap();
+            assert!(b.iter().all(|&x| x == 0), "hole at {lba} reads as zeros");
+        }
+        lba += e.blocks;
+    }
+    println!("after write + write_zeroes: {runs:?}");
+    assert!(f.extents(2000, 100).is_err(), "past the end");
+    assert_eq!(f.extents(5, 0).unwrap(), vec![]);
+    let r = RamBackend::new(64);
+    assert_eq!(r.extents(0, 64).unwrap(), vec![data(64)]);
+}

@@ -9,7 +9,7 @@ use tiercache_core::ReqError;
 use tiercache_core::config::REQUEST_BLOCKS_MAX;
 use tiercache_core::units::CoreId;
 use tiercache_engine::Engine;
-use tiercache_io::{AlignedBuf, Backend, IoErr};
+use tiercache_io::{AlignedBuf, Backend, Extent, IoErr};
 
 /// The largest READ/WRITE payload advertised and accepted (32 MiB, the engine's request limit).
 pub const MAX_BLOCK: u32 = REQUEST_BLOCKS_MAX * 512;
@@ -159,6 +159,13 @@ pub trait Export: Send + Sync {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), ExportError>;
     /// Prefetches `len` bytes at `offset` (warm-up); the data is not returned.
     fn cache(&self, offset: u64, len: u64) -> Result<(), ExportError>;
+    /// Block status (`NBD_CMD_BLOCK_STATUS`, `base:allocation`) of `len` bytes at `offset`:
+    /// runs of 512-byte blocks from `offset` covering at least its first block, a run marked
+    /// [`Extent::hole`] reading as zeros. The default knows nothing: all allocated (always
+    /// correct).
+    fn extents(&self, _offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        Ok(Extent::allocated(len.div_ceil(512)))
+    }
     /// Reads into an owned aligned buffer and hands it back (avoids a copy where the export
     /// can fill it directly). The default calls [`Export::read`].
     fn read_owned(
@@ -435,6 +442,11 @@ impl Export for EngineExport {
         })
     }
 
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        let lba = Self::lba(offset, len)?;
+        Ok(self.engine.extents(self.core, lba, len / 512)?)
+    }
+
     fn cache(&self, offset: u64, len: u64) -> Result<(), ExportError> {
         // Reads of at most 1 MiB through one reused buffer: the data lands in the cache (as
         // the promotion policy decides) and is dropped here.
@@ -516,6 +528,10 @@ impl Export for BackendExport {
         Ok(self
             .dev
             .write_zeroes(Self::lba(offset, len)?, len / 512, fua)?)
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>, ExportError> {
+        Ok(self.dev.extents(Self::lba(offset, len)?, len / 512)?)
     }
 
     fn cache(&self, offset: u64, len: u64) -> Result<(), ExportError> {

@@ -11,7 +11,8 @@
 //!   Options: `NBD_OPT_GO` and `NBD_OPT_INFO` (answering `NBD_INFO_EXPORT`, `NBD_INFO_NAME`,
 //!   `NBD_INFO_DESCRIPTION`, and always `NBD_INFO_BLOCK_SIZE`), `NBD_OPT_LIST`,
 //!   `NBD_OPT_EXPORT_NAME`, `NBD_OPT_ABORT`, `NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_STARTTLS`
-//!   (see TLS below); unknown options get `NBD_REP_ERR_UNSUP` and the handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
+//!   (see TLS below), `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT` (the one
+//!   context `base:allocation`, after structured replies); unknown options get `NBD_REP_ERR_UNSUP` and the handshake goes on; an export that is listed but not served gets `NBD_REP_ERR_UNKNOWN`
 //!   with the registry's reason. Option data longer than 64 KiB ends the connection (after
 //!   `NBD_REP_ERR_TOO_BIG`) without being read; each handshake read must arrive within
 //!   [`ServerConfig::handshake_timeout`], and an export must be chosen within 1024 options.
@@ -19,9 +20,12 @@
 //!   size, maximum 32 MiB (the engine's request limit).
 //! - **Transmission**: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim, then flush), WRITE_ZEROES
 //!   (FUA, `NO_HOLE`, `FAST_ZERO` — zeroing is always fast here, so it is honoured), CACHE (a
-//!   read whose data is dropped: warm-up), DISC. Flags sent: `HAS_FLAGS`, `SEND_FLUSH`,
+//!   read whose data is dropped: warm-up), BLOCK_STATUS (with `base:allocation` negotiated:
+//!   holes as `HOLE | ZERO`, the rest allocated, from [`Export::extents`]; `REQ_ONE`
+//!   honoured), DISC. Flags sent: `HAS_FLAGS`, `SEND_FLUSH`,
 //!   `SEND_FUA`, `SEND_TRIM`, `SEND_WRITE_ZEROES`, `SEND_FAST_ZERO`, `SEND_CACHE`,
-//!   `CAN_MULTI_CONN` (and `READ_ONLY` for read-only exports). Simple replies, or structured
+//!   `CAN_MULTI_CONN`, `SEND_DF` with structured replies (a read's data is always one chunk)
+//!   (and `READ_ONLY` for read-only exports). Simple replies, or structured
 //!   replies once negotiated (`OFFSET_DATA` for reads, `ERROR` with a message, `NONE`; every
 //!   reply is one chunk with `DONE`).
 //! - **Errors** (SPEC R6, R7): reads, trims and caches out of range → `EINVAL`; writes and
@@ -80,7 +84,8 @@
 //! TLS, `NBD_OPT_STARTTLS` is acknowledged (with data: `NBD_REP_ERR_INVALID`), `NBD_OPT_ABORT`
 //! is acknowledged, `NBD_OPT_EXPORT_NAME` ends the connection (it cannot carry an error), and
 //! every other option gets `NBD_REP_ERR_TLS_REQD`. After the ACK the TLS handshake runs
-//! (rustls, `ring` provider, TLS 1.2 and 1.3) and the client must present a certificate that
+//! (rustls, `aws-lc-rs` provider, TLS 1.2 and 1.3; keys: RSA of 2048 to 8192 bits, ECDSA
+//! P-256/P-384/P-521, Ed25519) and the client must present a certificate that
 //! chains to the listener's CA, or the handshake fails with an alert and the connection ends
 //! ([`ServerStats::tls_refused`]). Option haggling then starts afresh inside TLS (nothing
 //! negotiated before survives), a second `NBD_OPT_STARTTLS` gets `NBD_REP_ERR_INVALID`, and
@@ -107,6 +112,7 @@ pub mod proto;
 mod reactor;
 mod server;
 mod tls;
+mod tls_key;
 
 pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,

@@ -43,6 +43,23 @@ pub mod opt {
     pub const GO: u32 = 7;
     /// Use structured replies in transmission.
     pub const STRUCTURED_REPLY: u32 = 8;
+    /// List the metadata contexts of an export.
+    pub const LIST_META_CONTEXT: u32 = 9;
+    /// Select metadata contexts for `NBD_CMD_BLOCK_STATUS`.
+    pub const SET_META_CONTEXT: u32 = 10;
+}
+
+/// The one metadata context served: holes and zeros (`NBD_CMD_BLOCK_STATUS`).
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// Its context id (any value the server chooses; sent in `NBD_REP_META_CONTEXT`).
+pub const BASE_ALLOCATION_ID: u32 = 1;
+
+/// `base:allocation` status flags (`NBD_STATE_*`).
+pub mod state {
+    /// Not allocated.
+    pub const HOLE: u32 = 1 << 0;
+    /// Reads as zeros.
+    pub const ZERO: u32 = 1 << 1;
 }
 
 /// Option reply types (`NBD_REP_*`).
@@ -53,6 +70,8 @@ pub mod rep {
     pub const SERVER: u32 = 2;
     /// One piece of information of `NBD_OPT_INFO`/`NBD_OPT_GO`.
     pub const INFO: u32 = 3;
+    /// One metadata context of `NBD_OPT_LIST_META_CONTEXT`/`NBD_OPT_SET_META_CONTEXT`.
+    pub const META_CONTEXT: u32 = 4;
     /// Bit set in every error reply.
     pub const ERR: u32 = 1 << 31;
     /// Unknown option.
@@ -97,6 +116,8 @@ pub mod tflag {
     pub const SEND_TRIM: u16 = 1 << 5;
     /// `NBD_CMD_WRITE_ZEROES` is supported.
     pub const SEND_WRITE_ZEROES: u16 = 1 << 6;
+    /// `NBD_CMD_FLAG_DF` is honoured on reads (sent only with structured replies).
+    pub const SEND_DF: u16 = 1 << 7;
     /// Flush and FUA act across every connection to the export.
     pub const CAN_MULTI_CONN: u16 = 1 << 8;
     /// `NBD_CMD_CACHE` is supported.
@@ -121,6 +142,8 @@ pub mod cmd {
     pub const CACHE: u16 = 5;
     /// Write zeros.
     pub const WRITE_ZEROES: u16 = 6;
+    /// Block status (holes and zeros) of a range, for the negotiated metadata context.
+    pub const BLOCK_STATUS: u16 = 7;
     /// Command flag: force unit access.
     pub const FLAG_FUA: u16 = 1 << 0;
     /// Command flag: write zeros, do not punch a hole.
@@ -143,6 +166,8 @@ pub mod reply {
     pub const TYPE_NONE: u16 = 0;
     /// Offset, then data.
     pub const TYPE_OFFSET_DATA: u16 = 1;
+    /// Context id, then (length, status flags) descriptors.
+    pub const TYPE_BLOCK_STATUS: u16 = 5;
     /// Error: errno, message length, message.
     pub const TYPE_ERROR: u16 = (1 << 15) | 1;
 }
@@ -242,14 +267,28 @@ impl Request {
         }
     }
 
-    /// Checks a request against an export of `size` bytes with block sizes `sizes`;
-    /// `Err((errno, message))` to answer it with. `NBD_CMD_DISC` is not a request here (the
-    /// caller ends the connection before checking).
+    /// Checks a request against an export of `size` bytes with block sizes `sizes`, on a
+    /// connection that negotiated no metadata context; `Err((errno, message))` to answer it
+    /// with. `NBD_CMD_DISC` is not a request here (the caller ends the connection before
+    /// checking).
     pub fn check(
         &self,
         size: u64,
         sizes: BlockSizes,
         read_only: bool,
+    ) -> Result<(), (u32, String)> {
+        self.check_on(size, sizes, read_only, false)
+    }
+
+    /// [`Request::check`] on a connection that negotiated `base:allocation` if
+    /// `block_status` (then `NBD_CMD_BLOCK_STATUS` is a command: checked like a read, of any
+    /// length but 0).
+    pub fn check_on(
+        &self,
+        size: u64,
+        sizes: BlockSizes,
+        read_only: bool,
+        block_status: bool,
     ) -> Result<(), (u32, String)> {
         let r = self;
         if r.flags & !cmd::FLAGS_KNOWN != 0 {
@@ -263,6 +302,18 @@ impl Request {
             cmd::READ | cmd::CACHE | cmd::TRIM => (r.typ == cmd::TRIM, errno::EINVAL),
             cmd::WRITE | cmd::WRITE_ZEROES => (true, errno::ENOSPC),
             cmd::FLUSH => return Ok(()),
+            cmd::BLOCK_STATUS if block_status && r.len == 0 => {
+                return Err((errno::EINVAL, "NBD_CMD_BLOCK_STATUS of length 0".into()));
+            }
+            cmd::BLOCK_STATUS if block_status => (false, errno::EINVAL),
+            cmd::BLOCK_STATUS => {
+                return Err((
+                    errno::EINVAL,
+                    "unknown command 7: NBD_CMD_BLOCK_STATUS needs the base:allocation \
+                     metadata context (NBD_OPT_SET_META_CONTEXT)"
+                        .into(),
+                ));
+            }
             t => return Err((errno::EINVAL, format!("unknown command {t}"))),
         };
         if writes && read_only {
@@ -352,6 +403,44 @@ pub fn encode_info_request(name: &str, infos: &[u16]) -> Vec<u8> {
     d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
     for i in infos {
         d.extend_from_slice(&i.to_be_bytes());
+    }
+    d
+}
+
+/// Parses `NBD_OPT_LIST_META_CONTEXT`/`NBD_OPT_SET_META_CONTEXT` data: export name length,
+/// name, query count, queries (each a length and a string). `None` if it is malformed (the
+/// option is answered `NBD_REP_ERR_INVALID`).
+pub fn parse_meta_request(d: &[u8]) -> Option<(String, Vec<String>)> {
+    let string = |d: &[u8]| -> Option<(String, usize)> {
+        let n = u32::from_be_bytes(d.get(0..4)?.try_into().ok()?) as usize;
+        if n > MAX_STRING {
+            return None;
+        }
+        let s = std::str::from_utf8(d.get(4..4 + n)?).ok()?.to_string();
+        Some((s, 4 + n))
+    };
+    let (name, mut at) = string(d)?;
+    let n = u32::from_be_bytes(d.get(at..at + 4)?.try_into().ok()?);
+    at += 4;
+    let mut queries = Vec::new();
+    for _ in 0..n {
+        let (q, used) = string(d.get(at..)?)?;
+        queries.push(q);
+        at += used;
+    }
+    (at == d.len()).then_some((name, queries))
+}
+
+/// Encodes `NBD_OPT_LIST_META_CONTEXT`/`NBD_OPT_SET_META_CONTEXT` data as a client sends it
+/// (the inverse of [`parse_meta_request`]).
+pub fn encode_meta_request(name: &str, queries: &[&str]) -> Vec<u8> {
+    let mut d = Vec::new();
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+    for q in queries {
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        d.extend_from_slice(q.as_bytes());
     }
     d
 }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use tiercache_io::AlignedBuf;
+use tiercache_io::{AlignedBuf, Extent};
 
 /// Shuts a connection down from another thread: blocked and later reads and writes fail.
 pub type Closer = Arc<dyn Fn() + Send + Sync>;
@@ -674,6 +674,8 @@ struct Negotiated {
     sizes: BlockSizes,
     read_only: bool,
     structured: bool,
+    /// `base:allocation` was selected for this export: `NBD_CMD_BLOCK_STATUS` is served.
+    block_status: bool,
 }
 
 /// The handshake of a connection, with a TLS upgrade in the middle when `tls` is set.
@@ -777,6 +779,7 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
                 ("export", log_export.clone()),
                 ("size", neg.size.to_string()),
                 ("structured", neg.structured.to_string()),
+                ("block_status", neg.block_status.to_string()),
                 ("tls", tls_on.to_string()),
             ],
         );
@@ -787,6 +790,7 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
         sizes: neg.sizes,
         read_only: neg.read_only,
         structured: neg.structured,
+        block_status: neg.block_status,
         writer: Mutex::new(w),
         replies: Mutex::new(VecDeque::new()),
         room,
@@ -853,7 +857,9 @@ fn send_err(s: &mut (impl Write + ?Sized), option: u32, typ: u32, msg: &str) -> 
     send_opt(s, option, typ, cap_str(msg).as_bytes())
 }
 
-fn transmission_flags(read_only: bool) -> u16 {
+/// The transmission flags of an export. `SEND_DF` only with structured replies (the protocol
+/// says so): a read's data always goes in one chunk, so `NBD_CMD_FLAG_DF` is always honoured.
+fn transmission_flags(read_only: bool, structured: bool) -> u16 {
     let mut f = tflag::HAS_FLAGS
         | tflag::SEND_FLUSH
         | tflag::SEND_FUA
@@ -864,6 +870,9 @@ fn transmission_flags(read_only: bool) -> u16 {
         | tflag::CAN_MULTI_CONN;
     if read_only {
         f |= tflag::READ_ONLY;
+    }
+    if structured {
+        f |= tflag::SEND_DF;
     }
     f
 }
@@ -904,6 +913,8 @@ enum Tls {
 struct Haggle {
     no_zeroes: bool,
     structured: bool,
+    /// The export `base:allocation` was last selected for (`NBD_OPT_SET_META_CONTEXT`).
+    meta: Option<String>,
     tls: Tls,
     /// Options received so far (across a TLS upgrade).
     options: usize,
@@ -937,6 +948,7 @@ fn greet<S: Read + Write + ?Sized>(s: &mut S, tls: Tls) -> io::Result<Option<Hag
     Ok(Some(Haggle {
         no_zeroes: cflags & proto::FLAG_C_NO_ZEROES != 0,
         structured: false,
+        meta: None,
         tls,
         options: 0,
     }))
@@ -989,6 +1001,7 @@ fn options<S: Read + Write + ?Sized>(
                     s.flush()?;
                     // Nothing negotiated before TLS survives it (nothing was, here).
                     st.structured = false;
+                    st.meta = None;
                     return Ok(Step::StartTls);
                 }
                 opt::ABORT => {
@@ -1029,7 +1042,7 @@ fn options<S: Read + Write + ?Sized>(
                 chosen(&name);
                 let mut m = Vec::with_capacity(10 + 124);
                 m.extend_from_slice(&size.to_be_bytes());
-                m.extend_from_slice(&transmission_flags(read_only).to_be_bytes());
+                m.extend_from_slice(&transmission_flags(read_only, structured).to_be_bytes());
                 if !no_zeroes {
                     m.extend_from_slice(&[0u8; 124]);
                 }
@@ -1041,6 +1054,7 @@ fn options<S: Read + Write + ?Sized>(
                     sizes,
                     read_only,
                     structured,
+                    block_status: structured && st.meta.as_deref() == Some(name.as_str()),
                 }));
             }
             opt::ABORT => {
@@ -1088,6 +1102,9 @@ fn options<S: Read + Write + ?Sized>(
                 st.structured = true;
                 send_opt(s, option, rep::ACK, &[])?;
             }
+            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+                meta_context(s, exports, option, &data, st)?;
+            }
             opt::INFO | opt::GO => {
                 let Some((name, infos)) = parse_info_request(&data) else {
                     send_err(
@@ -1124,7 +1141,7 @@ fn options<S: Read + Write + ?Sized>(
                 let mut d = Vec::with_capacity(12);
                 d.extend_from_slice(&info::EXPORT.to_be_bytes());
                 d.extend_from_slice(&size.to_be_bytes());
-                d.extend_from_slice(&transmission_flags(read_only).to_be_bytes());
+                d.extend_from_slice(&transmission_flags(read_only, structured).to_be_bytes());
                 send_opt(s, option, rep::INFO, &d)?;
                 if infos.contains(&info::NAME) {
                     let mut d = info::NAME.to_be_bytes().to_vec();
@@ -1157,6 +1174,7 @@ fn options<S: Read + Write + ?Sized>(
                         sizes,
                         read_only,
                         structured,
+                        block_status: structured && st.meta.as_deref() == Some(name.as_str()),
                     }));
                 }
             }
@@ -1167,6 +1185,57 @@ fn options<S: Read + Write + ?Sized>(
         s.flush()?;
     }
     Ok(Step::End) // a client that never chooses an export
+}
+
+/// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`: the one context served is
+/// `base:allocation` (listed for no query, `base:` or `base:allocation`; selected by
+/// `base:allocation`); other queries are ignored, as the protocol says. A SET replaces the
+/// selection, even when it fails.
+fn meta_context<S: Write + ?Sized>(
+    s: &mut S,
+    exports: &dyn Exports,
+    option: u32,
+    data: &[u8],
+    st: &mut Haggle,
+) -> io::Result<()> {
+    let set = option == opt::SET_META_CONTEXT;
+    if set {
+        st.meta = None;
+    }
+    if !st.structured {
+        return send_err(
+            s,
+            option,
+            rep::ERR_INVALID,
+            "metadata contexts need structured replies: send NBD_OPT_STRUCTURED_REPLY first",
+        );
+    }
+    let Some((name, queries)) = proto::parse_meta_request(data) else {
+        return send_err(
+            s,
+            option,
+            rep::ERR_INVALID,
+            "malformed NBD_OPT_LIST_META_CONTEXT/NBD_OPT_SET_META_CONTEXT data",
+        );
+    };
+    if let Err(reason) = exports.get(&name) {
+        return send_err(s, option, rep::ERR_UNKNOWN, &reason);
+    }
+    let base = proto::BASE_ALLOCATION;
+    let chosen = if set {
+        queries.iter().any(|q| q == base)
+    } else {
+        queries.is_empty() || queries.iter().any(|q| q == base || q == "base:")
+    };
+    if chosen {
+        let mut d = proto::BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        d.extend_from_slice(base.as_bytes());
+        send_opt(s, option, rep::META_CONTEXT, &d)?;
+        if set {
+            st.meta = Some(name);
+        }
+    }
+    send_opt(s, option, rep::ACK, &[])
 }
 
 /// Options accepted in one handshake.
@@ -1185,6 +1254,8 @@ pub struct Handshake {
     pub read_only: bool,
     /// Whether structured replies were negotiated.
     pub structured: bool,
+    /// Whether `base:allocation` was selected for the export (`NBD_CMD_BLOCK_STATUS` served).
+    pub block_status: bool,
 }
 
 /// Runs the server side of the fixed newstyle handshake on `stream` exactly as a connection
@@ -1205,6 +1276,7 @@ pub fn serve_handshake<S: Read + Write + ?Sized>(
         sizes: n.sizes,
         read_only: n.read_only,
         structured: n.structured,
+        block_status: n.block_status,
     }))
 }
 
@@ -1215,6 +1287,7 @@ pub(crate) struct Conn {
     sizes: BlockSizes,
     read_only: bool,
     structured: bool,
+    block_status: bool,
     writer: Mutex<Box<dyn Write + Send>>,
     /// Replies waiting for the writer.
     pub(crate) replies: Mutex<VecDeque<Reply>>,
@@ -1412,6 +1485,57 @@ impl Conn {
         }
     }
 
+    /// The reply to `NBD_CMD_BLOCK_STATUS` of `len` bytes: one `base:allocation` chunk whose
+    /// descriptors follow `ext` (runs of 512-byte blocks from the request's offset), cut at
+    /// `len` bytes, at most 2^20 of them (the protocol's bound), only the first with `one`
+    /// (`NBD_CMD_FLAG_REQ_ONE`). Holes are `HOLE | ZERO`, the rest 0 (allocated).
+    pub(crate) fn block_status_reply(
+        &self,
+        cookie: u64,
+        ext: &[Extent],
+        len: u64,
+        one: bool,
+        slot: Option<usize>,
+    ) -> Reply {
+        let mut d = proto::BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        let mut left = len;
+        for e in ext {
+            let n = e.blocks.saturating_mul(512).min(left);
+            if n == 0 {
+                break;
+            }
+            let flags = if e.hole {
+                proto::state::HOLE | proto::state::ZERO
+            } else {
+                0
+            };
+            d.extend_from_slice(&(n as u32).to_be_bytes());
+            d.extend_from_slice(&flags.to_be_bytes());
+            left -= n;
+            if one || d.len() >= 4 + 8 * (1 << 20) {
+                break;
+            }
+        }
+        if d.len() == 4 {
+            // Nothing known (an export that said nothing): all allocated.
+            d.extend_from_slice(&(len as u32).to_be_bytes());
+            d.extend_from_slice(&0u32.to_be_bytes());
+        }
+        let mut head = proto::structured_header(
+            reply::FLAG_DONE,
+            reply::TYPE_BLOCK_STATUS,
+            cookie,
+            d.len() as u32,
+        )
+        .to_vec();
+        head.extend_from_slice(&d);
+        Reply {
+            head,
+            data: None,
+            slot,
+        }
+    }
+
     /// Takes an in-flight slot for a request with `bytes` of payload, waiting while the
     /// connection is at its bounds.
     fn acquire(&self, bytes: usize) {
@@ -1476,7 +1600,7 @@ impl Conn {
 
     /// Checks a request against the export; `Err((errno, message))` to answer it with.
     pub(crate) fn check(&self, r: &Request) -> Result<(), (u32, String)> {
-        r.check(self.size, self.sizes, self.read_only)
+        r.check_on(self.size, self.sizes, self.read_only, self.block_status)
     }
 }
 
@@ -1646,6 +1770,13 @@ pub(crate) fn execute(
         // because zeroing is always fast here.
         cmd::WRITE_ZEROES => e.write_zeroes(req.offset, len, fua),
         cmd::CACHE => e.cache(req.offset, len),
+        cmd::BLOCK_STATUS => match e.extents(req.offset, len) {
+            Ok(ext) => {
+                let one = req.flags & cmd::FLAG_REQ_ONE != 0;
+                return c.send(c.block_status_reply(req.cookie, &ext, len, one, guard.take()));
+            }
+            Err(e) => Err(e),
+        },
         _ => Err(ExportError::Invalid),
     };
     match r {

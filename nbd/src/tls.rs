@@ -1,5 +1,7 @@
-//! TLS for NBD (`NBD_OPT_STARTTLS`, the protocol's FORCEDTLS mode) with rustls and its `ring`
-//! provider: the server's certificate and key, and a CA that every client's certificate must
+//! TLS for NBD (`NBD_OPT_STARTTLS`, the protocol's FORCEDTLS mode) with rustls and its
+//! `aws-lc-rs` provider (whose RSA takes keys of 2048 to 8192 bits of any size; `ring`'s took
+//! only 2048, 3072 and 4096, and refused a 2432-bit `certtool` key; `tls_key.rs` says which keys
+//! are taken): the server's certificate and key, and a CA that every client's certificate must
 //! chain to (client certificates are required).
 //!
 //! After the server has acknowledged `NBD_OPT_STARTTLS`, the connection's socket is wrapped in
@@ -76,13 +78,27 @@ impl TlsConfig {
     pub fn from_files(cert: &Path, key: &Path, client_ca: &Path) -> Result<TlsConfig, String> {
         let chain = read_certs("TLS certificate", cert)?;
         let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| match e {
-            rustls::pki_types::pem::Error::NoItemsFound => format!(
-                "TLS key {}: no private key (PEM \"PRIVATE KEY\", \"RSA PRIVATE KEY\" or \"EC \
-                 PRIVATE KEY\") in it",
-                key.display()
-            ),
+            rustls::pki_types::pem::Error::NoItemsFound => {
+                let found = std::fs::read_to_string(key)
+                    .map(|t| crate::tls_key::pem_labels(&t))
+                    .unwrap_or_default();
+                let found = if found.is_empty() {
+                    "no PEM block".to_string()
+                } else {
+                    format!("only {}", found.join(", "))
+                };
+                format!(
+                    "TLS key {}: no private key (PEM \"PRIVATE KEY\", \"RSA PRIVATE KEY\" or \"EC \
+                     PRIVATE KEY\") in it, {found}; {}",
+                    key.display(),
+                    crate::tls_key::SUPPORTED
+                )
+            }
             e => pem_err("TLS key", key, e),
         })?;
+        crate::tls_key::classify(&key_der)
+            .check()
+            .map_err(|e| format!("TLS key {}: {e}", key.display()))?;
         let mut roots = rustls::RootCertStore::empty();
         for c in read_certs("TLS client CA", client_ca)? {
             roots.add(c).map_err(|e| {
@@ -92,7 +108,7 @@ impl TlsConfig {
                 )
             })?;
         }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let verifier =
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .build()

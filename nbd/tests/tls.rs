@@ -159,7 +159,7 @@ fn server_tls(p: &Pki) -> TlsConfig {
 
 /// A client configuration trusting the good CA, presenting `cert` (`None`: no certificate).
 fn client_tls(p: &Pki, cert: Option<&str>) -> Arc<ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut roots = RootCertStore::empty();
     roots
         .add(CertificateDer::from_pem_file(p.file("good-ca.pem")).unwrap())

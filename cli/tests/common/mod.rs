@@ -275,6 +275,13 @@ impl Daemon {
         out
     }
 
+    /// Cache 1 on `cache` in `mode`, and `core` added to it as export `export`.
+    pub fn cache_and_core(&self, cache: &str, mode: &str, core: &str, export: &str) {
+        self.ok(&["start-cache", "--cache-device", cache, "--mode", mode]);
+        let add = ["add-core", "--cache-id", "1", "--core-device", core];
+        self.ok(&[&add[..], &["--export", export]].concat());
+    }
+
     /// `tiercache ARGS --json`, parsed.
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let mut a = args.to_vec();
