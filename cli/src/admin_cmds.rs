@@ -49,6 +49,10 @@ pub struct DaemonArgs {
     /// CA certificate(s) (PEM) that NBD clients' certificates must be signed by.
     #[arg(long = "tls-ca", value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
+    /// Serve NBD connections with worker threads only, never on an io_uring reactor per
+    /// connection (to compare the two, or on a kernel whose io_uring misbehaves).
+    #[arg(long = "nbd-threaded")]
+    pub nbd_threaded: bool,
 }
 
 /// Runs the daemon in the foreground.
@@ -62,6 +66,7 @@ pub fn daemon(a: DaemonArgs) -> Result<(), String> {
         tls_cert: a.tls_cert,
         tls_key: a.tls_key,
         tls_ca: a.tls_ca,
+        nbd_threaded: a.nbd_threaded,
     })
 }
 

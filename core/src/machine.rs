@@ -4,7 +4,7 @@
 
 use crate::cache::{Cache, CoreRecord, Health};
 use crate::event::{Action, Event};
-use crate::units::{CoreId, Lba, Nanos, ReqId};
+use crate::units::{CoreId, IoId, Lba, Nanos, ReqId};
 use crate::wl::WriteLog;
 
 /// A cache's state machine.
@@ -52,6 +52,16 @@ impl Machine {
         match self {
             Machine::Cache(c) => c.meta_buf(id),
             Machine::Wl(w) => w.meta_buf(id),
+        }
+    }
+
+    /// Whether IO `io` (in flight) is writeback's (cleaning reads of the cache, writes and
+    /// flushes of cores), which a driver may run behind client requests' IOs. The write log's
+    /// writeback goes to RBD cores through their own asynchronous path and is not told apart.
+    pub fn is_writeback_io(&self, io: IoId) -> bool {
+        match self {
+            Machine::Cache(c) => c.is_writeback_io(io),
+            Machine::Wl(_) => false,
         }
     }
 

@@ -40,6 +40,7 @@ pub fn start(
     reg: Arc<Registry>,
     listen: &[String],
     sec: &crate::server::Security,
+    threaded: bool,
 ) -> Result<NbdHandle, String> {
     let addrs: Vec<ListenAddr> = listen
         .iter()
@@ -55,6 +56,7 @@ pub fn start(
                 0o600
             },
             socket_group: sec.socket_group,
+            reactor: !threaded,
             ..Default::default()
         },
     );

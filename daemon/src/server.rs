@@ -34,6 +34,8 @@ pub struct Options {
     pub tls_key: Option<PathBuf>,
     /// TLS: the CA (PEM) that client certificates must chain to.
     pub tls_ca: Option<PathBuf>,
+    /// NBD connections on worker threads only (no io_uring reactor).
+    pub nbd_threaded: bool,
 }
 
 /// What the daemon's sockets require, checked before anything else starts.
@@ -199,7 +201,7 @@ pub fn run(opts: Options) -> Result<(), String> {
     let access = Access::new(sec.socket_group);
     let reg = Arc::new(Registry::new());
     let problems = reassemble(&reg, &cfg);
-    let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen, &sec) {
+    let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen, &sec, opts.nbd_threaded) {
         Ok(n) => n,
         Err(e) => {
             reg.stop_all();

@@ -44,6 +44,7 @@ use tiercache_io::{AlignedBuf, AsyncDone, Backend, BufPool, IoErr};
 mod extents;
 pub mod readahead;
 mod ring;
+mod work;
 
 pub use ring::{EngineIo, IoTicket, ReplySink, ReplyTo};
 
@@ -135,6 +136,8 @@ struct Job {
     also: Vec<IoId>,
     dev: Device,
     op: JobOp,
+    /// A writeback IO: it runs behind client requests' IOs (`work.rs`).
+    background: bool,
 }
 
 /// What a job does: the owned-buffer request of the asynchronous backend call, which a
@@ -208,7 +211,7 @@ struct Shared {
     inner: Mutex<Inner>,
     /// Signalled when a request completes or the core's state moves (waiters re-check).
     done_cv: Condvar,
-    work: Mutex<VecDeque<Job>>,
+    work: Mutex<work::WorkQueue>,
     work_cv: Condvar,
     quit: AtomicBool,
     epoch: Instant,
@@ -578,6 +581,7 @@ impl Shared {
                     buf: b,
                     fua,
                 },
+                background: false,
             },
         );
     }
@@ -624,15 +628,17 @@ impl Shared {
             also: Vec::new(),
             dev,
             op,
+            background: false,
         };
         self.submit_job(g, job);
     }
 
     /// Hands a job to an IO thread (or to the capturing request's thread).
-    fn submit_job(&self, g: &mut Inner, job: Job) {
+    fn submit_job(&self, g: &mut Inner, mut job: Job) {
         if g.dead {
             return;
         }
+        job.background = g.m.is_writeback_io(job.io);
         g.stats.in_flight += 1;
         g.stats.in_flight_max = g.stats.in_flight_max.max(g.stats.in_flight);
         g.stats.thread_ios += 1;
@@ -646,9 +652,11 @@ impl Shared {
     /// Gives jobs to the IO threads.
     fn hand_over(&self, jobs: impl IntoIterator<Item = Job>) {
         let mut w = self.work.lock().unwrap_or_else(|e| e.into_inner());
-        let before = w.len();
-        w.extend(jobs);
-        let n = w.len() - before;
+        let mut n = 0;
+        for j in jobs {
+            w.push(j);
+            n += 1;
+        }
         drop(w);
         for _ in 0..n {
             self.work_cv.notify_one();
@@ -663,11 +671,12 @@ impl Shared {
         self.drive(g, ev);
         g.capture = Capture::Off;
         let mut jobs = std::mem::take(&mut g.captured);
-        let first = if jobs.is_empty() {
-            None
-        } else {
-            Some(jobs.swap_remove(0))
-        };
+        // The first client IO; writeback's go to the IO threads, behind client IOs (a
+        // request's thread must not wait for an HDD write of writeback).
+        let first = jobs
+            .iter()
+            .position(|j| !j.background)
+            .map(|i| jobs.remove(i));
         if !jobs.is_empty() {
             self.hand_over(jobs.drain(..));
         }
@@ -705,7 +714,7 @@ impl Shared {
             let job = {
                 let mut w = self.work.lock().unwrap_or_else(|e| e.into_inner());
                 loop {
-                    if let Some(j) = w.pop_front() {
+                    if let Some(j) = w.pop() {
                         break j;
                     }
                     if self.quit.load(Ordering::Acquire) {
@@ -718,8 +727,23 @@ impl Shared {
                         .0;
                 }
             };
+            let bg = job.background;
             let (g, next) = self.run_job(job);
-            self.run_chain(g, next);
+            drop(g);
+            if bg {
+                let more = self
+                    .work
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .bg_done();
+                if more {
+                    self.work_cv.notify_one();
+                }
+            }
+            let mut job = next;
+            while let Some(j) = job.take() {
+                job = self.run_job(j).1;
+            }
         }
     }
 
@@ -1044,7 +1068,7 @@ impl Engine {
                 last_drive: 0,
             }),
             done_cv: Condvar::new(),
-            work: Mutex::new(VecDeque::new()),
+            work: Mutex::new(work::WorkQueue::new(ec.io_threads.max(1))),
             work_cv: Condvar::new(),
             quit: AtomicBool::new(false),
             epoch: Instant::now(),

@@ -62,7 +62,9 @@ enum Kind {
 impl EngineIo {
     /// The ring operation and its ticket.
     pub fn into_ring(self) -> (RingOp, IoTicket) {
-        let Job { io, also, dev, op } = self.job;
+        let Job {
+            io, also, dev, op, ..
+        } = self.job;
         let fd = self.fd;
         let (op, kind) = match op {
             JobOp::Read { lba, buf } => (

@@ -161,6 +161,9 @@ pub struct ServerConfig {
     /// Log each connection's span (export chosen, end, duration) as one `key=value` line on
     /// stderr, in the daemon's log format.
     pub log_connections: bool,
+    /// Run plain-socket connections to engine exports on an io_uring reactor each
+    /// (`reactor.rs`); off: worker threads, as TLS connections always are.
+    pub reactor: bool,
 }
 
 /// One log line in the daemon's format (`ts=… level=… msg="…" key=value …`).
@@ -194,6 +197,7 @@ impl Default for ServerConfig {
             socket_mode: 0o600,
             socket_group: None,
             log_connections: false,
+            reactor: true,
         }
     }
 }
@@ -757,7 +761,9 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
     let room = stream.room_probe();
     // A plain socket to an engine export runs on a reactor, if the kernel gives it a ring.
     let reactor = match (stream.raw_fd(), neg.export.as_engine()) {
-        (Some(fd), Some(_)) => crate::reactor::Reactor::new(fd, &inner.cfg).ok(),
+        (Some(fd), Some(_)) if inner.cfg.reactor => {
+            crate::reactor::Reactor::new(fd, &inner.cfg).ok()
+        }
         _ => None,
     };
     let Ok((r, w)) = stream.split() else {

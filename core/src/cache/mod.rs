@@ -157,6 +157,10 @@ impl IoTable {
     pub(crate) fn values(&self) -> impl Iterator<Item = &IoOwner> {
         self.slots.iter().flatten()
     }
+
+    fn get(&self, io: IoId) -> Option<&IoOwner> {
+        self.slots.get(usize::try_from(io.0).ok()?)?.as_ref()
+    }
 }
 
 /// What a request's IO was.
@@ -426,6 +430,11 @@ impl Cache {
             IoOwner::Meta { kind } => self.meta_io_done(kind, result, actions),
             IoOwner::Probe => self.probe_done(result),
         }
+    }
+
+    /// Whether IO `io` (in flight) belongs to a writeback job.
+    pub fn is_writeback_io(&self, io: IoId) -> bool {
+        matches!(self.ios.get(io), Some(IoOwner::Wb { .. }))
     }
 
     /// A fresh IO id, registered to `owner`.
