@@ -8,6 +8,7 @@
 //! | [`scenario`] | scenario files: topology, cache, configs, workloads |
 //! | [`stats`] | latency histograms and time series |
 //! | [`rng`] | the deterministic PRNG and Zipf generator |
+//! | [`trace`] | block trace readers: the formats people have, per device, sorted |
 //! | [`workload`] | client workloads: patterns, distributions, trace replay |
 
 pub mod device;
@@ -15,4 +16,5 @@ pub mod engine;
 pub mod rng;
 pub mod scenario;
 pub mod stats;
+pub mod trace;
 pub mod workload;
