@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`device`] | device models (HDD, flash, RAM) with shipped presets |
 //! | [`engine`] | the discrete-event engine: clients, servers, caches, devices |
+//! | [`mrc`] | miss-ratio curves: LRU stack distances (exact or SHARDS) and the real core per size |
 //! | [`scenario`] | scenario files: topology, cache, configs, workloads |
 //! | [`stats`] | latency histograms and time series |
 //! | [`rng`] | the deterministic PRNG and Zipf generator |
@@ -13,6 +14,7 @@
 
 pub mod device;
 pub mod engine;
+pub mod mrc;
 pub mod rng;
 pub mod scenario;
 pub mod stats;
