@@ -1,9 +1,10 @@
 //! Textbook LRU miss-ratio curves in one pass (Mattson's stack distances, counted with a
 //! Fenwick tree over access times), exact or on a spatially sampled trace (SHARDS with a
 //! fixed rate: a line is in the sample when a hash of its number falls below the rate, and
-//! sampled distances are scaled by 1 / rate). The sample is corrected as SHARDS-adj does:
-//! the difference between the expected and the actual number of sampled requests (which a
-//! few very hot lines in or out of the sample make large) is counted at distance 0.
+//! sampled distances are scaled by 1 / rate). A request is in the sample when any of its lines
+//! is, weighted by the inverse of that probability; the sample is corrected as SHARDS-adj
+//! does: the difference between the trace's requests and the sample's weight is counted at
+//! distance 0.
 //!
 //! The stack distance of a line access is the number of distinct other lines accessed since
 //! the same line was last accessed (infinite the first time); an LRU cache of C lines hits
@@ -69,26 +70,26 @@ impl Fenwick {
 }
 
 /// Per operation: requests, and how many had their largest (`full`) and smallest (`any`)
-/// line distance at each value (prefix sums after [`Profile::finish`]).
+/// line distance at each value (prefix sums after the pass). Counts are weights: a sampled
+/// request stands for 1 / P(sampled) requests (a request of k lines is in the sample with
+/// probability 1 − (1 − rate)^k, so long requests would otherwise be over-represented).
 #[derive(Default, Clone, Debug)]
 struct OpHist {
-    n: u64,
-    /// Requests expected in the sample (Σ 1 − (1 − rate)^lines).
-    expected: f64,
-    full: Vec<u64>,
-    any: Vec<u64>,
+    n: f64,
+    full: Vec<f64>,
+    any: Vec<f64>,
 }
 
-fn bump(v: &mut Vec<u64>, d: u64, x: u64) {
+fn bump(v: &mut Vec<f64>, d: u64, x: f64) {
     let d = d as usize;
     if v.len() <= d {
-        v.resize(d + 1, 0);
+        v.resize(d + 1, 0.0);
     }
     v[d] += x;
 }
 
-fn to_prefix(v: &mut Vec<u64>) {
-    let mut s = 0;
+fn to_prefix(v: &mut Vec<f64>) {
+    let mut s = 0.0;
     for x in v.iter_mut() {
         let y = *x;
         *x = s;
@@ -97,18 +98,23 @@ fn to_prefix(v: &mut Vec<u64>) {
     v.push(s);
 }
 
-/// Entries of prefix-summed `v` with value below `t`.
-fn below(v: &[u64], t: f64) -> u64 {
+/// Weight of prefix-summed `v` at values below `t`.
+fn below(v: &[f64], t: f64) -> f64 {
     let i = (t.ceil().max(0.0) as usize).min(v.len() - 1);
     v[i]
 }
 
-/// `total × part / whole`, rounded (exact when `whole == total`).
-fn scale(total: u64, part: u64, whole: u64) -> u64 {
-    if whole == 0 {
+/// `total × (part + adj) / (whole + adj)`, rounded: the share of a sampled weight in the
+/// whole trace, with SHARDS-adj's correction `adj` (0 when exact, where it is `part`).
+fn scale(total: u64, part: f64, whole: f64, adj: f64) -> u64 {
+    if adj == 0.0 && whole == total as f64 {
+        return part.round() as u64;
+    }
+    let w = whole + adj;
+    if w <= 0.0 {
         return 0;
     }
-    ((total as u128 * part as u128 * 2 + whole as u128) / (2 * whole as u128)) as u64
+    (total as f64 * ((part + adj) / w).clamp(0.0, 1.0)).round() as u64
 }
 
 /// The distance histograms of one pass; [`Profile::point`] evaluates any cache size.
@@ -120,8 +126,8 @@ pub struct Profile {
     read: OpHist,
     write: OpHist,
     /// Read bytes by line distance (prefix-summed), and the sampled read bytes.
-    read_bytes: Vec<u64>,
-    sampled_read_bytes: u64,
+    read_bytes: Vec<f64>,
+    sampled_read_bytes: f64,
     /// Whole-trace totals (the sample is scaled to them).
     mix: Mix,
     /// Line accesses walked (sampled ones).
@@ -153,7 +159,7 @@ pub fn profile(reqs: &[Request], line_bytes: u64, rate: f64) -> Profile {
         read: OpHist::default(),
         write: OpHist::default(),
         read_bytes: Vec::new(),
-        sampled_read_bytes: 0,
+        sampled_read_bytes: 0.0,
         mix: Mix::default(),
         accesses: n as u64,
         distinct: 0,
@@ -163,12 +169,7 @@ pub fn profile(reqs: &[Request], line_bytes: u64, rate: f64) -> Profile {
         let is_read = r.op == Op::Read;
         p.mix.count(r);
         let (first, cnt) = lines_of(r, line_bytes);
-        let expect = 1.0 - (1.0 - p.rate).powi(cnt.min(i32::MAX as u64) as i32);
-        if is_read {
-            p.read.expected += expect;
-        } else {
-            p.write.expected += expect;
-        }
+        let weight = 1.0 / (1.0 - (1.0 - p.rate).powi(cnt.min(i32::MAX as u64) as i32));
         let (mut dmin, mut dmax, mut any) = (u64::MAX, 0u64, false);
         for l in first..first + cnt {
             if !take(l) {
@@ -190,9 +191,9 @@ pub fn profile(reqs: &[Request], line_bytes: u64, rate: f64) -> Profile {
             if is_read {
                 let lo = r.offset.max(l * line_bytes);
                 let hi = r.end().min((l + 1) * line_bytes);
-                p.sampled_read_bytes += hi - lo;
+                p.sampled_read_bytes += (hi - lo) as f64;
                 if d != u64::MAX {
-                    bump(&mut p.read_bytes, d, hi - lo);
+                    bump(&mut p.read_bytes, d, (hi - lo) as f64);
                 }
             }
         }
@@ -200,12 +201,12 @@ pub fn profile(reqs: &[Request], line_bytes: u64, rate: f64) -> Profile {
             continue;
         }
         let h = if is_read { &mut p.read } else { &mut p.write };
-        h.n += 1;
+        h.n += weight;
         if dmax != u64::MAX {
-            bump(&mut h.full, dmax, 1);
+            bump(&mut h.full, dmax, weight);
         }
         if dmin != u64::MAX {
-            bump(&mut h.any, dmin, 1);
+            bump(&mut h.any, dmin, weight);
         }
     }
     p.distinct = last.len() as u64;
@@ -226,59 +227,31 @@ impl Profile {
     pub fn point(&self, lines: u64) -> Point {
         // Sampled distance d stands for d / rate: a hit when d / rate < lines.
         let t = lines as f64 * self.rate;
-        // SHARDS-adj: the missing (or surplus) sampled requests count as hits at distance 0.
-        let adj = |h: &OpHist| {
+        // SHARDS-adj: the requests the sample misses (or has too many of: a few very hot
+        // lines in or out of it) count as hits at distance 0.
+        let adj = |total: u64, h: &OpHist| {
             if self.rate < 1.0 {
-                h.expected - h.n as f64
+                total as f64 - h.n
             } else {
                 0.0
             }
         };
-        let frac = |x: u64, h: &OpHist| {
-            let n = h.n as f64 + adj(h);
-            if n <= 0.0 {
-                0.0
-            } else {
-                ((x as f64 + adj(h)) / n).clamp(0.0, 1.0)
-            }
-        };
-        let hits = |total: u64, h: &OpHist| {
-            if self.rate < 1.0 {
-                (total as f64 * frac(below(&h.full, t), h)).round() as u64
-            } else {
-                scale(total, below(&h.full, t), h.n)
-            }
-        };
-        let any = |total: u64, h: &OpHist| {
-            if self.rate < 1.0 {
-                (total as f64 * frac(below(&h.any, t), h)).round() as u64
-            } else {
-                scale(total, below(&h.any, t), h.n)
-            }
-        };
-        let (rh, wh) = (
-            hits(self.mix.reads, &self.read),
-            hits(self.mix.writes, &self.write),
-        );
-        let partial = any(self.mix.reads, &self.read).saturating_sub(rh)
-            + any(self.mix.writes, &self.write).saturating_sub(wh);
-        let hit_bytes = below(&self.read_bytes, t);
-        let missing = if self.rate < 1.0 {
-            (self.mix.read_bytes as f64 * self.rate - self.sampled_read_bytes as f64).max(0.0)
+        let (m, r, w) = (&self.mix, &self.read, &self.write);
+        let rh = scale(m.reads, below(&r.full, t), r.n, adj(m.reads, r));
+        let wh = scale(m.writes, below(&w.full, t), w.n, adj(m.writes, w));
+        let partial = scale(m.reads, below(&r.any, t), r.n, adj(m.reads, r)).saturating_sub(rh)
+            + scale(m.writes, below(&w.any, t), w.n, adj(m.writes, w)).saturating_sub(wh);
+        let bytes_adj = if self.rate < 1.0 {
+            m.read_bytes as f64 * self.rate - self.sampled_read_bytes
         } else {
             0.0
         };
-        let read_hit_bytes = if self.rate < 1.0 {
-            let whole = self.sampled_read_bytes as f64 + missing;
-            if whole <= 0.0 {
-                0
-            } else {
-                (self.mix.read_bytes as f64 * ((hit_bytes as f64 + missing) / whole).min(1.0))
-                    as u64
-            }
-        } else {
-            scale(self.mix.read_bytes, hit_bytes, self.sampled_read_bytes)
-        };
+        let read_hit_bytes = scale(
+            m.read_bytes,
+            below(&self.read_bytes, t),
+            self.sampled_read_bytes,
+            bytes_adj,
+        );
         Point {
             bytes: lines * self.line_bytes,
             lines,
