@@ -11,6 +11,17 @@ fn tiercache(args: &[&str]) -> std::process::Output {
         .expect("run tiercache")
 }
 
+/// Runs tiercache, which must succeed; returns its standard output.
+fn run_ok(args: &[&str]) -> String {
+    let out = tiercache(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn sample(name: &str) -> String {
     format!("{}/../sim/tests/traces/{name}", env!("CARGO_MANIFEST_DIR"))
 }
@@ -51,7 +62,7 @@ fn curve_json_csv_and_svg() {
     let d = tmp("out");
     let trace = trace_file(&d);
     let (j, c, s) = (d.join("m.json"), d.join("m.csv"), d.join("m.svg"));
-    let out = tiercache(&[
+    let text = run_ok(&[
         "sim",
         "mrc",
         "--trace",
@@ -65,12 +76,6 @@ fn curve_json_csv_and_svg() {
         "--svg",
         s.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("exact LRU") && text.contains("knee"),
         "{text}"
@@ -111,7 +116,7 @@ fn the_core_method_runs_s3fifo_and_nhit() {
     let d = tmp("core");
     let trace = trace_file(&d);
     let j = d.join("m.json");
-    let out = tiercache(&[
+    run_ok(&[
         "sim",
         "mrc",
         "--trace",
@@ -127,11 +132,6 @@ fn the_core_method_runs_s3fifo_and_nhit() {
         "--threads",
         "2",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let v = json(&j);
     assert_eq!(v["method"], "core");
     let sizes = v["sizes"].as_array().unwrap();
@@ -146,19 +146,14 @@ fn the_core_method_runs_s3fifo_and_nhit() {
 
 #[test]
 fn devices_are_listed_as_json() {
-    let out = tiercache(&[
+    let out = run_ok(&[
         "sim",
         "devices",
         "--trace",
         &sample("alibaba.csv"),
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["format"], "alibaba");
     assert_eq!(v["bad"], 1);
     let ids: Vec<&str> = v["devices"]
@@ -226,5 +221,44 @@ fn bad_input_is_one_line_exit_1_and_writes_nothing() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("tiercache: "), "{err}");
         assert!(!j.exists(), "{args:?} wrote its JSON");
+    }
+}
+
+#[test]
+fn the_timed_replay_reads_any_format_grows_the_volume_and_reports_hits() {
+    // The README's example on a trace past ram-vs-nvme's 4 GiB volume (a 10 GiB span), in
+    // the Alibaba format (50 lines, each read or written 6 times): the volume grows and each
+    // cached config reports its hit ratio.
+    let d = tmp("replay");
+    let mut s = String::new();
+    for i in 0..300u64 {
+        let off = (i % 50) * (200 << 20);
+        s += &format!(
+            "7,{},{off},4096,{}\n",
+            if i % 3 == 0 { "W" } else { "R" },
+            1_000_000 + i * 2000
+        );
+    }
+    let p = d.join("ali.csv");
+    std::fs::write(&p, s).unwrap();
+    let j = d.join("r.json");
+    let text = run_ok(&[
+        "sim",
+        "ram-vs-nvme",
+        "--trace",
+        p.to_str().unwrap(),
+        "--json",
+        j.to_str().unwrap(),
+    ]);
+    assert!(
+        text.contains("alibaba format") && text.contains("volume grown to 10 GiB"),
+        "{text}"
+    );
+    let v = json(&j);
+    let runs = v["runs"].as_array().unwrap();
+    assert!(runs[0]["hit_ratio"].is_null(), "the baseline has no cache");
+    for r in &runs[1..] {
+        let h = r["hit_ratio"].as_f64().unwrap();
+        assert!(h > 0.3 && h < 1.0, "{r}");
     }
 }
