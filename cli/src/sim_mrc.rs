@@ -280,6 +280,12 @@ pub fn run(args: Args) -> Result<(), String> {
     } else {
         Method::Stack
     });
+    if method == Method::Stack && fp.line_accesses >= u32::MAX as u64 {
+        return Err(format!(
+            "{} line accesses is past what --method stack walks (4G); use --method shards",
+            fp.line_accesses
+        ));
+    }
     let fp_bytes = fp.lines * lb;
     let mut lines: Vec<u64> = match &args.sizes {
         Some(list) => parse_sizes(list, fp_bytes)?

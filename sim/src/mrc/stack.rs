@@ -136,7 +136,8 @@ pub struct Profile {
     pub distinct: u64,
 }
 
-/// Walks the trace once. `rate` in (0, 1]: 1 is exact, below samples lines (SHARDS).
+/// Walks the trace once. `rate` in (0, 1]: 1 is exact, below samples lines (SHARDS). The
+/// sampled line accesses must be fewer than 2^32 (callers check; the time index is a `u32`).
 pub fn profile(reqs: &[Request], line_bytes: u64, rate: f64) -> Profile {
     let threshold = ((rate.clamp(0.0, 1.0) * (1u64 << 24) as f64).round() as u64).max(1);
     let exact = threshold >= 1 << 24;

@@ -45,7 +45,9 @@ impl Parser {
             time_us: time as u64 * 1_000_000,
             dev: "".into(),
             op: Op::Read,
-            offset: k * self.slot,
+            offset: k
+                .checked_mul(self.slot)
+                .ok_or("too many objects to place")?,
             len: size as u64,
             stage: 0,
         }))
