@@ -16,6 +16,7 @@ mod bench_waiters;
 mod bench_wl;
 mod inspect;
 mod sim_cmd;
+mod sim_mrc;
 mod svg;
 
 use clap::{Parser, Subcommand};
@@ -44,8 +45,15 @@ enum Cmd {
         #[command(flatten)]
         args: bench_run::Args,
     },
-    /// Simulate a scenario: the real cache core against modelled devices and clients.
-    Sim(sim_cmd::Args),
+    /// Simulate a scenario: the real cache core against modelled devices and clients;
+    /// `sim mrc` draws a trace's miss-ratio curve, `sim devices` lists a trace's devices.
+    #[command(args_conflicts_with_subcommands = true)]
+    Sim {
+        #[command(subcommand)]
+        what: Option<SimCmd>,
+        #[command(flatten)]
+        args: sim_cmd::Args,
+    },
     /// Show what a cache device holds (offline, read-only).
     Inspect(inspect::InspectArgs),
     /// Verify every checksum and cross-reference of a cache device (offline, read-only).
@@ -84,6 +92,14 @@ enum Cmd {
     ResetCounters(admin_cmds::ResetCounters),
     /// Stop every cache cleanly and end the daemon.
     Shutdown(admin_cmds::Shutdown),
+}
+
+#[derive(Subcommand)]
+enum SimCmd {
+    /// Miss-ratio curve of a block trace: miss ratio by cache size (docs/SIZING.md).
+    Mrc(Box<sim_mrc::Args>),
+    /// The devices (disks, volumes) a block trace holds, with their request counts.
+    Devices(sim_mrc::DevicesArgs),
 }
 
 #[derive(Subcommand)]
@@ -168,7 +184,15 @@ fn main() {
             ..
         } => bench_wl::run(*args),
         Cmd::Bench { what: None, args } => bench_run::run(args),
-        Cmd::Sim(args) => sim_cmd::run(args),
+        Cmd::Sim {
+            what: Some(SimCmd::Mrc(args)),
+            ..
+        } => sim_mrc::run(*args),
+        Cmd::Sim {
+            what: Some(SimCmd::Devices(args)),
+            ..
+        } => sim_mrc::devices(args),
+        Cmd::Sim { what: None, args } => sim_cmd::run(args),
         Cmd::Inspect(args) => inspect::inspect(args),
         Cmd::Check(args) => inspect::check(args),
         Cmd::Daemon(a) => admin_cmds::daemon(a),

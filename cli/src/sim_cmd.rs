@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use serde_json::json;
 use tiercache_sim::scenario::{Run, SHIPPED, Scenario};
+use tiercache_sim::trace::DeviceSel;
 
 /// Arguments of `tiercache sim`.
 #[derive(clap::Args)]
@@ -30,10 +31,20 @@ pub struct Args {
     /// Print the scenario's description and exit.
     #[arg(long)]
     about: bool,
-    /// Replay a CSV trace (time_us,op,offset,length; op R or W; bytes) instead of the
-    /// scenario's workloads, under each of its configs.
+    /// Replay a block trace instead of the scenario's workloads, under each of its configs
+    /// (formats as for `sim mrc`; the volume grows to hold the trace).
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
+    /// The trace's format (auto, csv, blkparse, msr, alibaba, tencent, vscsi,
+    /// oracle-general, fio-iolog).
+    #[arg(long, default_value = "auto", requires = "trace")]
+    format: String,
+    /// The trace's device, for multi-device traces (or `all`).
+    #[arg(long, value_name = "ID", requires = "trace")]
+    device: Option<String>,
+    /// Stop at the trace's first bad record.
+    #[arg(long, requires = "trace")]
+    strict: bool,
     /// Override every workload's measured duration, simulated seconds (quick looks).
     #[arg(long, value_name = "SECONDS")]
     duration: Option<f64>,
@@ -72,11 +83,24 @@ pub fn run(args: Args) -> Result<(), String> {
     println!("tiercache sim {} (seed {seed})\n  {}", sc.name, sc.title);
     let t0 = Instant::now();
     let runs = if let Some(path) = &args.trace {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-        let entries =
-            tiercache_sim::workload::parse_trace(&text).map_err(|e| format!("{path}: {e}"))?;
+        let ta = crate::sim_mrc::TraceArgs {
+            trace: path.clone(),
+            format: args.format.clone(),
+            device: args.device.clone(),
+            strict: args.strict,
+        };
+        let t = ta.read(DeviceSel::parse(args.device.as_deref()))?;
+        let (entries, skipped) = tiercache_sim::workload::trace_entries(&t.requests);
+        if skipped > 0 {
+            println!(
+                "  {skipped} trims and flushes are not replayed (the client model reads and writes)"
+            );
+        }
         if entries.is_empty() {
-            return Err(format!("{path}: no requests in the trace"));
+            return Err(format!("{path}: no reads or writes in the trace"));
+        }
+        if let Some(gib) = sc.fit_volume(t.max_end()) {
+            println!("  volume grown to {gib} GiB to hold the trace");
         }
         let name = format!(
             "trace {}",
@@ -90,10 +114,17 @@ pub fn run(args: Args) -> Result<(), String> {
         for c in &sc.config {
             let r = sc.run_trace(&entries, c)?;
             println!(
-                "  ran {name:<18} {:<9} {:>10.0} IOPS  ({} events)",
+                "  ran {name:<18} {:<9} {:>10.0} IOPS  ({} events){}",
                 c.name,
                 r.iops(),
-                r.events
+                r.events,
+                r.hits.as_ref().map_or(String::new(), |h| format!(
+                    "; hit ratio {:.4} (reads {:.4}, writes {:.4}), {} partial hits",
+                    1.0 - h.miss_ratio(),
+                    1.0 - h.read_miss_ratio(),
+                    1.0 - h.write_miss_ratio(),
+                    h.partial_hits
+                ))
             );
             out.push(Run {
                 workload: name.clone(),
@@ -236,6 +267,10 @@ fn to_json(sc: &Scenario, seed: u64, runs: &[Run]) -> serde_json::Value {
                 "ops": x.ops,
                 "seconds": x.seconds,
                 "events": x.events,
+                "hit_ratio": x.hits.as_ref().map(|h| 1.0 - h.miss_ratio()),
+                "read_hit_ratio": x.hits.as_ref().map(|h| 1.0 - h.read_miss_ratio()),
+                "write_hit_ratio": x.hits.as_ref().map(|h| 1.0 - h.write_miss_ratio()),
+                "partial_hits": x.hits.as_ref().map(|h| h.partial_hits),
                 "series": x.series,
             })
         }).collect::<Vec<_>>(),

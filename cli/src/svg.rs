@@ -166,6 +166,18 @@ pub fn lines(
     series: &[(&str, Vec<(f64, f64)>)],
     log_x: bool,
 ) -> String {
+    lines_marked(title, x_label, y_label, series, log_x, &[])
+}
+
+/// [`lines`] with marked points: a ring at each (x, y) and its label beside it.
+pub fn lines_marked(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(&str, Vec<(f64, f64)>)],
+    log_x: bool,
+    marks: &[(f64, f64, &str)],
+) -> String {
     let mut out = header(title);
     let pts = || series.iter().flat_map(|(_, v)| v.iter().copied());
     let fx = |x: f64| if log_x { x.max(1e-9).log10() } else { x };
@@ -243,6 +255,18 @@ pub fn lines(
             COLORS[(si + 1) % COLORS.len()]
         );
     }
+    for (x, y, label) in marks {
+        let (xx, yy) = (px(*x), py(*y));
+        if xx.is_finite() && yy.is_finite() {
+            let _ = writeln!(
+                out,
+                "<circle cx=\"{xx:.1}\" cy=\"{yy:.1}\" r=\"6\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">{}</text>",
+                xx + 9.0,
+                yy - 9.0,
+                esc(label)
+            );
+        }
+    }
     let names: Vec<&str> = series.iter().map(|(n, _)| *n).collect();
     // Line colours start at index 1 (index 0, grey, is the baseline in bar charts).
     let mut x = LEFT;
@@ -288,6 +312,15 @@ mod tests {
         assert!(l.contains("<path"));
         let l = lines("l", "x", "y", &[("s", vec![])], false);
         assert!(l.contains("</svg>"));
+        let m = lines_marked(
+            "m",
+            "x",
+            "y",
+            &[("s", vec![(1.0, 0.9), (10.0, 0.2), (100.0, 0.1)])],
+            true,
+            &[(10.0, 0.2, "knee <10>")],
+        );
+        assert!(m.contains("<circle") && m.contains("knee &lt;10&gt;") && !m.contains("NaN"));
         assert!(!b.contains("NaN") && !l.contains("NaN"));
     }
 }

@@ -239,6 +239,9 @@ pub struct RunResult {
     pub health: Vec<HealthSample>,
     /// What the faults did.
     pub faults: FaultStats,
+    /// Trace replay: the caches' request counters (hits, partial hits) summed over targets;
+    /// `None` without a cache or outside trace replay.
+    pub hits: Option<crate::mrc::Point>,
 }
 
 impl RunResult {

@@ -5,14 +5,18 @@
 //! |---|---|
 //! | [`device`] | device models (HDD, flash, RAM) with shipped presets |
 //! | [`engine`] | the discrete-event engine: clients, servers, caches, devices |
+//! | [`mrc`] | miss-ratio curves: LRU stack distances (exact or SHARDS) and the real core per size |
 //! | [`scenario`] | scenario files: topology, cache, configs, workloads |
 //! | [`stats`] | latency histograms and time series |
 //! | [`rng`] | the deterministic PRNG and Zipf generator |
+//! | [`trace`] | block trace readers: the formats people have, per device, sorted |
 //! | [`workload`] | client workloads: patterns, distributions, trace replay |
 
 pub mod device;
 pub mod engine;
+pub mod mrc;
 pub mod rng;
 pub mod scenario;
 pub mod stats;
+pub mod trace;
 pub mod workload;

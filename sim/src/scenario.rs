@@ -542,8 +542,23 @@ impl Scenario {
         Ok(r)
     }
 
+    /// Grows a `single` scenario's core and working set to hold `end_bytes` (a trace's
+    /// highest byte), in whole GiB; returns the new size when it grew. A cluster's volume is
+    /// left as it is.
+    pub fn fit_volume(&mut self, end_bytes: u64) -> Option<f64> {
+        let s = self.single.as_mut()?;
+        let gib = end_bytes.div_ceil(BLOCKS_PER_GIB * 512) as f64;
+        if gib <= s.working_set_gib {
+            return None;
+        }
+        s.working_set_gib = gib;
+        s.core_gib = s.core_gib.max(gib);
+        Some(gib)
+    }
+
     /// Replays a trace (open loop: each request at its time) under config `c`. The window is
-    /// the trace's span plus one second for the last requests to complete.
+    /// the trace's span plus one second for the last requests to complete. The result carries
+    /// the cache's hit counts ([`RunResult::hits`]).
     pub fn run_trace(&self, entries: &[TraceEntry], c: &ConfigSpec) -> Result<RunResult, String> {
         let (mut sim, _) = self.build(c)?;
         let vol = sim.volume_blocks();
@@ -560,7 +575,25 @@ impl Scenario {
             duration: Nanos((span_us + 1_000_000) * 1000),
             sample: Nanos((self.sample_s * 1e9) as u64),
         };
-        Ok(sim.run(Load::Trace(entries), window))
+        let mut r = sim.run(Load::Trace(entries), window);
+        let mut hits: Option<crate::mrc::Point> = None;
+        for t in &sim.targets {
+            let Some(c) = t
+                .cache
+                .as_ref()
+                .and_then(|c| c.cache.core_counters(CoreId(0)))
+            else {
+                continue;
+            };
+            let h = hits.get_or_insert_with(Default::default);
+            h.reads += c.read.total();
+            h.writes += c.write.total();
+            h.read_hits += c.read.full_hit;
+            h.write_hits += c.write.full_hit;
+            h.partial_hits += c.read.partial_hit + c.write.partial_hit;
+        }
+        r.hits = hits;
+        Ok(r)
     }
 
     /// Runs every workload under every config.

@@ -1,6 +1,6 @@
 //! Client workloads: the studies' matrix (4K random read / write / 70-30, 512K sequential read /
-//! write) with queue depth, jobs, working-set size and key distribution, plus replay of a CSV
-//! trace.
+//! write) with queue depth, jobs, working-set size and key distribution, plus replay of a
+//! trace (read by [`crate::trace`]).
 //!
 //! A closed-loop workload keeps `jobs × qd` requests outstanding: each completion submits the
 //! job's next request at once (what fio does with `iodepth` and `numjobs`). Offsets are drawn
@@ -215,58 +215,35 @@ pub struct TraceEntry {
     pub io: ClientIo,
 }
 
-/// Parses a trace: CSV lines `time_us,op,offset,length` with `op` `R` or `W` (any case) and
-/// offset and length in bytes, multiples of 512. A header line and `#` comments are skipped.
-/// Errors name the line.
-pub fn parse_trace(text: &str) -> Result<Vec<TraceEntry>, String> {
-    let mut out = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let n = i + 1;
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
+/// The reads and writes of a trace read by [`crate::trace`], as replay entries; trims and
+/// flushes are not replayed (the client model issues reads and writes only): their count is
+/// returned beside.
+pub fn trace_entries(reqs: &[crate::trace::Request]) -> (Vec<TraceEntry>, u64) {
+    use crate::trace::Op;
+    let mut skipped = 0;
+    let mut out = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        if !matches!(r.op, Op::Read | Op::Write) || r.len == 0 {
+            skipped += 1;
             continue;
         }
-        let f: Vec<&str> = line.split(',').map(str::trim).collect();
-        if f.len() != 4 {
-            return Err(format!(
-                "trace line {n}: expected time_us,op,offset,length, got '{line}'"
-            ));
+        // Requests past the 32 MiB a client request may carry are cut into pieces.
+        let (mut lba, mut left) = (r.offset / 512, r.len / 512);
+        while left > 0 {
+            let blocks = left.min(65536);
+            out.push(TraceEntry {
+                time_us: r.time_us,
+                io: ClientIo {
+                    read: r.op == Op::Read,
+                    lba,
+                    blocks,
+                },
+            });
+            lba += blocks as u64;
+            left -= blocks;
         }
-        if out.is_empty() && f[0].parse::<u64>().is_err() {
-            continue; // header
-        }
-        let num = |s: &str, what: &str| {
-            s.parse::<u64>()
-                .map_err(|_| format!("trace line {n}: {what} '{s}' is not a number"))
-        };
-        let time_us = num(f[0], "time")?;
-        let read = match f[1] {
-            "R" | "r" => true,
-            "W" | "w" => false,
-            other => return Err(format!("trace line {n}: op '{other}' is not R or W")),
-        };
-        let off = num(f[2], "offset")?;
-        let len = num(f[3], "length")?;
-        if off % 512 != 0 || len % 512 != 0 || len == 0 || len > 32 << 20 {
-            return Err(format!(
-                "trace line {n}: offset and length must be multiples of 512, length 512 B..32 MiB"
-            ));
-        }
-        if let Some(last) = out.last().map(|e: &TraceEntry| e.time_us)
-            && time_us < last
-        {
-            return Err(format!("trace line {n}: time {time_us} goes backwards"));
-        }
-        out.push(TraceEntry {
-            time_us,
-            io: ClientIo {
-                read,
-                lba: off / 512,
-                blocks: (len / 512) as u32,
-            },
-        });
     }
-    Ok(out)
+    (out, skipped)
 }
 
 #[cfg(test)]
@@ -344,32 +321,38 @@ mod tests {
     }
 
     #[test]
-    fn bad_specs_and_traces_are_refused_with_the_reason() {
+    fn bad_specs_are_refused_with_the_reason_and_traces_convert() {
         let mut s = spec(Pattern::Random, Distribution::Zipf { theta: 1.5 });
         assert!(s.validate().unwrap_err().contains("theta"));
         s.distribution = Distribution::Uniform;
         s.read_pct = 101;
         assert!(s.validate().unwrap_err().contains("read_pct"));
-        assert!(parse_trace("0,X,0,512").unwrap_err().contains("line 1"));
-        assert!(
-            parse_trace("0,R,100,512")
-                .unwrap_err()
-                .contains("multiples")
-        );
-        assert!(
-            parse_trace("5,R,0,512\n4,W,0,512")
-                .unwrap_err()
-                .contains("line 2")
-        );
-        let t = parse_trace("time_us,op,offset,length\n0,R,0,4096\n10,w,8192,512\n").unwrap();
-        assert_eq!(t.len(), 2);
+        let reqs = [
+            crate::trace::Request {
+                time_us: 0,
+                offset: 4096,
+                len: 8192,
+                op: crate::trace::Op::Write,
+            },
+            crate::trace::Request {
+                time_us: 3,
+                offset: 0,
+                len: 0,
+                op: crate::trace::Op::Flush,
+            },
+        ];
+        let (t, skipped) = trace_entries(&reqs);
+        assert_eq!(skipped, 1);
         assert_eq!(
-            t[1].io,
-            ClientIo {
-                read: false,
-                lba: 16,
-                blocks: 1
-            }
+            t,
+            vec![TraceEntry {
+                time_us: 0,
+                io: ClientIo {
+                    read: false,
+                    lba: 8,
+                    blocks: 16
+                }
+            }]
         );
     }
 }

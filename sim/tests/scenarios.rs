@@ -84,6 +84,16 @@ fn every_shipped_scenario_parses() {
     assert!(Scenario::parse("name = 1").is_err());
 }
 
+fn trace_csv(text: &str) -> Vec<tiercache_sim::workload::TraceEntry> {
+    let opts = tiercache_sim::trace::ReadOptions {
+        format: Some(tiercache_sim::trace::Format::Csv),
+        device: Default::default(),
+        strict: true,
+    };
+    let t = tiercache_sim::trace::read_bytes("t.csv", text.as_bytes(), &opts).unwrap();
+    tiercache_sim::workload::trace_entries(&t.requests).0
+}
+
 #[test]
 fn a_trace_replays_open_loop_and_every_request_completes() {
     let sc = Scenario::load("ram-vs-nvme").unwrap();
@@ -93,17 +103,23 @@ fn a_trace_replays_open_loop_and_every_request_completes() {
             (0..200u64).map(|i| format!("{},R,{},4096\n", i * 10_000, (i * 7919 % 100_000) * 4096)),
         )
         .collect();
-    let entries = tiercache_sim::workload::parse_trace(&text).unwrap();
+    let entries = trace_csv(&text);
     for c in &sc.config {
         let r = sc.run_trace(&entries, c).unwrap();
         assert_eq!(r.ops, 200, "{}: every request completes", c.name);
         assert_eq!(r.reads, 200);
+        assert_eq!(
+            r.hits.is_some(),
+            c.cache,
+            "{}: hit counts with a cache",
+            c.name
+        );
         let mean_ms = r.latency.mean_ns() / 1e6;
         if c.cache {
             assert!(mean_ms < 20.0, "{}: {mean_ms} ms", c.name);
         }
     }
-    let too_far = tiercache_sim::workload::parse_trace("0,R,1099511627776,4096").unwrap();
+    let too_far = trace_csv("0,R,1099511627776,4096");
     assert!(
         sc.run_trace(&too_far, &sc.config[0])
             .unwrap_err()
