@@ -484,18 +484,26 @@ fn deleted_file_bytes(pid: u32) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------
 // The tiercache daemon, driven through its admin socket.
 
-struct Daemon {
+/// A `tiercache daemon` child of a benchmark, driven through its admin socket.
+pub(crate) struct Daemon {
     pid: u32,
     admin: PathBuf,
     nbd: PathBuf,
 }
 
 impl Daemon {
-    fn start(procs: &mut Procs, plan: &Plan, scratch: &Path) -> Result<Daemon, String> {
+    /// Starts the daemon (pinned to `cpu` if given, with `extra` arguments), its sockets and
+    /// log in `scratch`.
+    pub(crate) fn start(
+        procs: &mut Procs,
+        cpu: Option<usize>,
+        extra: &[&str],
+        scratch: &Path,
+    ) -> Result<Daemon, String> {
         let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
         let admin = scratch.join("admin.sock");
         let nbd = scratch.join("tc-nbd.sock");
-        let args = [
+        let mut args = vec![
             "daemon".to_string(),
             "--socket".into(),
             admin.display().to_string(),
@@ -504,9 +512,10 @@ impl Daemon {
             "--nbd-listen".into(),
             format!("unix:{}", nbd.display()),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let pid = procs.spawn(
             "tiercache daemon",
-            Some(plan.server_cpu),
+            cpu,
             &exe,
             &args,
             &[],
@@ -517,15 +526,15 @@ impl Daemon {
         Ok(Daemon { pid, admin, nbd })
     }
 
-    fn call(&self, req: Request) -> Result<Value, String> {
+    pub(crate) fn call(&self, req: Request) -> Result<Value, String> {
         call(&self.admin, &req, |_| {})
     }
 
-    fn uri(&self, export: &str) -> String {
+    pub(crate) fn uri(&self, export: &str) -> String {
         format!("nbd+unix:///{export}?socket={}", self.nbd.display())
     }
 
-    fn start_cache(&self, id: u16, dev: &str, mode: &str) -> Result<Value, String> {
+    pub(crate) fn start_cache(&self, id: u16, dev: &str, mode: &str) -> Result<Value, String> {
         self.call(Request::StartCache {
             cache_device: dev.into(),
             cache_id: Some(id),
@@ -538,7 +547,7 @@ impl Daemon {
         })
     }
 
-    fn add_core(&self, id: u16, dev: &str, export: &str) -> Result<Value, String> {
+    pub(crate) fn add_core(&self, id: u16, dev: &str, export: &str) -> Result<Value, String> {
         self.call(Request::AddCore {
             cache_id: id,
             core_device: dev.into(),
@@ -548,7 +557,7 @@ impl Daemon {
         })
     }
 
-    fn cutoff_never(&self, id: u16) -> Result<(), String> {
+    pub(crate) fn cutoff_never(&self, id: u16) -> Result<(), String> {
         self.call(Request::SetParam {
             cache_id: id,
             core_id: None,
@@ -558,7 +567,7 @@ impl Daemon {
         .map(|_| ())
     }
 
-    fn stats(&self, id: u16) -> Result<Value, String> {
+    pub(crate) fn stats(&self, id: u16) -> Result<Value, String> {
         self.call(Request::Stats {
             cache_id: Some(id),
             core_id: None,
@@ -566,14 +575,14 @@ impl Daemon {
         })
     }
 
-    fn reset(&self, id: u16) -> Result<(), String> {
+    pub(crate) fn reset(&self, id: u16) -> Result<(), String> {
         self.call(Request::ResetCounters { cache_id: id })
             .map(|_| ())
     }
 
     /// Stops the daemon: caches with dirty data are stopped without writeback first (their
     /// devices are scratch files), then `shutdown`; SIGKILL if that takes more than 10 s.
-    fn stop(&self, procs: &mut Procs, wb_caches: &[u16]) {
+    pub(crate) fn stop(&self, procs: &mut Procs, wb_caches: &[u16]) {
         for id in wb_caches {
             let _ = self.call(Request::StopCache {
                 cache_id: *id,
@@ -1029,7 +1038,7 @@ fn run_in(plan: &Plan, scratch: &Path, procs: &mut Procs, rep: &mut Report) -> R
         }
     );
     let mut setup = json!({});
-    let d = Daemon::start(procs, plan, scratch)?;
+    let d = Daemon::start(procs, Some(plan.server_cpu), &[], scratch)?;
     let cx = Ctx {
         plan,
         d: &d,

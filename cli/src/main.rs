@@ -13,6 +13,7 @@ mod bench_peers;
 mod bench_run;
 mod bench_studies;
 mod bench_waiters;
+mod bench_wbhits;
 mod bench_wl;
 mod inspect;
 mod sim_cmd;
@@ -114,6 +115,9 @@ enum BenchCmd {
     /// SPEC P8: mode wl in front of a Ceph RBD image vs plain librbd and librbd's writeback
     /// cache (fio 4K randwrite, QD 1-64, cache not full and full); starts its own cluster.
     Wl(Box<bench_wl::Args>),
+    /// Cache hits while writeback runs to an emulated HDD (4K random and 256K sequential,
+    /// idle vs during a writeback), on the reactor and the threaded NBD paths.
+    WbHits(bench_wbhits::Args),
 }
 
 /// A command-line error as one line on stderr (clap's message without its usage block, which
@@ -183,6 +187,10 @@ fn main() {
             what: Some(BenchCmd::Wl(args)),
             ..
         } => bench_wl::run(*args),
+        Cmd::Bench {
+            what: Some(BenchCmd::WbHits(args)),
+            ..
+        } => bench_wbhits::run(args),
         Cmd::Bench { what: None, args } => bench_run::run(args),
         Cmd::Sim {
             what: Some(SimCmd::Mrc(args)),

@@ -1343,6 +1343,8 @@ impl Engine {
     /// Applies a request and whatever runs inline with it (IOs on inline devices such as RAM,
     /// and their completions): `Ok` with the reply if that finished it, else the
     /// [`Pending`] request, holding the first IO it started for the thread that finishes it.
+    /// (`Pending` is large, and moved once; boxing it would cost an allocation per request.)
+    #[allow(clippy::result_large_err)]
     fn start_request(
         &self,
         op: Op,
@@ -1377,6 +1379,7 @@ impl Engine {
     /// without waiting for a device that is not inline: `Ok` with the reply (a hit in a `ram:`
     /// cache), or the [`Pending`] read for another thread to finish. An NBD connection's
     /// reader answers hits this way without handing them to a worker.
+    #[allow(clippy::result_large_err)]
     pub fn read_start(
         &self,
         core: CoreId,
