@@ -130,6 +130,11 @@ TIERCACHE_SWEEP_VARIANTS=1 \
 TIERCACHE_SWEEP_VARIANTS=1 \
     step "canary: no write intent before changing a proven clean line, caught by the crash sweep" canary canary-skip-intent crash_sweep
 
+# A client flush that does not wait for the journal records of writes answered before them:
+# a crash after the flush loses them (the sweep's flushed-data check).
+TIERCACHE_SWEEP_VARIANTS=1 \
+    step "canary: flush not waiting for the records of answered writes, caught by the crash sweep" canary canary-flush-skips-journal crash_sweep
+
 # Mode wl: a flush that does not wait for earlier log entries loses flushed writes at a crash.
 step "canary: wl flush before earlier log entries are written, caught by the wl crash check" \
     canary canary-wl-flush-early wl

@@ -138,6 +138,10 @@ pub(crate) struct Waiter {
     pub(crate) lock: Option<(crate::units::CoreId, u64, u64, super::lock::LockKind)>,
     /// The request was FUA: the record holding its change must be durable when written.
     pub(crate) fua: bool,
+    /// The client was answered already (a request that was not FUA and succeeded): only its
+    /// locks wait for the record. A client flush waits for every such record
+    /// ([`Cache::meta_flush_must_wait`]).
+    pub(crate) replied: bool,
 }
 
 struct Commit {
@@ -454,6 +458,16 @@ impl Cache {
         })
     }
 
+    /// Whether a client flush that has flushed the devices must still wait for a commit:
+    /// changes of requests answered before their record (or of records that failed) are
+    /// queued or being written. It then waits as a FUA request does, for a record written
+    /// with FUA after a device flush, by which every earlier record and data write is durable.
+    pub(crate) fn meta_flush_must_wait(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| {
+            !m.queued.is_empty() || m.commit.is_some() || m.waiters_next.iter().any(|w| w.replied)
+        })
+    }
+
     /// Parks a finished request until the next commit is written.
     pub(crate) fn meta_park(&mut self, w: Waiter) {
         self.meta.as_mut().expect("persistent").waiters_next.push(w);
@@ -470,6 +484,11 @@ impl Cache {
             if let Some((core, first, last, kind)) = w.lock {
                 self.locks.unlock(core, first, last, kind);
                 self.wake_waiters = true;
+            }
+            if w.replied {
+                // Answered before its record: a failed record only means its change is not
+                // durable yet (its lines are queued again; a flush waits for them).
+                continue;
             }
             let result = match err {
                 Some(e) => Err(ReqError::Io(e)),
@@ -658,7 +677,14 @@ impl Cache {
             !(m.stopping && m.stop_cores == StopCores::Final),
             "a journal commit during the final checkpoint of a stop"
         );
-        let waiters = std::mem::take(&mut m.waiters_next);
+        // Waiters are released by the commit that leaves nothing queued: a request's lines may
+        // not all fit in this one (a large request, or many), and its reply (a FUA write, a
+        // flush) or its locks must wait for all of them.
+        let waiters = if m.queued.is_empty() {
+            std::mem::take(&mut m.waiters_next)
+        } else {
+            Vec::new()
+        };
         let buf = m.new_buf(rec);
         m.commit = Some(Commit {
             seq,

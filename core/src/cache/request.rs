@@ -1512,14 +1512,29 @@ impl Cache {
                 c.errors += 1;
             }
         }
-        if self.meta_must_wait() {
-            // Its change must be journaled first; it keeps its locks until then.
+        let must_wait = self.meta_must_wait();
+        let flush_waits = r.op == Op::Flush
+            && result.is_ok()
+            && !cfg!(feature = "canary-flush-skips-journal")
+            && self.meta_flush_must_wait();
+        if must_wait || flush_waits {
+            // Its change must be journaled first; it keeps its locks until then. A request
+            // that needs no durability (not FUA, not a flush) and succeeded is answered now:
+            // until a flush, a crash may lose it (SPEC durability point 2), and recovery finds
+            // the older state (its blocks' clean copies are not trusted unless an intent
+            // guards them). A flush waits for the records of everything answered before it.
             let lock = r.locked.then_some((r.core, r.first, r.last, r.lock));
+            let fua = r.op.fua() || r.op == Op::Flush;
+            let replied = !fua && result.is_ok();
+            if replied {
+                Self::reply(actions, r.id, result);
+            }
             self.meta_park(super::meta::Waiter {
                 req: r.id,
                 result,
                 lock,
-                fua: r.op.fua(),
+                fua,
+                replied,
             });
         } else {
             if r.locked {
