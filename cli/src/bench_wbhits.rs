@@ -194,21 +194,17 @@ fn one_path(
             "dirty lines",
         )?;
         let dirty_before = dirty_lines(&d)?;
-        let mut idle = Vec::new();
-        for (name, rw, bs, qd) in WORKLOADS {
-            idle.push(fio(
-                &uri,
-                rw,
-                bs,
-                qd,
-                0,
-                clean,
-                Some(runtime),
-                None,
-                bar,
-                name,
-            )?);
-        }
+        // Both hit workloads once each (`during`: a label for the progress bar).
+        let hits = |during: &str| -> Vec<Result<Numbers, String>> {
+            WORKLOADS
+                .iter()
+                .map(|&(name, rw, bs, qd)| {
+                    let label = format!("{name}{during}");
+                    fio(&uri, rw, bs, qd, 0, clean, Some(runtime), None, bar, &label)
+                })
+                .collect()
+        };
+        let idle: Vec<Numbers> = hits("").into_iter().collect::<Result<_, _>>()?;
         // The writeback, on a thread of its own (the call returns when it is done).
         let (during, running_after, dirty_after) = std::thread::scope(|s| {
             let wb = s.spawn(|| {
@@ -218,22 +214,7 @@ fn one_path(
                 })
             });
             std::thread::sleep(Duration::from_secs(1));
-            let mut during = Vec::new();
-            for (name, rw, bs, qd) in WORKLOADS {
-                let label = format!("{name}, writeback");
-                during.push(fio(
-                    &uri,
-                    rw,
-                    bs,
-                    qd,
-                    0,
-                    clean,
-                    Some(runtime),
-                    None,
-                    bar,
-                    &label,
-                ));
-            }
+            let during = hits(", writeback");
             let dirty_after = dirty_lines(&d);
             let running_after = !wb.is_finished();
             // Not waited for: the daemon is stopped without writeback below.

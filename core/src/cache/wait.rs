@@ -31,6 +31,17 @@ struct Place {
     last: u64,
 }
 
+impl Place {
+    fn new(seq: u64, core: CoreId, first: u64, last: u64) -> Place {
+        Place {
+            seq,
+            core,
+            first,
+            last,
+        }
+    }
+}
+
 /// The lock-wait queues (see the module docs).
 #[derive(Debug)]
 pub(crate) struct WaitQueues {
@@ -72,32 +83,13 @@ impl WaitQueues {
     pub(crate) fn push_back(&mut self, id: ReqId, core: CoreId, first: u64, last: u64) {
         let seq = self.back;
         self.back += 1;
-        self.insert(
-            id,
-            Place {
-                seq,
-                core,
-                first,
-                last,
-            },
-            false,
-        );
+        self.insert(id, Place::new(seq, core, first, last), false);
     }
 
     /// Queues `id` ahead of every waiting request.
     pub(crate) fn push_front(&mut self, id: ReqId, core: CoreId, first: u64, last: u64) {
         self.front -= 1;
-        let seq = self.front;
-        self.insert(
-            id,
-            Place {
-                seq,
-                core,
-                first,
-                last,
-            },
-            true,
-        );
+        self.insert(id, Place::new(self.front, core, first, last), true);
     }
 
     fn insert(&mut self, id: ReqId, p: Place, front: bool) {
