@@ -27,6 +27,9 @@ pub mod registry;
 pub mod server;
 pub mod stats;
 
+/// The git commit this daemon was built from (short hash, or `unknown`): `build.rs`.
+pub const BUILD_COMMIT: &str = env!("TIERCACHE_COMMIT");
+
 /// Logs one structured line to stderr: `ts=… level=… msg="…" key=value …`.
 #[macro_export]
 macro_rules! log {

@@ -16,9 +16,16 @@ impl Exports for RegistryExports {
     }
 
     fn get(&self, name: &str) -> Result<Arc<dyn Export>, String> {
-        match self.0.export(name)? {
-            ExportTarget::Cached(engine, core, _) => Ok(Arc::new(EngineExport::new(engine, core))),
-            ExportTarget::Bare(dev) => Ok(Arc::new(BackendExport::new(dev))),
+        // Made only for a name that resolves: clients cannot grow the table with made-up names.
+        let target = self.0.export(name)?;
+        let stats = self.0.request_stats(name);
+        match target {
+            ExportTarget::Cached(engine, core, _) => Ok(Arc::new(
+                EngineExport::new(engine, core).with_request_stats(stats),
+            )),
+            ExportTarget::Bare(dev) => {
+                Ok(Arc::new(BackendExport::new(dev).with_request_stats(stats)))
+            }
         }
     }
 }

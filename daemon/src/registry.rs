@@ -177,6 +177,9 @@ pub struct Registry {
     /// The health watcher's view (one log line per problem start and end). Taken before
     /// `caches`, never while holding it.
     watch: Mutex<crate::health::Watch>,
+    /// Each export's request latencies and client bytes, by export name: kept across
+    /// connections (the NBD server counts into them, `/metrics` reads them).
+    request_stats: Mutex<BTreeMap<String, Arc<tiercache_nbd::RequestStats>>>,
     /// Held by `start-cache` until its cache is listed and by `add-core` throughout, so that a
     /// device checked as held by no one here (see [`Registry::claimable`]) is not taken by
     /// another attach before it is listed. Taken before `markers` and `caches`.
@@ -1676,6 +1679,12 @@ impl Registry {
             }
         }
         Ok(ExportTarget::Cached(engine, CoreId(i), line_size))
+    }
+
+    /// The request statistics of export `name` (made at first use, then kept).
+    pub fn request_stats(&self, name: &str) -> Arc<tiercache_nbd::RequestStats> {
+        let mut m = self.request_stats.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(name.to_string()).or_default().clone()
     }
 
     /// Every export: (name, description, served).

@@ -279,22 +279,49 @@ fn serve_metrics(l: std::net::TcpListener, reg: Arc<Registry>) {
         std::thread::spawn(move || {
             let mut s = s;
             let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            // The request's head (bounded; a scraper's fits), read until its blank line so
+            // that closing does not reset a connection whose request came in pieces.
             let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
+            let mut n = 0;
+            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf[n..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => n += k,
+                }
+            }
             let req = String::from_utf8_lossy(&buf[..n]);
             let first = req.lines().next().unwrap_or("");
-            let (code, body) = if first.starts_with("GET /metrics") {
-                ("200 OK", crate::stats::metrics(&reg))
-            } else {
-                ("404 Not Found", "see /metrics\n".to_string())
+            let (method, path) = request_line(first);
+            let (code, body) = match path {
+                "/metrics" if method == "GET" || method == "HEAD" => {
+                    ("200 OK", crate::stats::metrics(&reg))
+                }
+                "/" if method == "GET" || method == "HEAD" => {
+                    ("200 OK", "tiercache: metrics at /metrics\n".to_string())
+                }
+                "/metrics" | "/" => ("405 Method Not Allowed", "GET or HEAD\n".to_string()),
+                _ => ("404 Not Found", "see /metrics\n".to_string()),
             };
+            // HEAD: the headers GET would send (the same length), no body.
             let _ = write!(
                 s,
-                "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
+            if method != "HEAD" {
+                let _ = s.write_all(body.as_bytes());
+            }
         });
     }
+}
+
+/// The method and path of an HTTP request line (`GET /metrics HTTP/1.1`); a query string is
+/// dropped.
+fn request_line(line: &str) -> (&str, &str) {
+    let mut w = line.split_ascii_whitespace();
+    let method = w.next().unwrap_or("");
+    let target = w.next().unwrap_or("");
+    (method, target.split('?').next().unwrap_or(""))
 }
 
 fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, access: Access) {

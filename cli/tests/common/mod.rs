@@ -103,6 +103,15 @@ impl Opts {
     }
 }
 
+/// A free TCP port on the loopback (for a metrics listener).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A sparse file of `bytes` at `path` (created or truncated).
 pub fn sparse(path: &str, bytes: u64) {
     std::fs::File::create(path).unwrap().set_len(bytes).unwrap();
