@@ -10,6 +10,9 @@
 //! - it serves `/metrics` in Prometheus text format ([`stats::metrics`]);
 //! - it watches every cache's health and logs one line when a device problem starts and one
 //!   when it ends ([`health::Watch`]);
+//! - under systemd (`Type=notify`) it sends `READY=1` once all that is done, `STATUS=`,
+//!   `WATCHDOG=1` and `STOPPING=1` ([`notify`]); `--check-config` checks a config without
+//!   starting ([`server::check_config`]);
 //! - on SIGTERM/SIGINT or `shutdown`, it stops every cache cleanly (dirty data stays persisted
 //!   on the cache device) and removes its sockets.
 //!
@@ -23,6 +26,7 @@ pub mod devlock;
 pub mod health;
 pub mod identity;
 mod nbd_glue;
+pub mod notify;
 pub mod registry;
 pub mod server;
 pub mod stats;

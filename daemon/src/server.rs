@@ -171,6 +171,121 @@ pub fn bind_private(path: &Path, group: Option<u32>) -> Result<UnixListener, Str
     Ok(l)
 }
 
+/// The options in force: each from the command line if given there, else from the config
+/// file's `[daemon]` section (the TLS files as a set: all from one place).
+fn merged(opts: &Options, cfg: &ConfigFile) -> Options {
+    let d = &cfg.daemon;
+    let tls_cli = opts.tls_cert.is_some() || opts.tls_key.is_some() || opts.tls_ca.is_some();
+    let pick = |cli: &Option<PathBuf>, file: &Option<PathBuf>| {
+        if tls_cli { cli.clone() } else { file.clone() }
+    };
+    Options {
+        config: opts.config.clone(),
+        socket: opts
+            .socket
+            .clone()
+            .or_else(|| d.socket.as_ref().map(PathBuf::from)),
+        // The command line's; the config's (an empty list: none) in `listeners`.
+        nbd_listen: opts.nbd_listen.clone(),
+        metrics_listen: opts
+            .metrics_listen
+            .clone()
+            .or_else(|| d.metrics_listen.clone()),
+        socket_group: opts.socket_group.clone().or_else(|| d.socket_group.clone()),
+        tls_cert: pick(&opts.tls_cert, &d.tls_cert),
+        tls_key: pick(&opts.tls_key, &d.tls_key),
+        tls_ca: pick(&opts.tls_ca, &d.tls_ca),
+        nbd_threaded: opts.nbd_threaded,
+    }
+}
+
+/// The admin socket, NBD listeners and metrics address of merged options, defaults filled in.
+fn listeners(o: &Options, cfg: &ConfigFile) -> (PathBuf, Vec<String>, String) {
+    let socket = o.socket.clone().unwrap_or_else(default_socket);
+    let nbd = if !o.nbd_listen.is_empty() {
+        o.nbd_listen.clone()
+    } else if let Some(l) = &cfg.daemon.nbd_listen {
+        l.clone()
+    } else {
+        vec![format!("unix:{}", runtime_dir().join("nbd.sock").display())]
+    };
+    let metrics = o
+        .metrics_listen
+        .clone()
+        .unwrap_or_else(|| METRICS_DEFAULT.to_string());
+    (socket, nbd, metrics)
+}
+
+/// `tiercache daemon --check-config FILE`: checks the file and the options it gives with the
+/// command line's (syntax, ids, device strings, modes, line sizes, timeouts, listeners, the
+/// socket group, the TLS files and the non-loopback rule) without opening a device or binding
+/// anything. One line: what would run, or the first problem.
+pub fn check_config(path: &Path, opts: &Options) -> Result<String, String> {
+    let cfg = ConfigFile::load(path)?;
+    let o = merged(opts, &cfg);
+    let (socket, nbd, metrics) = listeners(&o, &cfg);
+    let sec = security(&o, &nbd).map_err(|e| format!("config {}: {e}", path.display()))?;
+    if metrics != "none" {
+        std::net::ToSocketAddrs::to_socket_addrs(&metrics).map_err(|e| {
+            format!(
+                "config {}: metrics_listen '{metrics}': {e} (want HOST:PORT or none)",
+                path.display()
+            )
+        })?;
+    }
+    let mut cores = 0;
+    for k in &cfg.cache {
+        let bad = |what: String| format!("config {}: cache {}: {what}", path.display(), k.id);
+        if let Some(m) = &k.mode
+            && !m.trim().eq_ignore_ascii_case("wl")
+            && tiercache_core::mode::CacheMode::parse(m).is_none()
+        {
+            return Err(bad(format!(
+                "unknown mode '{m}' (want wt, wb, wa, wi, pt, wo or wl)"
+            )));
+        }
+        let spec = crate::device::DeviceSpec::parse(&k.device).map_err(&bad)?;
+        if matches!(
+            spec,
+            crate::device::DeviceSpec::Nbd(_) | crate::device::DeviceSpec::Rbd(_)
+        ) {
+            return Err(bad(format!(
+                "{}: nbd: and rbd: devices can be cores, not cache devices",
+                k.device
+            )));
+        }
+        let mode = k
+            .mode
+            .as_deref()
+            .unwrap_or("wt")
+            .trim()
+            .to_ascii_lowercase();
+        if spec.volatile() && ["wb", "wo", "wl"].contains(&mode.as_str()) {
+            return Err(bad(format!(
+                "{}: mode {mode} holds dirty data, which a ram: device loses at a crash",
+                k.device
+            )));
+        }
+        if let Some(l) = &k.line_size
+            && tiercache_core::units::LineSize::parse(l).is_none()
+        {
+            return Err(bad(format!(
+                "unknown line size '{l}' (want 4k, 8k, 16k, 32k or 64k)"
+            )));
+        }
+        cores += k.core.len();
+    }
+    Ok(format!(
+        "config {}: ok: {} caches, {cores} cores; admin socket {}, NBD {}, metrics {metrics}, TLS {}, socket group {}",
+        path.display(),
+        cfg.cache.len(),
+        socket.display(),
+        nbd.join(","),
+        if sec.tls.is_some() { "on" } else { "off" },
+        o.socket_group.as_deref().unwrap_or("none"),
+    ))
+}
+
 /// Runs the daemon in the foreground until SIGTERM, SIGINT or `shutdown`.
 pub fn run(opts: Options) -> Result<(), String> {
     let sigs = block_signals();
@@ -179,23 +294,8 @@ pub fn run(opts: Options) -> Result<(), String> {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
-    let socket = opts
-        .socket
-        .clone()
-        .or_else(|| cfg.daemon.socket.as_ref().map(PathBuf::from))
-        .unwrap_or_else(default_socket);
-    let nbd_listen = if !opts.nbd_listen.is_empty() {
-        opts.nbd_listen.clone()
-    } else if let Some(l) = &cfg.daemon.nbd_listen {
-        l.clone()
-    } else {
-        vec![format!("unix:{}", runtime_dir().join("nbd.sock").display())]
-    };
-    let metrics = opts
-        .metrics_listen
-        .clone()
-        .or_else(|| cfg.daemon.metrics_listen.clone())
-        .unwrap_or_else(|| METRICS_DEFAULT.to_string());
+    let opts = merged(&opts, &cfg);
+    let (socket, nbd_listen, metrics) = listeners(&opts, &cfg);
     let sec = security(&opts, &nbd_listen)?;
     let admin = bind_private(&socket, sec.socket_group)?;
     let access = Access::new(sec.socket_group);
@@ -264,13 +364,44 @@ pub fn run(opts: Options) -> Result<(), String> {
             .unwrap_or_else(|| "none".into()),
         problems = problems.len()
     );
+    // Every cache of the config is reassembled and every listener bound: the service manager
+    // may start what is ordered after us (an OSD or a VM on one of the exports).
+    crate::notify::tell(&format!("READY=1\nSTATUS={}", status(&reg)));
+    if let Some(every) = crate::notify::watchdog_interval() {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                // Taking the registry's lock (as every admin request does) is the check: a
+                // daemon stuck behind it stops pinging and is restarted by systemd.
+                let st = status(&reg);
+                crate::notify::tell(&format!("WATCHDOG=1\nSTATUS={st}"));
+            }
+        });
+    }
     let why = rx.recv().unwrap_or("channel closed");
+    crate::notify::tell(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
     crate::log!(info, "daemon stopping", reason = why);
     nbd.shutdown();
     reg.stop_all();
     let _ = std::fs::remove_file(&socket);
     crate::log!(info, "daemon stopped");
     Ok(())
+}
+
+/// The caches' states in a line (`STATUS=` for the service manager): `2 caches: 1 running, 1
+/// degraded`.
+fn status(reg: &Registry) -> String {
+    let ids = reg.ids();
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+    for id in &ids {
+        *by.entry(reg.state(*id).unwrap_or("detached")).or_default() += 1;
+    }
+    let parts: Vec<String> = by.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    match ids.len() {
+        0 => "no caches".into(),
+        n => format!("{n} caches: {}", parts.join(", ")),
+    }
 }
 
 fn serve_metrics(l: std::net::TcpListener, reg: Arc<Registry>) {
