@@ -57,6 +57,10 @@ pub struct DaemonArgs {
     /// would run or the first problem; opens no device and binds nothing.
     #[arg(long = "check-config", value_name = "FILE", conflicts_with = "config")]
     pub check_config: Option<PathBuf>,
+    /// Log level: error, warn, info (default) or debug (each admin request, ...). Lines go to
+    /// stderr with RFC 3339 timestamps, and with journald priorities under systemd.
+    #[arg(long = "log-level", value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
 /// Runs the daemon in the foreground (or checks its config: `--check-config`).
@@ -72,6 +76,7 @@ pub fn daemon(a: DaemonArgs) -> Result<(), String> {
         tls_key: a.tls_key,
         tls_ca: a.tls_ca,
         nbd_threaded: a.nbd_threaded,
+        log_level: a.log_level,
     };
     match check {
         Some(f) => {

@@ -260,3 +260,104 @@ fn the_unit_file_verifies_and_the_example_config_checks() {
     let ours: Vec<&str> = err.lines().filter(|l| l.contains("tiercache")).collect();
     assert!(ours.is_empty(), "systemd-analyze verify: {ours:?}");
 }
+
+/// Runs the daemon on a config whose core device is missing (one error line at start), with
+/// `args` and `env`, until READY=1; then `tiercache list` (an admin request) and SIGTERM. Its
+/// log.
+fn logged_run(name: &str, args: &[&str], journal: bool) -> String {
+    let d = Dir::new(name);
+    let cfg = config(&d, &d.sparse("cache.img", 64 << 20), &d.path("missing.img"));
+    let path = d.path("notify.sock");
+    let sock = UnixDatagram::bind(&path).unwrap();
+    let log = std::fs::File::create(d.path("daemon.log")).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["daemon", "--config", &cfg])
+        .args(args)
+        .env("NOTIFY_SOCKET", &path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    if journal {
+        // What systemd sets when stderr is the journal: stderr's device and inode.
+        use std::os::unix::fs::MetadataExt;
+        let m = log.metadata().unwrap();
+        cmd.env("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()));
+    }
+    let mut child = cmd.stderr(log).spawn().unwrap();
+    assert!(next(&sock, 60, &d).starts_with("READY=1"));
+    let out = Command::new(BIN)
+        .args(["list"])
+        .env("TIERCACHE_SOCKET", d.path("admin.sock"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(sigterm_and_wait(&mut child).success());
+    std::fs::read_to_string(d.path("daemon.log")).unwrap()
+}
+
+/// `ts=2026-11-27T19:39:42.123Z`.
+fn rfc3339(ts: &str) -> bool {
+    let b = ts.as_bytes();
+    ts.len() == 24
+        && ts.ends_with('Z')
+        && b[4] == b'-'
+        && b[10] == b'T'
+        && b[19] == b'.'
+        && ts[..4].chars().all(|c| c.is_ascii_digit())
+}
+
+#[test]
+fn log_levels_filter_and_journald_gets_priorities() {
+    // warn: the missing core's error line, nothing at info or debug.
+    let log = logged_run("log-warn", &["--log-level", "warn"], false);
+    assert!(
+        log.contains("level=error msg=\"core not attached\""),
+        "{log}"
+    );
+    for l in log.lines() {
+        assert!(
+            l.contains(" level=error ") || l.contains(" level=warn "),
+            "{l}"
+        );
+        let ts = l.split(' ').next().unwrap().strip_prefix("ts=").unwrap();
+        assert!(rfc3339(ts), "{l}");
+    }
+    // debug under journald: every line with its priority; the admin request at debug.
+    let log = logged_run("log-debug", &["--log-level", "DEBUG"], true);
+    let prio = |p: &str, what: &str| log.lines().any(|l| l.starts_with(p) && l.contains(what));
+    assert!(
+        prio("<3>ts=", "level=error msg=\"core not attached\""),
+        "{log}"
+    );
+    assert!(prio("<6>ts=", "level=info msg=\"daemon ready\""), "{log}");
+    assert!(
+        prio("<7>ts=", "level=debug msg=\"admin request\"") && log.contains(" verb=list "),
+        "{log}"
+    );
+    assert!(log.lines().all(|l| l.starts_with('<')), "{log}");
+    // No Rust Debug text: the listener is named as it is given.
+    assert!(log.contains("address=unix:/"), "{log}");
+    assert!(!log.contains("Unix(") && !log.contains("Some("), "{log}");
+    // The default (info) hides debug; a bad level is one line.
+    let log = logged_run("log-info", &[], false);
+    assert!(
+        log.contains("level=info") && !log.contains("level=debug"),
+        "{log}"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "daemon",
+            "--log-level",
+            "loud",
+            "--socket",
+            "/nonexistent/x.sock",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("unknown log level 'loud' (want error, warn, info or debug)"),
+        "{err}"
+    );
+}

@@ -11,6 +11,7 @@
 //! tls_cert = "/etc/tiercache/server-cert.pem"   # optional, with tls_key and tls_ca: TLS on
 //! tls_key = "/etc/tiercache/server-key.pem"     #   every NBD listener, client certificates
 //! tls_ca = "/etc/tiercache/ca-cert.pem"         #   signed by tls_ca required
+//! log_level = "info"                            # optional: error, warn, info or debug
 //!
 //! [[cache]]
 //! id = 1
@@ -74,6 +75,8 @@ pub struct DaemonSection {
     pub tls_key: Option<std::path::PathBuf>,
     /// CA (PEM) that NBD clients' certificates must chain to (`--tls-ca`).
     pub tls_ca: Option<std::path::PathBuf>,
+    /// Log level: `error`, `warn`, `info` (default) or `debug` (`--log-level`).
+    pub log_level: Option<String>,
 }
 
 /// `[[cache]]`.

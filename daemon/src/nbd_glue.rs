@@ -5,7 +5,7 @@
 use crate::registry::{ExportTarget, Registry};
 use std::sync::Arc;
 use tiercache_nbd::{
-    BackendExport, EngineExport, Export, Exports, ListenAddr, Server, ServerConfig,
+    BackendExport, BoundAddr, EngineExport, Export, Exports, ListenAddr, Server, ServerConfig,
 };
 
 struct RegistryExports(Arc<Registry>);
@@ -72,7 +72,10 @@ pub fn start(
         crate::log!(
             info,
             "NBD listening",
-            address = format!("{bound:?}"),
+            address = match &bound {
+                BoundAddr::Unix(p) => format!("unix:{}", p.display()),
+                BoundAddr::Tcp(a) => format!("tcp:{a}"),
+            },
             tls = sec.tls.is_some()
         );
     }

@@ -640,7 +640,7 @@ impl Registry {
             cache = id,
             device = p.device,
             state = state,
-            io_timeout = io.cache.map_or("none".into(), |t| format!("{t:?}"))
+            io_timeout = io.cache.map_or("none".into(), crate::device::show_timeout)
         );
         Ok(
             json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report,
@@ -1097,7 +1097,7 @@ impl Registry {
                     cache = cache_id,
                     core = id,
                     export = name,
-                    io_timeout = io_timeout.map_or("none".into(), |t| format!("{t:?}"))
+                    io_timeout = io_timeout.map_or("none".into(), crate::device::show_timeout)
                 );
                 Ok(json!({"cache_id": cache_id, "core_id": id, "export": name}))
             }
@@ -1984,7 +1984,7 @@ fn retime(
         "core io timeout set",
         cache = cache_id,
         core = core,
-        io_timeout = format!("{t:?}")
+        io_timeout = crate::device::show_timeout(t)
     );
     Ok(())
 }

@@ -36,6 +36,8 @@ pub struct Options {
     pub tls_ca: Option<PathBuf>,
     /// NBD connections on worker threads only (no io_uring reactor).
     pub nbd_threaded: bool,
+    /// Log level: `error`, `warn`, `info` (default) or `debug`.
+    pub log_level: Option<String>,
 }
 
 /// What the daemon's sockets require, checked before anything else starts.
@@ -196,7 +198,16 @@ fn merged(opts: &Options, cfg: &ConfigFile) -> Options {
         tls_key: pick(&opts.tls_key, &d.tls_key),
         tls_ca: pick(&opts.tls_ca, &d.tls_ca),
         nbd_threaded: opts.nbd_threaded,
+        log_level: opts.log_level.clone().or_else(|| d.log_level.clone()),
     }
+}
+
+/// The log level of merged options (`info` when none is given).
+fn log_level(o: &Options) -> Result<tiercache_io::log::Level, String> {
+    o.log_level.as_deref().map_or(
+        Ok(tiercache_io::log::Level::Info),
+        tiercache_io::log::Level::parse,
+    )
 }
 
 /// The admin socket, NBD listeners and metrics address of merged options, defaults filled in.
@@ -224,7 +235,9 @@ pub fn check_config(path: &Path, opts: &Options) -> Result<String, String> {
     let cfg = ConfigFile::load(path)?;
     let o = merged(opts, &cfg);
     let (socket, nbd, metrics) = listeners(&o, &cfg);
-    let sec = security(&o, &nbd).map_err(|e| format!("config {}: {e}", path.display()))?;
+    let at = |e: String| format!("config {}: {e}", path.display());
+    let level = log_level(&o).map_err(at)?;
+    let sec = security(&o, &nbd).map_err(at)?;
     if metrics != "none" {
         std::net::ToSocketAddrs::to_socket_addrs(&metrics).map_err(|e| {
             format!(
@@ -276,13 +289,14 @@ pub fn check_config(path: &Path, opts: &Options) -> Result<String, String> {
         cores += k.core.len();
     }
     Ok(format!(
-        "config {}: ok: {} caches, {cores} cores; admin socket {}, NBD {}, metrics {metrics}, TLS {}, socket group {}",
+        "config {}: ok: {} caches, {cores} cores; admin socket {}, NBD {}, metrics {metrics}, TLS {}, socket group {}, log level {}",
         path.display(),
         cfg.cache.len(),
         socket.display(),
         nbd.join(","),
         if sec.tls.is_some() { "on" } else { "off" },
         o.socket_group.as_deref().unwrap_or("none"),
+        level.name(),
     ))
 }
 
@@ -295,6 +309,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         None => ConfigFile::default(),
     };
     let opts = merged(&opts, &cfg);
+    tiercache_io::log::set_level(log_level(&opts)?);
     let (socket, nbd_listen, metrics) = listeners(&opts, &cfg);
     let sec = security(&opts, &nbd_listen)?;
     let admin = bind_private(&socket, sec.socket_group)?;
@@ -506,6 +521,16 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, a
         send(json!({"progress": Progress {
             what: what.to_string(), done, total, unit: unit.into() }}));
     };
+    crate::log!(
+        debug,
+        "admin request",
+        uid = peer.as_ref().map_or(0, |p| p.uid),
+        verb = serde_json::to_value(&req)
+            .ok()
+            .and_then(|v| v["verb"].as_str().map(String::from))
+            .unwrap_or_default(),
+        bytes = line.len()
+    );
     let shutdown = matches!(req, Request::Shutdown);
     let res = handle(reg, req, &mut progress);
     let v = match res {

@@ -166,24 +166,13 @@ pub struct ServerConfig {
     pub reactor: bool,
 }
 
-/// One log line in the daemon's format (`ts=… level=… msg="…" key=value …`).
+/// One log line through the daemon's one formatter (`tiercache_io::log`).
 fn log_line(level: &str, msg: &str, kv: &[(&str, String)]) {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let mut l = format!(
-        "ts={}.{:03} level={level} msg={msg:?}",
-        t.as_secs(),
-        t.subsec_millis()
-    );
-    for (k, v) in kv {
-        if v.is_empty() || v.contains([' ', '"', '=']) {
-            l.push_str(&format!(" {k}={v:?}"));
-        } else {
-            l.push_str(&format!(" {k}={v}"));
-        }
+    let level = tiercache_io::log::Level::parse(level).unwrap_or(tiercache_io::log::Level::Info);
+    if tiercache_io::log::enabled(level) {
+        let kv: Vec<(&str, &str)> = kv.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        tiercache_io::log::emit(level, msg, &kv);
     }
-    eprintln!("{l}");
 }
 
 impl Default for ServerConfig {

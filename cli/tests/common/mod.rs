@@ -258,8 +258,8 @@ impl Daemon {
     /// The port of the daemon's (first) TCP NBD listener, from its log.
     pub fn tcp_port(&self) -> u16 {
         let l = self.log();
-        let i = l.find("address=Tcp(").expect("a TCP listener in the log") + 12;
-        let a = &l[i..i + l[i..].find(')').unwrap()];
+        let i = l.find("address=tcp:").expect("a TCP listener in the log") + 12;
+        let a = &l[i..i + l[i..].find(' ').unwrap()];
         a.rsplit(':').next().unwrap().parse().unwrap()
     }
 
