@@ -365,6 +365,7 @@ fn exposition_parses_and_matches_the_docs() {
             ),
             1.0
         );
+        assert!(value(&samples, "tiercache_nbd_connections_accepted_total", &[]) >= 1.0);
         let fill = value(&samples, "tiercache_wl_log_fill_ratio", &[("cache", "2")]);
         assert!((0.0..=1.0).contains(&fill), "fill ratio {fill}");
         let bi = samples

@@ -31,7 +31,7 @@ impl Exports for RegistryExports {
 }
 
 /// The running NBD server.
-pub struct NbdHandle(Server);
+pub struct NbdHandle(Arc<Server>);
 
 impl NbdHandle {
     /// Stops listening and closes every connection.
@@ -54,7 +54,7 @@ pub fn start(
         .map(|s| ListenAddr::parse(s))
         .collect::<Result<_, _>>()?;
     let server = Server::new(
-        Arc::new(RegistryExports(reg)),
+        Arc::new(RegistryExports(reg.clone())),
         ServerConfig {
             log_connections: true,
             socket_mode: if sec.socket_group.is_some() {
@@ -79,5 +79,8 @@ pub fn start(
             tls = sec.tls.is_some()
         );
     }
+    let server = Arc::new(server);
+    // For `/metrics` (connections); weak, since the server holds the registry.
+    reg.set_nbd_server(Arc::downgrade(&server));
     Ok(NbdHandle(server))
 }

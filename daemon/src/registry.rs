@@ -180,6 +180,8 @@ pub struct Registry {
     /// Each export's request latencies and client bytes, by export name: kept across
     /// connections (the NBD server counts into them, `/metrics` reads them).
     request_stats: Mutex<BTreeMap<String, Arc<tiercache_nbd::RequestStats>>>,
+    /// The NBD server, for its connection counts in `/metrics`.
+    nbd: Mutex<Option<std::sync::Weak<tiercache_nbd::Server>>>,
     /// Held by `start-cache` until its cache is listed and by `add-core` throughout, so that a
     /// device checked as held by no one here (see [`Registry::claimable`]) is not taken by
     /// another attach before it is listed. Taken before `markers` and `caches`.
@@ -1679,6 +1681,17 @@ impl Registry {
             }
         }
         Ok(ExportTarget::Cached(engine, CoreId(i), line_size))
+    }
+
+    /// Remembers the NBD server (its counters are read by `/metrics`).
+    pub fn set_nbd_server(&self, s: std::sync::Weak<tiercache_nbd::Server>) {
+        *self.nbd.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+    }
+
+    /// The NBD server's counters, while it runs.
+    pub fn nbd_stats(&self) -> Option<tiercache_nbd::ServerStats> {
+        let s = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        s.and_then(|w| w.upgrade()).map(|s| s.stats())
     }
 
     /// The request statistics of export `name` (made at first use, then kept).

@@ -729,6 +729,38 @@ pub fn metrics(reg: &Registry) -> String {
         }
     }
     request_metrics(&mut x, reg);
+    if let Some(n) = reg.nbd_stats() {
+        let families = [
+            (
+                "nbd_connections",
+                "gauge",
+                "NBD connections open now.",
+                n.open,
+            ),
+            (
+                "nbd_connections_accepted_total",
+                "counter",
+                "NBD connections accepted.",
+                n.accepted,
+            ),
+            (
+                "nbd_handshakes_failed_total",
+                "counter",
+                "NBD connections that ended in the handshake (export refused or unknown, client aborted, malformed, timed out).",
+                n.handshake_ended,
+            ),
+            (
+                "nbd_tls_refused_total",
+                "counter",
+                "NBD connections whose TLS handshake failed (no or a wrong client certificate, not TLS).",
+                n.tls_refused,
+            ),
+        ];
+        for (name, kind, help, v) in families {
+            x.family(name, kind, help);
+            x.sample(name, &[], v as f64);
+        }
+    }
     x.out
 }
 
