@@ -441,6 +441,22 @@ fn exposition_parses_and_matches_the_docs() {
         assert!(http(port, "GET / HTTP/1.1").0.contains(" 200 "));
         assert!(http(port, "GET /nothing HTTP/1.1").0.contains(" 404 "));
         assert!(http(port, "POST /metrics HTTP/1.1").0.contains(" 405 "));
+        // At most 4 scrapes at once: a fifth connection gets 503 at once, and once the
+        // others go away the next is served.
+        let idle: Vec<std::net::TcpStream> = (0..4)
+            .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(http(port, "GET /metrics HTTP/1.1").0.contains(" 503 "));
+        drop(idle);
+        let t = std::time::Instant::now();
+        while !http(port, "GET /metrics HTTP/1.1").0.contains(" 200 ") {
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(5),
+                "still refused"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         dm.stop();
     }
 }

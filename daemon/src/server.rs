@@ -419,11 +419,38 @@ fn status(reg: &Registry) -> String {
     }
 }
 
+/// Scrapes answered at once; past that a connection gets `503` at once (a scraper that opens
+/// connections without end cannot make the daemon spawn threads without end).
+pub const METRICS_THREADS: usize = 4;
+
 fn serve_metrics(l: std::net::TcpListener, reg: Arc<Registry>) {
-    for s in l.incoming().flatten() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let active = Arc::new(AtomicUsize::new(0));
+    for mut s in l.incoming().flatten() {
+        if active.load(Ordering::Acquire) >= METRICS_THREADS {
+            // The request is read first (briefly): closing on unread data would reset the
+            // connection, and the client would not see the answer.
+            let t = Some(std::time::Duration::from_millis(50));
+            let _ = s.set_read_timeout(t);
+            let _ = s.set_write_timeout(t);
+            let _ = s.read(&mut [0u8; 1024]);
+            let _ = s.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
+            );
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
         let reg = reg.clone();
+        let active = active.clone();
         std::thread::spawn(move || {
-            let mut s = s;
+            /// Gives the slot back however the thread ends.
+            struct Slot(Arc<AtomicUsize>);
+            impl Drop for Slot {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            let _slot = Slot(active);
             let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
             // The request's head (bounded; a scraper's fits), read until its blank line so
             // that closing does not reset a connection whose request came in pieces.
