@@ -462,6 +462,28 @@ fn exposition_parses_and_matches_the_docs() {
 }
 
 #[test]
+fn a_metrics_port_taken_is_a_problem_not_served() {
+    let d = Dir::new("metrics-taken");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dm = Daemon::start(Opts::new(&d).args(&["--metrics-listen", &format!("127.0.0.1:{port}")]));
+    let log = dm.log();
+    assert!(
+        log.contains("level=error msg=\"metrics not served\""),
+        "{log}"
+    );
+    let ready = log.lines().find(|l| l.contains("daemon ready")).unwrap();
+    assert!(ready.contains("problems=1"), "{ready}");
+    assert!(
+        ready.contains(&format!(
+            "metrics=\"none (bind of 127.0.0.1:{port} failed)\""
+        )),
+        "{ready}"
+    );
+    dm.stop();
+}
+
+#[test]
 fn the_checker_refuses_what_prometheus_refuses() {
     let ok = "# HELP tiercache_x x\n# TYPE tiercache_x gauge\ntiercache_x{export=\"a\\\"b\\\\c\\nd\"} 1\n";
     let (_, s) = check_exposition(ok);

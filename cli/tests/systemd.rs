@@ -134,7 +134,10 @@ fn an_abstract_notify_socket_and_a_missing_cache_device_still_get_ready() {
     let mut child = spawn(&d, &cfg, &[("NOTIFY_SOCKET", &format!("@{name}"))]);
     let ready = next(&sock, 60, &d);
     assert!(ready.starts_with("READY=1\n"), "{ready:?}");
-    assert!(ready.contains("STATUS=1 caches: 1 detached"), "{ready:?}");
+    assert!(
+        ready.contains("STATUS=1 caches: 1 detached; 1 problems at start"),
+        "{ready:?}"
+    );
     let st = sigterm_and_wait(&mut child);
     assert!(st.success(), "{st}");
     let stopping = next(&sock, 5, &d);

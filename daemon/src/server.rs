@@ -310,12 +310,12 @@ pub fn run(opts: Options) -> Result<(), String> {
     };
     let opts = merged(&opts, &cfg);
     tiercache_io::log::set_level(log_level(&opts)?);
-    let (socket, nbd_listen, metrics) = listeners(&opts, &cfg);
+    let (socket, nbd_listen, mut metrics) = listeners(&opts, &cfg);
     let sec = security(&opts, &nbd_listen)?;
     let admin = bind_private(&socket, sec.socket_group)?;
     let access = Access::new(sec.socket_group);
     let reg = Arc::new(Registry::new());
-    let problems = reassemble(&reg, &cfg);
+    let mut problems = reassemble(&reg, &cfg);
     let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen, &sec, opts.nbd_threaded) {
         Ok(n) => n,
         Err(e) => {
@@ -330,7 +330,13 @@ pub fn run(opts: Options) -> Result<(), String> {
                 let r = reg.clone();
                 std::thread::spawn(move || serve_metrics(l, r));
             }
-            Err(e) => crate::log!(warn, "metrics not served", address = metrics, error = e),
+            Err(e) => {
+                // Counted as a problem, and the ready line says the metrics are not served:
+                // a scraper must not be thought to read this daemon's metrics.
+                crate::log!(error, "metrics not served", address = metrics, error = e);
+                problems.push(format!("metrics listener {metrics}: {e}"));
+                metrics = format!("none (bind of {metrics} failed)");
+            }
         }
     }
     {
@@ -381,7 +387,11 @@ pub fn run(opts: Options) -> Result<(), String> {
     );
     // Every cache of the config is reassembled and every listener bound: the service manager
     // may start what is ordered after us (an OSD or a VM on one of the exports).
-    crate::notify::tell(&format!("READY=1\nSTATUS={}", status(&reg)));
+    let at_start = match problems.len() {
+        0 => String::new(),
+        n => format!("; {n} problems at start (see the log)"),
+    };
+    crate::notify::tell(&format!("READY=1\nSTATUS={}{at_start}", status(&reg)));
     if let Some(every) = crate::notify::watchdog_interval() {
         let reg = reg.clone();
         std::thread::spawn(move || {
