@@ -57,6 +57,8 @@ if [ ! -e /usr/include/rbd/librbd.h ] || ! librbd_present; then
     need+=(librbd-dev librados-dev)
 fi
 /usr/bin/python3 -c 'import rbd' >/dev/null 2>&1 || need+=(python3-rbd)
+# prometheus_client's parser reads the daemon's whole /metrics exposition (cli/tests/metrics.rs).
+/usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]} (Debian packages)"
     SUDO=""

@@ -53,11 +53,20 @@ pub struct DaemonArgs {
     /// connection (to compare the two, or on a kernel whose io_uring misbehaves).
     #[arg(long = "nbd-threaded")]
     pub nbd_threaded: bool,
+    /// Check this config file (with the options given here) and exit: prints one line, what
+    /// would run or the first problem; opens no device and binds nothing.
+    #[arg(long = "check-config", value_name = "FILE", conflicts_with = "config")]
+    pub check_config: Option<PathBuf>,
+    /// Log level: error, warn, info (default) or debug (each admin request, ...). Lines go to
+    /// stderr with RFC 3339 timestamps, and with journald priorities under systemd.
+    #[arg(long = "log-level", value_name = "LEVEL")]
+    pub log_level: Option<String>,
 }
 
-/// Runs the daemon in the foreground.
+/// Runs the daemon in the foreground (or checks its config: `--check-config`).
 pub fn daemon(a: DaemonArgs) -> Result<(), String> {
-    tiercache_daemon::server::run(tiercache_daemon::server::Options {
+    let check = a.check_config.clone();
+    let opts = tiercache_daemon::server::Options {
         config: a.config,
         socket: a.socket,
         nbd_listen: a.nbd_listen,
@@ -67,7 +76,15 @@ pub fn daemon(a: DaemonArgs) -> Result<(), String> {
         tls_key: a.tls_key,
         tls_ca: a.tls_ca,
         nbd_threaded: a.nbd_threaded,
-    })
+        log_level: a.log_level,
+    };
+    match check {
+        Some(f) => {
+            println!("{}", tiercache_daemon::server::check_config(&f, &opts)?);
+            Ok(())
+        }
+        None => tiercache_daemon::server::run(opts),
+    }
 }
 
 /// `start-cache`.

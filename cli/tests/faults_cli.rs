@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Daemon, Dir, Opts, have, sparse};
+use common::{Daemon, Dir, Opts, free_port, have, sparse};
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -121,15 +121,6 @@ fn erroring_core(d: &Dir, file: &str, err_file: &str) -> Nbdkit {
         file,
         &["error-rate=100%".into(), format!("error-file={err_file}")],
     )
-}
-
-/// A free TCP port on the loopback (for the metrics listener).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `GET /metrics`.

@@ -7,6 +7,11 @@
 //! socket = "/run/tiercache/admin.sock"          # optional
 //! nbd_listen = ["unix:/run/tiercache/nbd.sock"]  # optional
 //! metrics_listen = "127.0.0.1:9745"             # optional; "none" turns it off
+//! socket_group = "tiercache"                   # optional: who may use the unix sockets
+//! tls_cert = "/etc/tiercache/server-cert.pem"   # optional, with tls_key and tls_ca: TLS on
+//! tls_key = "/etc/tiercache/server-key.pem"     #   every NBD listener, client certificates
+//! tls_ca = "/etc/tiercache/ca-cert.pem"         #   signed by tls_ca required
+//! log_level = "info"                            # optional: error, warn, info or debug
 //!
 //! [[cache]]
 //! id = 1
@@ -62,6 +67,16 @@ pub struct DaemonSection {
     pub nbd_listen: Option<Vec<String>>,
     /// Metrics listener (`HOST:PORT`, or `none`).
     pub metrics_listen: Option<String>,
+    /// Group (name or gid) that may use the admin and NBD unix sockets (`--socket-group`).
+    pub socket_group: Option<String>,
+    /// TLS server certificate chain, PEM (`--tls-cert`; with `tls_key` and `tls_ca`).
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// TLS server private key, PEM (`--tls-key`).
+    pub tls_key: Option<std::path::PathBuf>,
+    /// CA (PEM) that NBD clients' certificates must chain to (`--tls-ca`).
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// Log level: `error`, `warn`, `info` (default) or `debug` (`--log-level`).
+    pub log_level: Option<String>,
 }
 
 /// `[[cache]]`.

@@ -304,6 +304,18 @@ impl Backend for FaultyFile {
 pub const IO_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(10), Duration::from_secs(3600));
 
+/// An IO timeout as `parse_timeout` reads it back: `30s`, `500ms`, `2m`.
+pub fn show_timeout(t: Duration) -> String {
+    let ms = t.as_millis();
+    if ms >= 60_000 && ms.is_multiple_of(60_000) {
+        format!("{}m", ms / 60_000)
+    } else if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
 /// Parses an IO timeout: a number with `ms`, `s` or `m` (a bare number is seconds), from 10 ms
 /// to 1 hour.
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {

@@ -41,24 +41,8 @@ pub fn wall(t: Nanos, now: Nanos) -> SystemTime {
 
 /// `2025-06-01 12:00:03 UTC`.
 pub fn utc(t: SystemTime) -> String {
-    let s = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
-    let (days, rem) = (s.div_euclid(86_400), s.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    let (y, m, d, h, min, s) = tiercache_io::log::civil(t);
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02} UTC")
 }
 
 /// Bytes for people: `48.0 KiB`.

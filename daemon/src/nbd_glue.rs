@@ -5,7 +5,7 @@
 use crate::registry::{ExportTarget, Registry};
 use std::sync::Arc;
 use tiercache_nbd::{
-    BackendExport, EngineExport, Export, Exports, ListenAddr, Server, ServerConfig,
+    BackendExport, BoundAddr, EngineExport, Export, Exports, ListenAddr, Server, ServerConfig,
 };
 
 struct RegistryExports(Arc<Registry>);
@@ -16,15 +16,22 @@ impl Exports for RegistryExports {
     }
 
     fn get(&self, name: &str) -> Result<Arc<dyn Export>, String> {
-        match self.0.export(name)? {
-            ExportTarget::Cached(engine, core, _) => Ok(Arc::new(EngineExport::new(engine, core))),
-            ExportTarget::Bare(dev) => Ok(Arc::new(BackendExport::new(dev))),
+        // Made only for a name that resolves: clients cannot grow the table with made-up names.
+        let target = self.0.export(name)?;
+        let stats = self.0.request_stats(name);
+        match target {
+            ExportTarget::Cached(engine, core, _) => Ok(Arc::new(
+                EngineExport::new(engine, core).with_request_stats(stats),
+            )),
+            ExportTarget::Bare(dev) => {
+                Ok(Arc::new(BackendExport::new(dev).with_request_stats(stats)))
+            }
         }
     }
 }
 
 /// The running NBD server.
-pub struct NbdHandle(Server);
+pub struct NbdHandle(Arc<Server>);
 
 impl NbdHandle {
     /// Stops listening and closes every connection.
@@ -47,7 +54,7 @@ pub fn start(
         .map(|s| ListenAddr::parse(s))
         .collect::<Result<_, _>>()?;
     let server = Server::new(
-        Arc::new(RegistryExports(reg)),
+        Arc::new(RegistryExports(reg.clone())),
         ServerConfig {
             log_connections: true,
             socket_mode: if sec.socket_group.is_some() {
@@ -65,9 +72,15 @@ pub fn start(
         crate::log!(
             info,
             "NBD listening",
-            address = format!("{bound:?}"),
+            address = match &bound {
+                BoundAddr::Unix(p) => format!("unix:{}", p.display()),
+                BoundAddr::Tcp(a) => format!("tcp:{a}"),
+            },
             tls = sec.tls.is_some()
         );
     }
+    let server = Arc::new(server);
+    // For `/metrics` (connections); weak, since the server holds the registry.
+    reg.set_nbd_server(Arc::downgrade(&server));
     Ok(NbdHandle(server))
 }

@@ -177,6 +177,11 @@ pub struct Registry {
     /// The health watcher's view (one log line per problem start and end). Taken before
     /// `caches`, never while holding it.
     watch: Mutex<crate::health::Watch>,
+    /// Each export's request latencies and client bytes, by export name: kept across
+    /// connections (the NBD server counts into them, `/metrics` reads them).
+    request_stats: Mutex<BTreeMap<String, Arc<tiercache_nbd::RequestStats>>>,
+    /// The NBD server, for its connection counts in `/metrics`.
+    nbd: Mutex<Option<std::sync::Weak<tiercache_nbd::Server>>>,
     /// Held by `start-cache` until its cache is listed and by `add-core` throughout, so that a
     /// device checked as held by no one here (see [`Registry::claimable`]) is not taken by
     /// another attach before it is listed. Taken before `markers` and `caches`.
@@ -637,7 +642,7 @@ impl Registry {
             cache = id,
             device = p.device,
             state = state,
-            io_timeout = io.cache.map_or("none".into(), |t| format!("{t:?}"))
+            io_timeout = io.cache.map_or("none".into(), crate::device::show_timeout)
         );
         Ok(
             json!({"cache_id": id, "state": state, if p.load {"loaded"} else {"created"}: report,
@@ -1094,7 +1099,7 @@ impl Registry {
                     cache = cache_id,
                     core = id,
                     export = name,
-                    io_timeout = io_timeout.map_or("none".into(), |t| format!("{t:?}"))
+                    io_timeout = io_timeout.map_or("none".into(), crate::device::show_timeout)
                 );
                 Ok(json!({"cache_id": cache_id, "core_id": id, "export": name}))
             }
@@ -1678,6 +1683,23 @@ impl Registry {
         Ok(ExportTarget::Cached(engine, CoreId(i), line_size))
     }
 
+    /// Remembers the NBD server (its counters are read by `/metrics`).
+    pub fn set_nbd_server(&self, s: std::sync::Weak<tiercache_nbd::Server>) {
+        *self.nbd.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+    }
+
+    /// The NBD server's counters, while it runs.
+    pub fn nbd_stats(&self) -> Option<tiercache_nbd::ServerStats> {
+        let s = self.nbd.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        s.and_then(|w| w.upgrade()).map(|s| s.stats())
+    }
+
+    /// The request statistics of export `name` (made at first use, then kept).
+    pub fn request_stats(&self, name: &str) -> Arc<tiercache_nbd::RequestStats> {
+        let mut m = self.request_stats.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(name.to_string()).or_default().clone()
+    }
+
     /// Every export: (name, description, served).
     pub fn exports(&self) -> Vec<(String, String)> {
         let caches = self.lock();
@@ -1975,7 +1997,7 @@ fn retime(
         "core io timeout set",
         cache = cache_id,
         core = core,
-        io_timeout = format!("{t:?}")
+        io_timeout = crate::device::show_timeout(t)
     );
     Ok(())
 }

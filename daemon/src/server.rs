@@ -36,6 +36,8 @@ pub struct Options {
     pub tls_ca: Option<PathBuf>,
     /// NBD connections on worker threads only (no io_uring reactor).
     pub nbd_threaded: bool,
+    /// Log level: `error`, `warn`, `info` (default) or `debug`.
+    pub log_level: Option<String>,
 }
 
 /// What the daemon's sockets require, checked before anything else starts.
@@ -171,6 +173,133 @@ pub fn bind_private(path: &Path, group: Option<u32>) -> Result<UnixListener, Str
     Ok(l)
 }
 
+/// The options in force: each from the command line if given there, else from the config
+/// file's `[daemon]` section (the TLS files as a set: all from one place).
+fn merged(opts: &Options, cfg: &ConfigFile) -> Options {
+    let d = &cfg.daemon;
+    let tls_cli = opts.tls_cert.is_some() || opts.tls_key.is_some() || opts.tls_ca.is_some();
+    let pick = |cli: &Option<PathBuf>, file: &Option<PathBuf>| {
+        if tls_cli { cli.clone() } else { file.clone() }
+    };
+    Options {
+        config: opts.config.clone(),
+        socket: opts
+            .socket
+            .clone()
+            .or_else(|| d.socket.as_ref().map(PathBuf::from)),
+        // The command line's; the config's (an empty list: none) in `listeners`.
+        nbd_listen: opts.nbd_listen.clone(),
+        metrics_listen: opts
+            .metrics_listen
+            .clone()
+            .or_else(|| d.metrics_listen.clone()),
+        socket_group: opts.socket_group.clone().or_else(|| d.socket_group.clone()),
+        tls_cert: pick(&opts.tls_cert, &d.tls_cert),
+        tls_key: pick(&opts.tls_key, &d.tls_key),
+        tls_ca: pick(&opts.tls_ca, &d.tls_ca),
+        nbd_threaded: opts.nbd_threaded,
+        log_level: opts.log_level.clone().or_else(|| d.log_level.clone()),
+    }
+}
+
+/// The log level of merged options (`info` when none is given).
+fn log_level(o: &Options) -> Result<tiercache_io::log::Level, String> {
+    o.log_level.as_deref().map_or(
+        Ok(tiercache_io::log::Level::Info),
+        tiercache_io::log::Level::parse,
+    )
+}
+
+/// The admin socket, NBD listeners and metrics address of merged options, defaults filled in.
+fn listeners(o: &Options, cfg: &ConfigFile) -> (PathBuf, Vec<String>, String) {
+    let socket = o.socket.clone().unwrap_or_else(default_socket);
+    let nbd = if !o.nbd_listen.is_empty() {
+        o.nbd_listen.clone()
+    } else if let Some(l) = &cfg.daemon.nbd_listen {
+        l.clone()
+    } else {
+        vec![format!("unix:{}", runtime_dir().join("nbd.sock").display())]
+    };
+    let metrics = o
+        .metrics_listen
+        .clone()
+        .unwrap_or_else(|| METRICS_DEFAULT.to_string());
+    (socket, nbd, metrics)
+}
+
+/// `tiercache daemon --check-config FILE`: checks the file and the options it gives with the
+/// command line's (syntax, ids, device strings, modes, line sizes, timeouts, listeners, the
+/// socket group, the TLS files and the non-loopback rule) without opening a device or binding
+/// anything. One line: what would run, or the first problem.
+pub fn check_config(path: &Path, opts: &Options) -> Result<String, String> {
+    let cfg = ConfigFile::load(path)?;
+    let o = merged(opts, &cfg);
+    let (socket, nbd, metrics) = listeners(&o, &cfg);
+    let at = |e: String| format!("config {}: {e}", path.display());
+    let level = log_level(&o).map_err(at)?;
+    let sec = security(&o, &nbd).map_err(at)?;
+    if metrics != "none" {
+        std::net::ToSocketAddrs::to_socket_addrs(&metrics).map_err(|e| {
+            format!(
+                "config {}: metrics_listen '{metrics}': {e} (want HOST:PORT or none)",
+                path.display()
+            )
+        })?;
+    }
+    let mut cores = 0;
+    for k in &cfg.cache {
+        let bad = |what: String| format!("config {}: cache {}: {what}", path.display(), k.id);
+        if let Some(m) = &k.mode
+            && !m.trim().eq_ignore_ascii_case("wl")
+            && tiercache_core::mode::CacheMode::parse(m).is_none()
+        {
+            return Err(bad(format!(
+                "unknown mode '{m}' (want wt, wb, wa, wi, pt, wo or wl)"
+            )));
+        }
+        let spec = crate::device::DeviceSpec::parse(&k.device).map_err(&bad)?;
+        if matches!(
+            spec,
+            crate::device::DeviceSpec::Nbd(_) | crate::device::DeviceSpec::Rbd(_)
+        ) {
+            return Err(bad(format!(
+                "{}: nbd: and rbd: devices can be cores, not cache devices",
+                k.device
+            )));
+        }
+        let mode = k
+            .mode
+            .as_deref()
+            .unwrap_or("wt")
+            .trim()
+            .to_ascii_lowercase();
+        if spec.volatile() && ["wb", "wo", "wl"].contains(&mode.as_str()) {
+            return Err(bad(format!(
+                "{}: mode {mode} holds dirty data, which a ram: device loses at a crash",
+                k.device
+            )));
+        }
+        if let Some(l) = &k.line_size
+            && tiercache_core::units::LineSize::parse(l).is_none()
+        {
+            return Err(bad(format!(
+                "unknown line size '{l}' (want 4k, 8k, 16k, 32k or 64k)"
+            )));
+        }
+        cores += k.core.len();
+    }
+    Ok(format!(
+        "config {}: ok: {} caches, {cores} cores; admin socket {}, NBD {}, metrics {metrics}, TLS {}, socket group {}, log level {}",
+        path.display(),
+        cfg.cache.len(),
+        socket.display(),
+        nbd.join(","),
+        if sec.tls.is_some() { "on" } else { "off" },
+        o.socket_group.as_deref().unwrap_or("none"),
+        level.name(),
+    ))
+}
+
 /// Runs the daemon in the foreground until SIGTERM, SIGINT or `shutdown`.
 pub fn run(opts: Options) -> Result<(), String> {
     let sigs = block_signals();
@@ -179,28 +308,14 @@ pub fn run(opts: Options) -> Result<(), String> {
         Some(p) => ConfigFile::load(p)?,
         None => ConfigFile::default(),
     };
-    let socket = opts
-        .socket
-        .clone()
-        .or_else(|| cfg.daemon.socket.as_ref().map(PathBuf::from))
-        .unwrap_or_else(default_socket);
-    let nbd_listen = if !opts.nbd_listen.is_empty() {
-        opts.nbd_listen.clone()
-    } else if let Some(l) = &cfg.daemon.nbd_listen {
-        l.clone()
-    } else {
-        vec![format!("unix:{}", runtime_dir().join("nbd.sock").display())]
-    };
-    let metrics = opts
-        .metrics_listen
-        .clone()
-        .or_else(|| cfg.daemon.metrics_listen.clone())
-        .unwrap_or_else(|| METRICS_DEFAULT.to_string());
+    let opts = merged(&opts, &cfg);
+    tiercache_io::log::set_level(log_level(&opts)?);
+    let (socket, nbd_listen, mut metrics) = listeners(&opts, &cfg);
     let sec = security(&opts, &nbd_listen)?;
     let admin = bind_private(&socket, sec.socket_group)?;
     let access = Access::new(sec.socket_group);
     let reg = Arc::new(Registry::new());
-    let problems = reassemble(&reg, &cfg);
+    let mut problems = reassemble(&reg, &cfg);
     let nbd = match crate::nbd_glue::start(reg.clone(), &nbd_listen, &sec, opts.nbd_threaded) {
         Ok(n) => n,
         Err(e) => {
@@ -215,7 +330,13 @@ pub fn run(opts: Options) -> Result<(), String> {
                 let r = reg.clone();
                 std::thread::spawn(move || serve_metrics(l, r));
             }
-            Err(e) => crate::log!(warn, "metrics not served", address = metrics, error = e),
+            Err(e) => {
+                // Counted as a problem, and the ready line says the metrics are not served:
+                // a scraper must not be thought to read this daemon's metrics.
+                crate::log!(error, "metrics not served", address = metrics, error = e);
+                problems.push(format!("metrics listener {metrics}: {e}"));
+                metrics = format!("none (bind of {metrics} failed)");
+            }
         }
     }
     {
@@ -264,7 +385,27 @@ pub fn run(opts: Options) -> Result<(), String> {
             .unwrap_or_else(|| "none".into()),
         problems = problems.len()
     );
+    // Every cache of the config is reassembled and every listener bound: the service manager
+    // may start what is ordered after us (an OSD or a VM on one of the exports).
+    let at_start = match problems.len() {
+        0 => String::new(),
+        n => format!("; {n} problems at start (see the log)"),
+    };
+    crate::notify::tell(&format!("READY=1\nSTATUS={}{at_start}", status(&reg)));
+    if let Some(every) = crate::notify::watchdog_interval() {
+        let reg = reg.clone();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(every);
+                // Taking the registry's lock (as every admin request does) is the check: a
+                // daemon stuck behind it stops pinging and is restarted by systemd.
+                let st = status(&reg);
+                crate::notify::tell(&format!("WATCHDOG=1\nSTATUS={st}"));
+            }
+        });
+    }
     let why = rx.recv().unwrap_or("channel closed");
+    crate::notify::tell(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
     crate::log!(info, "daemon stopping", reason = why);
     nbd.shutdown();
     reg.stop_all();
@@ -273,28 +414,97 @@ pub fn run(opts: Options) -> Result<(), String> {
     Ok(())
 }
 
+/// The caches' states in a line (`STATUS=` for the service manager): `2 caches: 1 running, 1
+/// degraded`.
+fn status(reg: &Registry) -> String {
+    let ids = reg.ids();
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+    for id in &ids {
+        *by.entry(reg.state(*id).unwrap_or("detached")).or_default() += 1;
+    }
+    let parts: Vec<String> = by.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    match ids.len() {
+        0 => "no caches".into(),
+        n => format!("{n} caches: {}", parts.join(", ")),
+    }
+}
+
+/// Scrapes answered at once; past that a connection gets `503` at once (a scraper that opens
+/// connections without end cannot make the daemon spawn threads without end).
+pub const METRICS_THREADS: usize = 4;
+
 fn serve_metrics(l: std::net::TcpListener, reg: Arc<Registry>) {
-    for s in l.incoming().flatten() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let active = Arc::new(AtomicUsize::new(0));
+    for mut s in l.incoming().flatten() {
+        if active.load(Ordering::Acquire) >= METRICS_THREADS {
+            // The request is read first (briefly): closing on unread data would reset the
+            // connection, and the client would not see the answer.
+            let t = Some(std::time::Duration::from_millis(50));
+            let _ = s.set_read_timeout(t);
+            let _ = s.set_write_timeout(t);
+            let _ = s.read(&mut [0u8; 1024]);
+            let _ = s.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
+            );
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
         let reg = reg.clone();
+        let active = active.clone();
         std::thread::spawn(move || {
-            let mut s = s;
+            /// Gives the slot back however the thread ends.
+            struct Slot(Arc<AtomicUsize>);
+            impl Drop for Slot {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            let _slot = Slot(active);
             let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            // The request's head (bounded; a scraper's fits), read until its blank line so
+            // that closing does not reset a connection whose request came in pieces.
             let mut buf = [0u8; 4096];
-            let n = s.read(&mut buf).unwrap_or(0);
+            let mut n = 0;
+            while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf[n..]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => n += k,
+                }
+            }
             let req = String::from_utf8_lossy(&buf[..n]);
             let first = req.lines().next().unwrap_or("");
-            let (code, body) = if first.starts_with("GET /metrics") {
-                ("200 OK", crate::stats::metrics(&reg))
-            } else {
-                ("404 Not Found", "see /metrics\n".to_string())
+            let (method, path) = request_line(first);
+            let (code, body) = match path {
+                "/metrics" if method == "GET" || method == "HEAD" => {
+                    ("200 OK", crate::stats::metrics(&reg))
+                }
+                "/" if method == "GET" || method == "HEAD" => {
+                    ("200 OK", "tiercache: metrics at /metrics\n".to_string())
+                }
+                "/metrics" | "/" => ("405 Method Not Allowed", "GET or HEAD\n".to_string()),
+                _ => ("404 Not Found", "see /metrics\n".to_string()),
             };
+            // HEAD: the headers GET would send (the same length), no body.
             let _ = write!(
                 s,
-                "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                 body.len()
             );
+            if method != "HEAD" {
+                let _ = s.write_all(body.as_bytes());
+            }
         });
     }
+}
+
+/// The method and path of an HTTP request line (`GET /metrics HTTP/1.1`); a query string is
+/// dropped.
+fn request_line(line: &str) -> (&str, &str) {
+    let mut w = line.split_ascii_whitespace();
+    let method = w.next().unwrap_or("");
+    let target = w.next().unwrap_or("");
+    (method, target.split('?').next().unwrap_or(""))
 }
 
 fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, access: Access) {
@@ -348,6 +558,16 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, a
         send(json!({"progress": Progress {
             what: what.to_string(), done, total, unit: unit.into() }}));
     };
+    crate::log!(
+        debug,
+        "admin request",
+        uid = peer.as_ref().map_or(0, |p| p.uid),
+        verb = serde_json::to_value(&req)
+            .ok()
+            .and_then(|v| v["verb"].as_str().map(String::from))
+            .unwrap_or_default(),
+        bytes = line.len()
+    );
     let shutdown = matches!(req, Request::Shutdown);
     let res = handle(reg, req, &mut progress);
     let v = match res {

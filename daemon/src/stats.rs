@@ -220,132 +220,548 @@ fn wl_block(w: &tiercache_core::wl::WriteLog) -> Value {
     })
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(
-        out,
-        "# HELP tiercache_{name} {help}\n# TYPE tiercache_{name} {kind}"
-    );
+/// Prometheus text exposition (format 0.0.4) being written: each family with its HELP and
+/// TYPE lines, each sample with its label values escaped.
+#[derive(Default)]
+struct Exposition {
+    out: String,
 }
 
-fn num(v: &Value) -> f64 {
-    v.as_f64()
-        .or_else(|| v.as_bool().map(|b| f64::from(u8::from(b))))
-        .unwrap_or(0.0)
+/// A label value escaped for the text format: `\` as `\\`, `"` as `\"`, a newline as `\n`.
+pub fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
 }
 
-/// The fault metrics (SPEC C19, R3) from each cache's `health` blocks.
-fn fault_metrics(out: &mut String, stats: &[Value]) {
-    let kinds = ["io", "no_space", "timed_out"];
-    family(
-        out,
-        "cache_bypass",
-        "gauge",
-        "1 while the cache device is failing and the cache acts as pass-through (no new dirty data).",
-    );
-    for s in stats {
+/// A sample value: `NaN`, `+Inf` and `-Inf` as the format spells them.
+fn value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
         let _ = writeln!(
-            out,
-            "tiercache_cache_bypass{{cache=\"{}\"}} {}",
-            s["cache_id"],
-            num(&s["health"]["cache_device"]["bypass"])
+            self.out,
+            "# HELP tiercache_{name} {help}\n# TYPE tiercache_{name} {kind}"
         );
     }
-    family(
-        out,
-        "wl_log_failing",
-        "gauge",
-        "Mode wl: 1 while IOs of the write log on the cache device fail (writes that cannot be logged fail; logged data not yet written back is at risk).",
-    );
-    for s in stats {
-        let w = &s["health"]["write_log"];
-        if w.is_object() {
-            let _ = writeln!(
-                out,
-                "tiercache_wl_log_failing{{cache=\"{}\"}} {}",
-                s["cache_id"],
-                num(&w["failing"])
-            );
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], v: f64) {
+        self.out.push_str("tiercache_");
+        self.out.push_str(name);
+        for (i, (k, val)) in labels.iter().enumerate() {
+            self.out.push(if i == 0 { '{' } else { ',' });
+            let _ = write!(self.out, "{k}=\"{}\"", escape_label(val));
+        }
+        if !labels.is_empty() {
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {}", value(v));
+    }
+}
+
+/// Sections of a cache's `stats` that only some caches have (`write_log`, at the top and in
+/// `health`, in mode `wl`; `metadata` with a journal): a metric read from one is left out
+/// where it is absent.
+const OPTIONAL_SECTIONS: [&str; 2] = ["write_log", "metadata"];
+
+/// The number at `path` in a `stats` block (a bool as 0 or 1), or `None` where the value is
+/// null or its section optional and absent. A key missing from the JSON is a metric that
+/// would silently vanish (a key renamed in `stats`): a debug build (every test) stops on it.
+fn get(v: &Value, path: &[&str]) -> Option<f64> {
+    let mut x = v;
+    for k in path {
+        match x {
+            Value::Null => return None,
+            Value::Object(m) => match m.get(*k) {
+                Some(y) => x = y,
+                None => {
+                    debug_assert!(
+                        OPTIONAL_SECTIONS.contains(k),
+                        "metrics: stats has no {}",
+                        path.join(".")
+                    );
+                    return None;
+                }
+            },
+            _ => {
+                debug_assert!(false, "metrics: stats {} is not an object", path.join("."));
+                return None;
+            }
         }
     }
-    family(
-        out,
+    x.as_f64()
+        .or_else(|| x.as_bool().map(|b| f64::from(u8::from(b))))
+}
+
+fn id(v: &Value) -> String {
+    v.as_u64().map(|n| n.to_string()).unwrap_or_default()
+}
+
+/// One metric per cache, core or per core and kind: (name, type, help, path in `stats`).
+type Table<'a> = &'a [(&'a str, &'a str, &'a str, &'a [&'a str])];
+
+const ERROR_KINDS: [&str; 3] = ["io", "no_space", "timed_out"];
+
+/// Metrics of each cache, from its `stats` block.
+fn cache_metrics(x: &mut Exposition, stats: &[Value]) {
+    let table: Table = &[
+        ("lines", "gauge", "Cache lines.", &["usage", "lines"]),
+        (
+            "occupancy_lines",
+            "gauge",
+            "Lines holding data.",
+            &["usage", "occupancy_lines"],
+        ),
+        (
+            "dirty_lines",
+            "gauge",
+            "Lines holding dirty data.",
+            &["usage", "dirty_lines"],
+        ),
+        (
+            "dirty_bytes",
+            "gauge",
+            "Dirty bytes (lost if the cache device dies).",
+            &["risk", "dirty_bytes"],
+        ),
+        (
+            "writeback_eta_seconds",
+            "gauge",
+            "Time to write every dirty byte back at the recent rate (absent while nothing has been written back yet).",
+            &["risk", "writeback_eta_s"],
+        ),
+        (
+            "in_flight_ios",
+            "gauge",
+            "Device IOs in flight.",
+            &["engine", "in_flight"],
+        ),
+        (
+            "dirty_at_risk_bytes",
+            "gauge",
+            "Dirty bytes held on the cache device while a fault keeps them from the core (writeback failing) or threatens them (cache device failing).",
+            &["health", "dirty_at_risk_bytes"],
+        ),
+        (
+            "wl_generation_lag",
+            "gauge",
+            "Mode wl: sync generations between the one being written back and the open one.",
+            &["write_log", "generation_lag"],
+        ),
+        (
+            "cache_bypass",
+            "gauge",
+            "1 while the cache device is failing and the cache acts as pass-through (no new dirty data).",
+            &["health", "cache_device", "bypass"],
+        ),
+        (
+            "wl_log_failing",
+            "gauge",
+            "Mode wl: 1 while IOs of the write log on the cache device fail (writes that cannot be logged fail; logged data not yet written back is at risk).",
+            &["health", "write_log", "failing"],
+        ),
+        (
+            "cache_read_bytes_total",
+            "counter",
+            "Bytes read from the cache device.",
+            &["blocks", "cache_bytes_read"],
+        ),
+        (
+            "cache_written_bytes_total",
+            "counter",
+            "Bytes written to the cache device.",
+            &["blocks", "cache_bytes_written"],
+        ),
+        (
+            "core_read_bytes_total",
+            "counter",
+            "Bytes read from core devices.",
+            &["blocks", "core_bytes_read"],
+        ),
+        (
+            "core_written_bytes_total",
+            "counter",
+            "Bytes written to core devices.",
+            &["blocks", "core_bytes_written"],
+        ),
+        (
+            "writeback_bytes_total",
+            "counter",
+            "Bytes written back.",
+            &["writeback", "bytes"],
+        ),
+        (
+            "evictions_total",
+            "counter",
+            "Lines evicted.",
+            &["evictions"],
+        ),
+        (
+            "bypassed_requests_total",
+            "counter",
+            "Requests served as pass-through because the cache device was failing.",
+            &["health", "cache_device", "bypassed_requests"],
+        ),
+        (
+            "cache_probes_total",
+            "counter",
+            "Probes (flushes) of a failing cache device.",
+            &["health", "cache_device", "probes"],
+        ),
+    ];
+    for (name, kind, help, path) in table {
+        x.family(name, kind, help);
+        for s in stats {
+            if let Some(n) = get(s, path) {
+                x.sample(name, &[("cache", &id(&s["cache_id"]))], n);
+            }
+        }
+    }
+    x.family(
+        "wl_log_fill_ratio",
+        "gauge",
+        "Mode wl: share of the write log's ring in use, 0 to 1.",
+    );
+    for s in stats {
+        let used = get(s, &["write_log", "log_bytes_used"]);
+        if let (Some(used), Some(ring)) = (used, get(s, &["write_log", "log_bytes"])) {
+            let r = if ring > 0.0 { used / ring } else { 0.0 };
+            x.sample("wl_log_fill_ratio", &[("cache", &id(&s["cache_id"]))], r);
+        }
+    }
+    x.family(
         "cache_device_errors_total",
         "counter",
-        "Cache device errors by kind (io, no_space, timed_out).",
+        "Failed IOs of the cache device by kind (io, no_space, timed_out): client IO, writeback's reads of dirty data and, in mode wl, the write log's IOs.",
     );
     for s in stats {
-        for k in kinds {
-            let _ = writeln!(
-                out,
-                "tiercache_cache_device_errors_total{{cache=\"{}\",kind=\"{k}\"}} {}",
-                s["cache_id"],
-                num(&s["health"]["cache_device"]["errors"][k])
-            );
+        for k in ERROR_KINDS {
+            let path = ["health", "cache_device", "errors", k];
+            if let Some(n) = get(s, &path) {
+                let cache = id(&s["cache_id"]);
+                x.sample(
+                    "cache_device_errors_total",
+                    &[("cache", &cache), ("kind", k)],
+                    n,
+                );
+            }
         }
     }
-    let per_core: &[(&str, &str, &str, &[&str])] = &[
+}
+
+/// Metrics of each core of each cache, from its cache's `stats` block.
+fn core_metrics(x: &mut Exposition, stats: &[Value]) {
+    let table: Table = &[
+        (
+            "core_dirty_lines",
+            "gauge",
+            "Dirty lines per core.",
+            &["dirty_lines"],
+        ),
         (
             "writeback_failing",
             "gauge",
             "1 while writeback to the core keeps failing (its dirty data stays on the cache device and is retried).",
-            &["writeback", "failing"],
+            &["health", "writeback", "failing"],
         ),
         (
             "writeback_failing_seconds",
             "gauge",
             "How long writeback to the core has been failing (0 when it works).",
-            &["writeback", "failing_for_s"],
+            &["health", "writeback", "failing_for_s"],
         ),
         (
             "writeback_failures_total",
             "counter",
-            "Failed writeback attempts to the core.",
-            &["writeback", "failures"],
+            "Failed attempts to write dirty data back to the core device (each is retried; a failed read of the dirty data from the cache device counts in tiercache_cache_device_errors_total instead).",
+            &["health", "writeback", "failures"],
         ),
         (
             "writeback_retries_total",
             "counter",
             "Writeback attempts to the core that were retries after a failure.",
-            &["writeback", "retries"],
+            &["health", "writeback", "retries"],
         ),
     ];
-    for (name, kind, help, path) in per_core {
-        family(out, name, kind, help);
+    let cores = |s: &Value| s["cores"].as_array().cloned().unwrap_or_default();
+    for (name, kind, help, path) in table {
+        x.family(name, kind, help);
         for s in stats {
-            for c in s["cores"].as_array().into_iter().flatten() {
-                let mut x = &c["health"];
-                for p in *path {
-                    x = &x[*p];
-                }
-                let _ = writeln!(
-                    out,
-                    "tiercache_{name}{{cache=\"{}\",core=\"{}\"}} {}",
-                    s["cache_id"],
-                    c["core_id"],
-                    num(x)
+            for c in cores(s) {
+                // A failing_for_s of null means "not failing": 0.
+                let n = get(&c, path).unwrap_or(0.0);
+                x.sample(
+                    name,
+                    &[("cache", &id(&s["cache_id"])), ("core", &id(&c["core_id"]))],
+                    n,
                 );
             }
         }
     }
-    family(
-        out,
+    x.family(
         "core_device_errors_total",
         "counter",
-        "Core device errors by kind (io, no_space, timed_out), client IO and writeback.",
+        "Failed IOs of the core device by kind (io, no_space, timed_out): client IO and writeback.",
     );
     for s in stats {
-        for c in s["cores"].as_array().into_iter().flatten() {
-            for k in kinds {
-                let _ = writeln!(
-                    out,
-                    "tiercache_core_device_errors_total{{cache=\"{}\",core=\"{}\",kind=\"{k}\"}} {}",
-                    s["cache_id"],
-                    c["core_id"],
-                    num(&c["health"]["errors"][k])
+        for c in cores(s) {
+            for k in ERROR_KINDS {
+                if let Some(n) = get(&c, &["health", "errors", k]) {
+                    let (cache, core) = (id(&s["cache_id"]), id(&c["core_id"]));
+                    x.sample(
+                        "core_device_errors_total",
+                        &[("cache", &cache), ("core", &core), ("kind", k)],
+                        n,
+                    );
+                }
+            }
+        }
+    }
+    x.family(
+        "requests_total",
+        "counter",
+        "Client requests by core, operation and outcome (full_hits, partial_hits, misses, pass_through).",
+    );
+    for s in stats {
+        for c in cores(s) {
+            for op in ["read", "write"] {
+                for outcome in ["full_hits", "partial_hits", "misses", "pass_through"] {
+                    let key = format!("{op}_{outcome}");
+                    if let Some(n) = get(&c, &["requests", &key]) {
+                        let (cache, core) = (id(&s["cache_id"]), id(&c["core_id"]));
+                        x.sample(
+                            "requests_total",
+                            &[
+                                ("cache", &cache),
+                                ("core", &core),
+                                ("op", op),
+                                ("outcome", outcome),
+                            ],
+                            n,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether this machine gives an io_uring, and whether librbd loads (asked once).
+fn found() -> (bool, bool) {
+    static FOUND: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    *FOUND.get_or_init(|| {
+        (
+            tiercache_io::Ring::new(8).is_ok(),
+            tiercache_io::rbd_available().is_ok(),
+        )
+    })
+}
+
+/// `tiercache_build_info`: the version, the commit built, and what this machine gives.
+fn build_info(x: &mut Exposition) {
+    let (uring, rbd) = found();
+    x.family(
+        "build_info",
+        "gauge",
+        "Always 1: the version and git commit of the daemon, and whether io_uring and librbd are usable here (true/false).",
+    );
+    x.sample(
+        "build_info",
+        &[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", crate::BUILD_COMMIT),
+            ("io_uring", if uring { "true" } else { "false" }),
+            ("librbd", if rbd { "true" } else { "false" }),
+        ],
+        1.0,
+    );
+}
+
+/// The NBD server's counts per export: request latency histograms per operation, errors,
+/// client bytes. Every current export appears (zeros before its first request).
+fn request_metrics(x: &mut Exposition, reg: &Registry) {
+    let exports: Vec<(String, Vec<tiercache_nbd::latency::OpSnapshot>, u64, u64)> = reg
+        .exports()
+        .into_iter()
+        .map(|(name, _)| {
+            let s = reg.request_stats(&name);
+            (name, s.snapshot(), s.read_bytes(), s.written_bytes())
+        })
+        .collect();
+    let bounds: Vec<String> = tiercache_nbd::latency::bucket_bounds()
+        .iter()
+        .map(|b| value(*b))
+        .collect();
+    x.family(
+        "request_duration_seconds",
+        "histogram",
+        "NBD requests by export and operation: time from the whole request received to its reply queued for the client.",
+    );
+    for (export, ops, _, _) in &exports {
+        for o in ops {
+            for (le, n) in bounds.iter().zip(o.cumulative) {
+                let l = [
+                    ("export", export.as_str()),
+                    ("op", o.op),
+                    ("le", le.as_str()),
+                ];
+                x.sample("request_duration_seconds_bucket", &l, n as f64);
+            }
+            let l = [("export", export.as_str()), ("op", o.op), ("le", "+Inf")];
+            x.sample("request_duration_seconds_bucket", &l, o.count as f64);
+            let l = [("export", export.as_str()), ("op", o.op)];
+            x.sample("request_duration_seconds_sum", &l, o.sum_seconds);
+            x.sample("request_duration_seconds_count", &l, o.count as f64);
+        }
+    }
+    x.family(
+        "request_errors_total",
+        "counter",
+        "NBD requests answered with an error, by export and operation.",
+    );
+    for (export, ops, _, _) in &exports {
+        for o in ops {
+            let l = [("export", export.as_str()), ("op", o.op)];
+            x.sample("request_errors_total", &l, o.errors as f64);
+        }
+    }
+    x.family(
+        "client_read_bytes_total",
+        "counter",
+        "Bytes sent to NBD clients in successful reads, by export.",
+    );
+    for (export, _, read, _) in &exports {
+        x.sample(
+            "client_read_bytes_total",
+            &[("export", export)],
+            *read as f64,
+        );
+    }
+    x.family(
+        "client_written_bytes_total",
+        "counter",
+        "Bytes received from NBD clients in successful writes, by export.",
+    );
+    for (export, _, _, written) in &exports {
+        x.sample(
+            "client_written_bytes_total",
+            &[("export", export)],
+            *written as f64,
+        );
+    }
+}
+
+/// Prometheus text format (version 0.0.4) of every cache, core, IO class and export; the
+/// families are listed with their type and unit in docs/METRICS.md (checked by a test).
+pub fn metrics(reg: &Registry) -> String {
+    let mut x = Exposition::default();
+    build_info(&mut x);
+    let states = ["running", "degraded", "incomplete", "detached"];
+    x.family(
+        "cache_state",
+        "gauge",
+        "1 for the state the cache is in (running, degraded, incomplete, detached).",
+    );
+    for cache in reg.ids() {
+        let st = reg.state(cache).unwrap_or("detached");
+        for s in states {
+            let c = cache.to_string();
+            x.sample(
+                "cache_state",
+                &[("cache", &c), ("state", s)],
+                f64::from(u8::from(s == st)),
+            );
+        }
+    }
+    x.family(
+        "core_state",
+        "gauge",
+        "1 for the state the core is in (running, degraded, incomplete, detached).",
+    );
+    for cache in reg.ids() {
+        for (core, _, export, st) in reg.cores(cache) {
+            for s in states {
+                let (c, k) = (cache.to_string(), core.to_string());
+                let l = [
+                    ("cache", &*c),
+                    ("core", &k),
+                    ("export", &export),
+                    ("state", s),
+                ];
+                x.sample("core_state", &l, f64::from(u8::from(s == st)));
+            }
+        }
+    }
+    let stats: Vec<Value> = reg
+        .ids()
+        .into_iter()
+        .filter_map(|id| cache_stats(reg, id, None, None).ok())
+        .collect();
+    cache_metrics(&mut x, &stats);
+    core_metrics(&mut x, &stats);
+    x.family("ioclass_occupancy_lines", "gauge", "Lines per IO class.");
+    for s in &stats {
+        for c in s["io_classes"].as_array().into_iter().flatten() {
+            if let Some(n) = get(c, &["occupancy_lines"]) {
+                let (cache, class) = (id(&s["cache_id"]), id(&c["io_class"]));
+                x.sample(
+                    "ioclass_occupancy_lines",
+                    &[("cache", &cache), ("io_class", &class)],
+                    n,
                 );
             }
         }
     }
+    request_metrics(&mut x, reg);
+    if let Some(n) = reg.nbd_stats() {
+        let families = [
+            (
+                "nbd_connections",
+                "gauge",
+                "NBD connections open now.",
+                n.open,
+            ),
+            (
+                "nbd_connections_accepted_total",
+                "counter",
+                "NBD connections accepted.",
+                n.accepted,
+            ),
+            (
+                "nbd_handshakes_failed_total",
+                "counter",
+                "NBD connections that ended in the handshake (export refused or unknown, client aborted, malformed, timed out).",
+                n.handshake_ended,
+            ),
+            (
+                "nbd_tls_refused_total",
+                "counter",
+                "NBD connections whose TLS handshake failed (no or a wrong client certificate, not TLS).",
+                n.tls_refused,
+            ),
+        ];
+        for (name, kind, help, v) in families {
+            x.family(name, kind, help);
+            x.sample(name, &[], v as f64);
+        }
+    }
+    x.out
 }
 
 fn add(a: &mut ReqCounters, b: &ReqCounters) {
@@ -374,215 +790,4 @@ pub fn all_stats(reg: &Registry) -> Value {
         }
     }
     json!(v)
-}
-
-/// Prometheus text format (version 0.0.4) of every cache, core and IO class.
-pub fn metrics(reg: &Registry) -> String {
-    let mut out = String::new();
-    let states = ["running", "degraded", "incomplete", "detached"];
-    let _ = writeln!(
-        out,
-        "# HELP tiercache_cache_state 1 for the state the cache is in (SPEC C19).\n# TYPE tiercache_cache_state gauge"
-    );
-    for id in reg.ids() {
-        let st = reg.state(id).unwrap_or("detached");
-        for s in states {
-            let _ = writeln!(
-                out,
-                "tiercache_cache_state{{cache=\"{id}\",state=\"{s}\"}} {}",
-                u8::from(s == st)
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP tiercache_core_state 1 for the state the core is in.\n# TYPE tiercache_core_state gauge"
-    );
-    for id in reg.ids() {
-        for (core, _, export, st) in reg.cores(id) {
-            for s in states {
-                let _ = writeln!(
-                    out,
-                    "tiercache_core_state{{cache=\"{id}\",core=\"{core}\",export=\"{export}\",state=\"{s}\"}} {}",
-                    u8::from(s == st)
-                );
-            }
-        }
-    }
-    let gauges: &[(&str, &str, &[&str])] = &[
-        ("lines", "Cache lines.", &["usage", "lines"]),
-        (
-            "occupancy_lines",
-            "Lines holding data.",
-            &["usage", "occupancy_lines"],
-        ),
-        (
-            "dirty_lines",
-            "Lines holding dirty data.",
-            &["usage", "dirty_lines"],
-        ),
-        (
-            "dirty_bytes",
-            "Dirty bytes (lost if the cache device dies).",
-            &["risk", "dirty_bytes"],
-        ),
-        (
-            "writeback_eta_seconds",
-            "Time to write every dirty byte back at the recent rate.",
-            &["risk", "writeback_eta_s"],
-        ),
-        (
-            "in_flight_ios",
-            "Device IOs in flight.",
-            &["engine", "in_flight"],
-        ),
-        (
-            "dirty_at_risk_bytes",
-            "Dirty bytes held on the cache device while a fault keeps them from the core (writeback failing) or threatens them (cache device failing).",
-            &["health", "dirty_at_risk_bytes"],
-        ),
-        (
-            "wl_log_fill_ratio",
-            "Mode wl: share of the log ring in use (0-100).",
-            &["write_log", "log_fill_pct"],
-        ),
-        (
-            "wl_generation_lag",
-            "Mode wl: sync generations between the one being written back and the open one.",
-            &["write_log", "generation_lag"],
-        ),
-    ];
-    let counters: &[(&str, &str, &[&str])] = &[
-        (
-            "cache_read_bytes_total",
-            "Bytes read from the cache device.",
-            &["blocks", "cache_bytes_read"],
-        ),
-        (
-            "cache_written_bytes_total",
-            "Bytes written to the cache device.",
-            &["blocks", "cache_bytes_written"],
-        ),
-        (
-            "core_read_bytes_total",
-            "Bytes read from core devices.",
-            &["blocks", "core_bytes_read"],
-        ),
-        (
-            "core_written_bytes_total",
-            "Bytes written to core devices.",
-            &["blocks", "core_bytes_written"],
-        ),
-        (
-            "cache_errors_total",
-            "Cache device errors.",
-            &["errors", "cache"],
-        ),
-        (
-            "core_errors_total",
-            "Core device errors.",
-            &["errors", "core"],
-        ),
-        (
-            "writeback_errors_total",
-            "Failed writeback attempts (retried).",
-            &["errors", "writeback"],
-        ),
-        (
-            "writeback_bytes_total",
-            "Bytes written back.",
-            &["writeback", "bytes"],
-        ),
-        ("evictions_total", "Lines evicted.", &["evictions"]),
-        (
-            "bypassed_requests_total",
-            "Requests served as pass-through because the cache device was failing.",
-            &["health", "cache_device", "bypassed_requests"],
-        ),
-        (
-            "cache_probes_total",
-            "Probes (flushes) of a failing cache device.",
-            &["health", "cache_device", "probes"],
-        ),
-    ];
-    let stats: Vec<Value> = reg
-        .ids()
-        .into_iter()
-        .filter_map(|id| cache_stats(reg, id, None, None).ok())
-        .collect();
-    for (name, help, path) in gauges.iter().chain(counters.iter()) {
-        let kind = if name.ends_with("_total") {
-            "counter"
-        } else {
-            "gauge"
-        };
-        let _ = writeln!(
-            out,
-            "# HELP tiercache_{name} {help}\n# TYPE tiercache_{name} {kind}"
-        );
-        for s in &stats {
-            let mut x = s;
-            for p in *path {
-                x = &x[*p];
-            }
-            if let Some(n) = x.as_f64() {
-                let _ = writeln!(out, "tiercache_{name}{{cache=\"{}\"}} {n}", s["cache_id"]);
-            }
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP tiercache_requests_total Client requests by core, operation and outcome.\n# TYPE tiercache_requests_total counter"
-    );
-    for s in &stats {
-        for c in s["cores"].as_array().into_iter().flatten() {
-            for (op, outcome) in [
-                ("read", "full_hits"),
-                ("read", "partial_hits"),
-                ("read", "misses"),
-                ("read", "pass_through"),
-                ("write", "full_hits"),
-                ("write", "partial_hits"),
-                ("write", "misses"),
-                ("write", "pass_through"),
-            ] {
-                let n = c["requests"][format!("{op}_{outcome}")]
-                    .as_u64()
-                    .unwrap_or(0);
-                let _ = writeln!(
-                    out,
-                    "tiercache_requests_total{{cache=\"{}\",core=\"{}\",op=\"{op}\",outcome=\"{outcome}\"}} {n}",
-                    s["cache_id"], c["core_id"]
-                );
-            }
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP tiercache_core_dirty_lines Dirty lines per core.\n# TYPE tiercache_core_dirty_lines gauge"
-    );
-    for s in &stats {
-        for c in s["cores"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "tiercache_core_dirty_lines{{cache=\"{}\",core=\"{}\"}} {}",
-                s["cache_id"], c["core_id"], c["dirty_lines"]
-            );
-        }
-    }
-    fault_metrics(&mut out, &stats);
-    let _ = writeln!(
-        out,
-        "# HELP tiercache_ioclass_occupancy_lines Lines per IO class.\n# TYPE tiercache_ioclass_occupancy_lines gauge"
-    );
-    for s in &stats {
-        for c in s["io_classes"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "tiercache_ioclass_occupancy_lines{{cache=\"{}\",io_class=\"{}\"}} {}",
-                s["cache_id"], c["io_class"], c["occupancy_lines"]
-            );
-        }
-    }
-    out
 }

@@ -28,6 +28,7 @@ mod emu;
 mod error;
 mod fault;
 mod file;
+pub mod log;
 mod nbd;
 mod overlay;
 mod pool;

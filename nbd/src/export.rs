@@ -1,6 +1,7 @@
 //! What the server serves: the [`Export`] and [`Exports`] traits, and exports over the engine
 //! ([`EngineExport`]) and over a plain backend ([`BackendExport`]).
 
+use crate::latency::RequestStats;
 use crate::proto::errno;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -187,6 +188,11 @@ pub trait Export: Send + Sync {
     fn as_engine(&self) -> Option<&EngineExport> {
         None
     }
+    /// Where the server counts this export's request latencies and client bytes (shared by
+    /// every connection to it), if anywhere.
+    fn request_stats(&self) -> Option<&RequestStats> {
+        None
+    }
     /// Writes an owned aligned buffer and hands it back. The default calls [`Export::write`].
     fn write_owned(
         &self,
@@ -295,6 +301,7 @@ pub struct EngineExport {
     engine: Arc<Engine>,
     core: CoreId,
     sizes: BlockSizes,
+    stats: Option<Arc<RequestStats>>,
 }
 
 impl EngineExport {
@@ -312,7 +319,14 @@ impl EngineExport {
             engine,
             core,
             sizes,
+            stats: None,
         }
+    }
+
+    /// Counts this export's requests in `stats` ([`Export::request_stats`]).
+    pub fn with_request_stats(mut self, stats: Arc<RequestStats>) -> EngineExport {
+        self.stats = Some(stats);
+        self
     }
 
     /// Overrides the block sizes (e.g. a 4096-byte minimum when the cache or the core device
@@ -377,6 +391,10 @@ impl Export for EngineExport {
 
     fn as_engine(&self) -> Option<&EngineExport> {
         Some(self)
+    }
+
+    fn request_stats(&self) -> Option<&RequestStats> {
+        self.stats.as_deref()
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
@@ -473,6 +491,7 @@ impl Export for EngineExport {
 pub struct BackendExport {
     dev: Arc<dyn Backend>,
     sizes: BlockSizes,
+    stats: Option<Arc<RequestStats>>,
 }
 
 impl BackendExport {
@@ -481,7 +500,14 @@ impl BackendExport {
         BackendExport {
             dev,
             sizes: BlockSizes::default(),
+            stats: None,
         }
+    }
+
+    /// Counts this export's requests in `stats` ([`Export::request_stats`]).
+    pub fn with_request_stats(mut self, stats: Arc<RequestStats>) -> BackendExport {
+        self.stats = Some(stats);
+        self
     }
 
     fn lba(offset: u64, len: u64) -> Result<u64, ExportError> {
@@ -498,6 +524,10 @@ impl BackendExport {
 }
 
 impl Export for BackendExport {
+    fn request_stats(&self) -> Option<&RequestStats> {
+        self.stats.as_deref()
+    }
+
     fn size(&self) -> u64 {
         self.dev.blocks() * 512
     }

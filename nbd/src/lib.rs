@@ -67,6 +67,12 @@
 //! - [`Server::shutdown`] stops the listeners (removing their unix socket files), shuts every
 //!   connection's socket, waits for requests in flight, and joins every thread.
 //!
+//! ## Request statistics
+//!
+//! An export that has [`Export::request_stats`] gets a latency histogram per operation and its
+//! client bytes counted ([`latency`]): each request's time from being received whole to its
+//! reply being queued, with atomics only.
+//!
 //! ## Multi-conn and flush
 //!
 //! `NBD_FLAG_CAN_MULTI_CONN` is advertised: an [`Export::flush`] must cover every write whose
@@ -108,6 +114,7 @@
 #![warn(missing_docs)]
 
 mod export;
+pub mod latency;
 pub mod proto;
 mod reactor;
 mod server;
@@ -118,6 +125,7 @@ pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,
     ReadReply, ReadStart,
 };
+pub use latency::RequestStats;
 pub use server::{
     BoundAddr, Closer, Handshake, ListenAddr, NbdStream, Server, ServerConfig, ServerStats,
     non_loopback_refusal, serve_handshake,

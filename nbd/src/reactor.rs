@@ -113,6 +113,8 @@ struct Submitted {
     typ: u16,
     offset: u64,
     bytes: usize,
+    len: u32,
+    start: Instant,
 }
 
 /// A connection's reactor before it runs: made before the connection so that the connection
@@ -393,6 +395,9 @@ impl State<'_> {
                     conn: c.clone(),
                     cookie: req.cookie,
                     slot: Some(bytes),
+                    typ: req.typ,
+                    len: req.len,
+                    start: Instant::now(),
                 };
                 let c2 = c.clone();
                 c.inner
@@ -421,6 +426,8 @@ impl State<'_> {
             typ: req.typ,
             offset: req.offset,
             bytes,
+            len: req.len,
+            start: Instant::now(),
         }) as u64;
         let reply = ReplyTo {
             sink: self.sink.clone(),
@@ -482,6 +489,7 @@ impl State<'_> {
                 continue;
             };
             let c = self.conn;
+            crate::latency::record(c, s.typ, s.len.into(), s.start, result.is_ok());
             let r = match result {
                 Ok(()) if s.typ == cmd::READ => {
                     c.data_reply(s.cookie, s.offset, buf, Some(s.bytes))

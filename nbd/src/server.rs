@@ -166,24 +166,13 @@ pub struct ServerConfig {
     pub reactor: bool,
 }
 
-/// One log line in the daemon's format (`ts=… level=… msg="…" key=value …`).
+/// One log line through the daemon's one formatter (`tiercache_io::log`).
 fn log_line(level: &str, msg: &str, kv: &[(&str, String)]) {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let mut l = format!(
-        "ts={}.{:03} level={level} msg={msg:?}",
-        t.as_secs(),
-        t.subsec_millis()
-    );
-    for (k, v) in kv {
-        if v.is_empty() || v.contains([' ', '"', '=']) {
-            l.push_str(&format!(" {k}={v:?}"));
-        } else {
-            l.push_str(&format!(" {k}={v}"));
-        }
+    let level = tiercache_io::log::Level::parse(level).unwrap_or(tiercache_io::log::Level::Info);
+    if tiercache_io::log::enabled(level) {
+        let kv: Vec<(&str, &str)> = kv.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        tiercache_io::log::emit(level, msg, &kv);
     }
-    eprintln!("{l}");
 }
 
 impl Default for ServerConfig {
@@ -1616,12 +1605,22 @@ pub(crate) struct InFlight {
     pub(crate) conn: Arc<Conn>,
     pub(crate) cookie: u64,
     pub(crate) slot: Option<usize>,
+    /// The request's command and length, and when it was received (`latency.rs`).
+    pub(crate) typ: u16,
+    pub(crate) len: u32,
+    pub(crate) start: std::time::Instant,
 }
 
 impl InFlight {
     /// Takes the slot, to be released by the reply that carries it.
     fn take(&mut self) -> Option<usize> {
         self.slot.take()
+    }
+
+    /// Takes the slot for the reply being made (`ok`: not an error), counting the request.
+    fn reply(&mut self, ok: bool) -> Option<usize> {
+        crate::latency::record(&self.conn, self.typ, self.len.into(), self.start, ok);
+        self.take()
     }
 }
 
@@ -1680,6 +1679,9 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
             conn: conn.clone(),
             cookie: req.cookie,
             slot: Some(bytes),
+            typ: req.typ,
+            len: req.len,
+            start: std::time::Instant::now(),
         };
         // A READ's buffer, when the export left the read to a worker.
         let mut read_buf = None;
@@ -1711,6 +1713,7 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
                 }
                 return Err(e);
             }
+            guard.start = std::time::Instant::now();
             Some(buf)
         } else {
             read_buf
@@ -1731,8 +1734,13 @@ fn answer_read(
     from_reader: bool,
 ) {
     let r = match reply {
-        (Ok(()), buf) => c.data_reply(req.cookie, req.offset, buf, guard.take()),
-        (Err(err), _) => c.err_reply(req.cookie, err.errno(), &err.to_string(), guard.take()),
+        (Ok(()), buf) => c.data_reply(req.cookie, req.offset, buf, guard.reply(true)),
+        (Err(err), _) => c.err_reply(
+            req.cookie,
+            err.errno(),
+            &err.to_string(),
+            guard.reply(false),
+        ),
     };
     if from_reader {
         c.send_from_reader(r);
@@ -1779,15 +1787,20 @@ pub(crate) fn execute(
         cmd::BLOCK_STATUS => match e.extents(req.offset, len) {
             Ok(ext) => {
                 let one = req.flags & cmd::FLAG_REQ_ONE != 0;
-                return c.send(c.block_status_reply(req.cookie, &ext, len, one, guard.take()));
+                return c.send(c.block_status_reply(req.cookie, &ext, len, one, guard.reply(true)));
             }
             Err(e) => Err(e),
         },
         _ => Err(ExportError::Invalid),
     };
     match r {
-        Ok(()) => c.reply_ok(req.cookie, guard.take()),
-        Err(err) => c.reply_err(req.cookie, err.errno(), &err.to_string(), guard.take()),
+        Ok(()) => c.reply_ok(req.cookie, guard.reply(true)),
+        Err(err) => c.reply_err(
+            req.cookie,
+            err.errno(),
+            &err.to_string(),
+            guard.reply(false),
+        ),
     }
 }
 

@@ -103,6 +103,15 @@ impl Opts {
     }
 }
 
+/// A free TCP port on the loopback (for a metrics listener).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A sparse file of `bytes` at `path` (created or truncated).
 pub fn sparse(path: &str, bytes: u64) {
     std::fs::File::create(path).unwrap().set_len(bytes).unwrap();
@@ -249,8 +258,8 @@ impl Daemon {
     /// The port of the daemon's (first) TCP NBD listener, from its log.
     pub fn tcp_port(&self) -> u16 {
         let l = self.log();
-        let i = l.find("address=Tcp(").expect("a TCP listener in the log") + 12;
-        let a = &l[i..i + l[i..].find(')').unwrap()];
+        let i = l.find("address=tcp:").expect("a TCP listener in the log") + 12;
+        let a = &l[i..i + l[i..].find(' ').unwrap()];
         a.rsplit(':').next().unwrap().parse().unwrap()
     }
 
