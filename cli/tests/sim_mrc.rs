@@ -258,7 +258,9 @@ fn the_timed_replay_reads_any_format_grows_the_volume_and_reports_hits() {
     let runs = v["runs"].as_array().unwrap();
     assert!(runs[0]["hit_ratio"].is_null(), "the baseline has no cache");
     for r in &runs[1..] {
+        // ram-vs-nvme warms its cache, and a replay honours that: the trace's 50 lines start
+        // in the cache, so every read and write-through write hits (cold, it was 0.3 to 1).
         let h = r["hit_ratio"].as_f64().unwrap();
-        assert!(h > 0.3 && h < 1.0, "{r}");
+        assert_eq!(h, 1.0, "{r}");
     }
 }

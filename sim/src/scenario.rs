@@ -480,6 +480,34 @@ impl Scenario {
         Ok((Sim::new(devices, targets, Box::new(router)), warm))
     }
 
+    /// Pre-loads each target's warm lines (clean, the first as many as its cache holds, in
+    /// order: the last is the most recent).
+    fn warm(&self, sim: &mut Sim, warm: WarmSet) -> Result<(), String> {
+        let line_blocks = self.cache.line_kib as u64 * 2;
+        let full = if line_blocks == 128 {
+            u128::MAX
+        } else {
+            (1u128 << line_blocks) - 1
+        };
+        for (t, lines) in warm {
+            let Some(setup) = sim.targets[t].cache.as_mut() else {
+                continue;
+            };
+            let cap = setup.cache.config().lines as usize;
+            for &cl in lines.iter().take(cap) {
+                // The class a line-sized read of this line gets, so IO-class caps hold.
+                let class = setup.cache.io_classes().classify(&IoInfo {
+                    core: CoreId(0),
+                    is_write: false,
+                    lba: Lba(cl * line_blocks),
+                    bytes: line_blocks * 512,
+                });
+                setup.cache.restore_line(CoreId(0), cl, full, 0, class)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs workload `w` under config `c` with `seed`.
     pub fn run_one(
         &self,
@@ -489,28 +517,7 @@ impl Scenario {
     ) -> Result<RunResult, String> {
         let (mut sim, warm) = self.build(c)?;
         if c.cache && self.cache.warm && !w.cold {
-            let line_blocks = self.cache.line_kib as u64 * 2;
-            let full = if line_blocks == 128 {
-                u128::MAX
-            } else {
-                (1u128 << line_blocks) - 1
-            };
-            for (t, lines) in warm {
-                let Some(setup) = sim.targets[t].cache.as_mut() else {
-                    continue;
-                };
-                let cap = setup.cache.config().lines as usize;
-                for &cl in lines.iter().take(cap) {
-                    // The class a line-sized read of this line gets, so IO-class caps hold.
-                    let class = setup.cache.io_classes().classify(&IoInfo {
-                        core: CoreId(0),
-                        is_write: false,
-                        lba: Lba(cl * line_blocks),
-                        bytes: line_blocks * 512,
-                    });
-                    setup.cache.restore_line(CoreId(0), cl, full, 0, class)?;
-                }
-            }
+            self.warm(&mut sim, warm)?;
         }
         let ws = sim_volume(&sim);
         let mut source = Generator::new(w, ws, seed ^ hash_str(&w.name));
@@ -560,7 +567,7 @@ impl Scenario {
     /// the trace's span plus one second for the last requests to complete. The result carries
     /// the cache's hit counts ([`RunResult::hits`]).
     pub fn run_trace(&self, entries: &[TraceEntry], c: &ConfigSpec) -> Result<RunResult, String> {
-        let (mut sim, _) = self.build(c)?;
+        let (mut sim, warm) = self.build(c)?;
         let vol = sim.volume_blocks();
         if let Some(e) = entries.iter().find(|e| e.io.lba + e.io.blocks as u64 > vol) {
             return Err(format!(
@@ -568,6 +575,19 @@ impl Scenario {
                 e.time_us,
                 vol * 512
             ));
+        }
+        if c.cache && self.cache.warm {
+            // A single volume starts as if the trace had run once before: the lines it
+            // touches, the most recently touched that fit, oldest first. A cluster's placement
+            // warms as for its workloads.
+            let warm = match (&self.single, sim.targets[0].cache.as_ref()) {
+                (Some(_), Some(setup)) => {
+                    let cap = setup.cache.config().lines as usize;
+                    vec![(0, trace_lines(entries, self.cache.line_kib as u64 * 2, cap))]
+                }
+                _ => warm,
+            };
+            self.warm(&mut sim, warm)?;
         }
         let span_us = entries.last().map_or(0, |e| e.time_us);
         let window = Window {
@@ -616,6 +636,24 @@ impl Scenario {
         }
         Ok(out)
     }
+}
+
+/// The core lines of `entries` by their last touch, oldest first, the last `cap` of them.
+fn trace_lines(entries: &[TraceEntry], line_blocks: u64, cap: usize) -> Vec<u64> {
+    let mut last: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut n = 0;
+    for e in entries {
+        let first = e.io.lba / line_blocks;
+        let end = (e.io.lba + e.io.blocks.max(1) as u64).div_ceil(line_blocks);
+        for l in first..end {
+            last.insert(l, n);
+            n += 1;
+        }
+    }
+    let mut lines: Vec<(usize, u64)> = last.into_iter().map(|(l, t)| (t, l)).collect();
+    lines.sort_unstable();
+    let skip = lines.len().saturating_sub(cap);
+    lines.into_iter().skip(skip).map(|(_, l)| l).collect()
 }
 
 fn sim_volume(sim: &Sim) -> u64 {

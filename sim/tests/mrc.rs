@@ -65,6 +65,27 @@ fn textbook_lru(reqs: &[Request], line: u64, cap: usize) -> (u64, u64, u64, u64)
     (rh, wh, partial, core_read)
 }
 
+/// The requests cut down to the one whole 4 KiB line each starts in.
+fn whole_lines(mut reqs: Vec<Request>) -> Vec<Request> {
+    for r in &mut reqs {
+        r.offset = r.offset / 4096 * 4096;
+        r.len = 4096;
+    }
+    reqs
+}
+
+/// 4 KiB lines, write-through, promotion `always`, no cutoff: the policy the stack method models.
+fn wt_policy(eviction: EvictionPolicy) -> Policy {
+    Policy {
+        line: LineSize::K4,
+        mode: CacheMode::Wt,
+        eviction,
+        promotion: PromotionPolicy::Always,
+        nhit: NhitParams::default(),
+        cutoff: CutoffPolicy::Never,
+    }
+}
+
 #[test]
 fn stack_distances_equal_a_textbook_lru_at_every_size() {
     let reqs = synthetic(20_000, 3_000, 11);
@@ -135,30 +156,50 @@ fn shards_is_within_two_points_of_exact_on_a_large_zipf_trace() {
 }
 
 #[test]
-fn the_core_with_lru_on_a_read_only_trace_matches_the_stack_method() {
-    // Reads of whole 4 KiB lines: no partial-line state, no writes (the core's LRU refreshes
-    // recency on read hits only; see docs/SIZING.md), so the core must equal textbook LRU.
-    let mut reqs = synthetic(6_000, 800, 3);
-    for r in &mut reqs {
-        r.op = Op::Read;
-        r.offset = r.offset / 4096 * 4096;
-        r.len = 4096;
-    }
-    let policy = Policy {
-        line: LineSize::K4,
-        mode: CacheMode::Wt,
-        eviction: EvictionPolicy::Lru,
-        promotion: PromotionPolicy::Always,
-        nhit: NhitParams::default(),
-        cutoff: CutoffPolicy::Never,
-    };
+fn the_core_with_lru_on_a_mixed_read_write_trace_matches_the_stack_method() {
+    // Whole 4 KiB lines (no partial-line state), 30% writes: a write hit refreshes recency in
+    // the core's LRU as a read hit does, so the core must equal textbook LRU exactly, reads
+    // and writes alike.
+    let reqs = whole_lines(synthetic(6_000, 800, 3));
+    assert!(reqs.iter().filter(|r| r.op == Op::Write).count() > 1_500);
+    let policy = wt_policy(EvictionPolicy::Lru);
     let sizes = [16u64, 50, 200, 500];
     let core = run(&reqs, &policy, &sizes, 2).unwrap();
     let p = stack::profile(&reqs, 4096, 1.0);
     for (c, &n) in core.iter().zip(&sizes) {
         let s = p.point(n);
-        assert_eq!((c.read_hits, c.reads), (s.read_hits, s.reads), "{n} lines");
+        assert_eq!(
+            (c.read_hits, c.reads, c.write_hits, c.writes),
+            (s.read_hits, s.reads, s.write_hits, s.writes),
+            "{n} lines"
+        );
         assert_eq!(c.core_read_bytes, s.core_read_bytes, "{n} lines");
     }
     assert!(run(&reqs, &policy, &[4], 1).unwrap_err().contains("16"));
+}
+
+#[test]
+fn write_hits_count_like_read_hits_in_lru_and_s3fifo() {
+    // Whole 4 KiB lines in write-through: a write is an access like a read for eviction, so
+    // the core must hit exactly as often on the mixed trace as on the same trace read-only,
+    // under either policy (S3-FIFO's frequency counters and LRU's order hear write hits).
+    let mixed = whole_lines(synthetic(6_000, 800, 9));
+    let reads: Vec<Request> = mixed
+        .iter()
+        .map(|r| Request { op: Op::Read, ..*r })
+        .collect();
+    for eviction in [EvictionPolicy::Lru, EvictionPolicy::S3Fifo] {
+        let policy = wt_policy(eviction);
+        let sizes = [16u64, 60, 200, 500];
+        let a = run(&mixed, &policy, &sizes, 2).unwrap();
+        let b = run(&reads, &policy, &sizes, 2).unwrap();
+        for ((a, b), n) in a.iter().zip(&b).zip(sizes) {
+            assert!(a.writes > 1_500);
+            assert_eq!(
+                a.read_hits + a.write_hits,
+                b.read_hits,
+                "{eviction:?}, {n} lines"
+            );
+        }
+    }
 }

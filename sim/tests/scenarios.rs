@@ -128,6 +128,24 @@ fn a_trace_replays_open_loop_and_every_request_completes() {
 }
 
 #[test]
+fn a_trace_replay_honours_warm() {
+    // 300 reads of distinct lines, each once: a cold cache hits none; a warm one (ram-vs-nvme
+    // warms) starts with the lines the trace touches, and hits all.
+    let mut sc = Scenario::load("ram-vs-nvme").unwrap();
+    assert!(sc.cache.warm);
+    let text: String = std::iter::once("time_us,op,offset,length\n".to_string())
+        .chain((0..300u64).map(|i| format!("{},R,{},4096\n", i * 10_000, i * 3 * 4096)))
+        .collect();
+    let entries = trace_csv(&text);
+    let cached = sc.config.iter().find(|c| c.cache).unwrap().clone();
+    let warm = sc.run_trace(&entries, &cached).unwrap().hits.unwrap();
+    assert_eq!((warm.reads, warm.read_hits), (300, 300));
+    sc.cache.warm = false;
+    let cold = sc.run_trace(&entries, &cached).unwrap().hits.unwrap();
+    assert_eq!((cold.reads, cold.read_hits), (300, 0));
+}
+
+#[test]
 fn a_device_can_come_from_a_toml_file() {
     let dir = std::env::temp_dir().join(format!("tiercache-dev-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

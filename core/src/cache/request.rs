@@ -968,14 +968,28 @@ impl Cache {
             if reclassify && self.lists.class(l) != r.class {
                 self.reclassify(l, r.class);
             }
-            // A hit is an access the eviction policy hears about; a line this read just
-            // inserted is not (S3-FIFO would otherwise promote every new line at once).
-            if !p.new && self.state.dirty(l) == 0 && self.state.valid(l) & p.mask != 0 {
+        }
+        self.touch_hits(&r);
+        self.finish(r, Ok(()), actions);
+    }
+
+    /// Tells the eviction policy about the lines a completed read or write-through write hit,
+    /// in address order: a write hit refreshes LRU recency and counts for S3-FIFO exactly as a
+    /// read hit does (as in Open CAS and textbook LRU). A line this request just inserted is
+    /// not a hit (S3-FIFO would otherwise promote every new line at once); a dirty line is on
+    /// no eviction list.
+    fn touch_hits(&mut self, r: &Request) {
+        for p in &r.parts {
+            let Some(l) = p.line else { continue };
+            if !p.new
+                && self.map.is_mapped(l)
+                && self.state.dirty(l) == 0
+                && self.state.valid(l) & p.mask != 0
+            {
                 let class = self.lists.class(l);
                 self.eviction.touch(&mut self.lists, l, class);
             }
         }
-        self.finish(r, Ok(()), actions);
     }
 
     /// Moves `line` to IO class `class`.
@@ -1238,6 +1252,7 @@ impl Cache {
                     // cover this cache write.
                     self.cache_flush.writes_done += 1;
                 }
+                self.touch_hits(&r);
                 self.finish(r, Ok(()), actions);
             }
             Plan::Invalidate => {

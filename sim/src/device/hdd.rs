@@ -55,7 +55,7 @@
 //! The model is deterministic: it has no randomness and only integer time.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use tiercache_core::units::Nanos;
@@ -177,7 +177,12 @@ pub struct Hdd {
     /// The block after the last media IO's last block.
     next_lba: Option<u64>,
     busy: Option<InService>,
+    /// Queued IOs in arrival (= `seq`) order. The choice looks at the `ncq` oldest only, and
+    /// takes one out from among them: both cost at most `ncq`, whatever the queue's length.
     queue: VecDeque<Op>,
+    /// Sequence numbers of the destages (acknowledged writes not yet on the media) queued or
+    /// in service: the oldest is a flush's question, answered without a scan of the queue.
+    destages: BTreeSet<u64>,
     /// Completions with known times not yet reported: (time, seq, token).
     ready: BinaryHeap<Reverse<(Nanos, u64, u64)>>,
     /// Flushes waiting for earlier writes: (token, seq).
@@ -226,6 +231,7 @@ impl Hdd {
             next_lba: None,
             busy: None,
             queue: VecDeque::new(),
+            destages: BTreeSet::new(),
             ready: BinaryHeap::new(),
             flushes: Vec::new(),
             cached_blocks: 0,
@@ -340,7 +346,10 @@ impl Hdd {
         self.next_lba = Some(end);
         match b.op.token {
             Some(tok) => self.ready.push(Reverse((b.done, b.op.seq, tok))),
-            None => self.cached_blocks = self.cached_blocks.saturating_sub(b.op.blocks as u64),
+            None => {
+                self.cached_blocks = self.cached_blocks.saturating_sub(b.op.blocks as u64);
+                self.destages.remove(&b.op.seq);
+            }
         }
         if b.op.write && !self.flushes.is_empty() {
             let oldest = self.oldest_media_write();
@@ -360,12 +369,7 @@ impl Hdd {
     /// cache destage). Writes still in flight to the host are not a flush's business: a flush
     /// covers what completed before it was issued (SCSI SYNCHRONIZE CACHE, NVMe Flush).
     fn oldest_media_write(&self) -> Option<u64> {
-        self.queue
-            .iter()
-            .chain(self.busy.as_ref().map(|b| &b.op))
-            .filter(|o| o.write && o.token.is_none())
-            .map(|o| o.seq)
-            .min()
+        self.destages.first().copied()
     }
 
     /// Runs the actuator up to `now`.
@@ -424,6 +428,7 @@ impl Device for Hdd {
                     let done = Nanos(start.0 + xfer + self.overhead_ns);
                     self.ready.push(Reverse((done, seq, io.token)));
                     self.cached_blocks += blocks;
+                    self.destages.insert(seq);
                     self.enqueue(
                         Op {
                             token: None,
@@ -691,6 +696,43 @@ mod tests {
         assert!(at(4).0 > 200_000, "{got:?}");
         assert_eq!(d.outstanding(), 0);
         assert_eq!(d.cached_blocks, 0);
+    }
+
+    #[test]
+    fn the_oldest_destage_is_tracked_without_a_scan() {
+        // Random writes (some FUA), reads and flushes into a small write cache: at every step
+        // the tracked oldest destage is the one a scan of the queue and the media finds.
+        let mut s = spec();
+        s.write_cache = true;
+        s.write_cache_mb = 0.1;
+        let mut d = Hdd::new(s, 0);
+        let cap = d.capacity_blocks();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut done = Vec::new();
+        for i in 0..3_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let kind = match x % 8 {
+                0 => IoKind::Flush,
+                1 => IoKind::Write { fua: true },
+                2 | 3 => IoKind::Read,
+                _ => IoKind::Write { fua: false },
+            };
+            let now = Nanos(i * 150_000);
+            d.complete_until(now, &mut done);
+            d.submit(now, io(i, kind, (x >> 8) % (cap - 8), 8));
+            let scan = d
+                .queue
+                .iter()
+                .chain(d.busy.as_ref().map(|b| &b.op))
+                .filter(|o| o.write && o.token.is_none())
+                .map(|o| o.seq)
+                .min();
+            assert_eq!(d.oldest_media_write(), scan, "step {i}");
+        }
+        drain(&mut d);
+        assert_eq!(d.outstanding(), 0);
     }
 
     #[test]
