@@ -130,25 +130,8 @@ pub(crate) fn summarize(mut v: Vec<u32>) -> Timings {
 /// Runs one request to completion, completing every device IO at once. Returns whether it was
 /// served.
 fn run_request(cache: &mut Cache, ev: Event, actions: &mut Vec<Action>, now: Nanos) -> bool {
-    actions.clear();
-    cache.apply(now, ev, actions);
-    let mut i = 0;
-    let mut done = false;
-    while i < actions.len() {
-        match actions[i] {
-            Action::Read { io, .. }
-            | Action::Write { io, .. }
-            | Action::WriteZeroes { io, .. }
-            | Action::Trim { io, .. }
-            | Action::Flush { io, .. } => {
-                cache.apply(now, Event::IoDone { io, result: Ok(()) }, actions);
-            }
-            Action::Complete { result, .. } => done = result.is_ok(),
-            Action::Copy { .. } => {}
-        }
-        i += 1;
-    }
-    done
+    let (done, ok) = crate::bench_waiters::drive(cache, now, ev, actions, None);
+    done > 0 && ok
 }
 
 /// Runs the benchmark.

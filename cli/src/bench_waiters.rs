@@ -27,37 +27,43 @@ pub(crate) struct WaitRun {
     pub(crate) p99_ns: f64,
 }
 
-/// Applies `ev` and everything it leads to: cache IOs complete at once, core IOs are
-/// appended to `pending`. Returns the requests completed.
-fn drive(
+/// Applies `ev` and everything it leads to: device IOs complete at once, except core reads
+/// and writes when `pending` is given (they are appended to it). Returns the requests
+/// completed and whether all of them succeeded.
+pub(crate) fn drive(
     cache: &mut Cache,
     now: Nanos,
     ev: Event,
     actions: &mut Vec<Action>,
-    pending: &mut Vec<IoId>,
-) -> u32 {
+    mut pending: Option<&mut Vec<IoId>>,
+) -> (u32, bool) {
     actions.clear();
     cache.apply(now, ev, actions);
-    let mut done = 0;
+    let (mut done, mut ok) = (0, true);
     let mut i = 0;
     while i < actions.len() {
         match actions[i] {
-            Action::Read { io, dev, .. } | Action::Write { io, dev, .. } => {
-                if dev == Dev::Cache {
-                    cache.apply(now, Event::IoDone { io, result: Ok(()) }, actions);
-                } else {
-                    pending.push(io);
-                }
+            Action::Read { io, dev, .. } | Action::Write { io, dev, .. }
+                if dev != Dev::Cache && pending.is_some() =>
+            {
+                pending.as_mut().expect("checked").push(io);
             }
-            Action::WriteZeroes { io, .. } | Action::Trim { io, .. } | Action::Flush { io, .. } => {
+            Action::Read { io, .. }
+            | Action::Write { io, .. }
+            | Action::WriteZeroes { io, .. }
+            | Action::Trim { io, .. }
+            | Action::Flush { io, .. } => {
                 cache.apply(now, Event::IoDone { io, result: Ok(()) }, actions);
             }
-            Action::Complete { .. } => done += 1,
+            Action::Complete { result, .. } => {
+                done += 1;
+                ok &= result.is_ok();
+            }
             Action::Copy { .. } => {}
         }
         i += 1;
     }
-    done
+    (done, ok)
 }
 
 /// Measures one queue length.
@@ -87,7 +93,13 @@ fn one(n: u32) -> Result<WaitRun, String> {
     for round in 0..2 {
         for line in 0..n {
             req += 1;
-            drive(&mut cache, now, read(req, line), &mut actions, &mut pending);
+            drive(
+                &mut cache,
+                now,
+                read(req, line),
+                &mut actions,
+                Some(&mut pending),
+            );
         }
         if round == 0 && pending.len() != n as usize {
             return Err(format!("{} core reads for {n} misses", pending.len()));
@@ -103,8 +115,9 @@ fn one(n: u32) -> Result<WaitRun, String> {
             now,
             Event::IoDone { io, result: Ok(()) },
             &mut actions,
-            &mut pending,
-        );
+            Some(&mut pending),
+        )
+        .0;
         samples.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
     }
     if completed != 2 * n || !pending.is_empty() {
