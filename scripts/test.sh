@@ -59,6 +59,9 @@ fi
 /usr/bin/python3 -c 'import rbd' >/dev/null 2>&1 || need+=(python3-rbd)
 # prometheus_client's parser reads the daemon's whole /metrics exposition (cli/tests/metrics.rs).
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
+# The aarch64 CRC32C path (format/src/crc.rs), cross-built and run under qemu-user.
+command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
+command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing ${need[*]} (Debian packages)"
     SUDO=""
@@ -89,6 +92,31 @@ io_paths() {
     grep -oE "IO path.*" "$log"
 }
 step "IO paths in use (file backend conformance, output shown)" io_paths
+
+# The checksum code has a hardware path per CPU family: the aarch64 one (CRC extension) is
+# cross-built and run under qemu-user against the table, as the x86-64 one runs natively above.
+crc_aarch64() {
+    local t=aarch64-unknown-linux-gnu
+    if ! rustup target list --installed 2>/dev/null | grep -qx "$t"; then
+        rustup target add "$t" >/dev/null 2>&1 || {
+            echo "SKIPPED: could not add the $t target (rustup target add $t)"
+            return 0
+        }
+    fi
+    if ! command -v qemu-aarch64 >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+        echo "SKIPPED: qemu-aarch64 or aarch64-linux-gnu-gcc missing"
+        return 0
+    fi
+    local out
+    out=$(CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+        cargo test -q -p tiercache-format --target "$t" --lib crc -- --nocapture 2>&1) ||
+        { echo "$out" | tail -30; return 1; }
+    echo "$out" | grep -E "hardware CRC32C|test result"
+    # The hardware path must be the one tested (qemu's CPU has the CRC extension).
+    echo "$out" | grep -q "hardware CRC32C: true"
+}
+step "CRC32C hardware path on aarch64 (qemu-user)" crc_aarch64
 
 section "canaries: each planted bug must be caught by its harness"
 canary() {

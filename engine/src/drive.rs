@@ -32,7 +32,9 @@ impl Shared {
         while let Some(ev) = events.pop_front() {
             let Inner { m, reqs, .. } = &mut *g;
             m.apply(now, ev, &mut actions, &mut |req| {
-                tiercache_format::crc::crc32c(&reqs[&req].buf)
+                let s = &reqs[&req];
+                s.crc
+                    .unwrap_or_else(|| tiercache_format::crc::crc32c(&s.buf))
             });
             let mut i = 0;
             while i < actions.len() {

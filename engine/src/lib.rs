@@ -166,6 +166,9 @@ type JobOp = tiercache_io::AsyncReq;
 struct Slot {
     buf: AlignedBuf,
     reply: Option<ReplyTo>,
+    /// A write's CRC32C in mode `wl`, computed before the request took the engine's lock
+    /// ([`Shared::write_crc`]): the log's entry header carries it.
+    crc: Option<u32>,
 }
 
 /// What happens to the IOs a drive starts on devices that are not inline.
@@ -233,6 +236,8 @@ struct Shared {
     quit: AtomicBool,
     epoch: Instant,
     last_now: AtomicU64,
+    /// The state machine is a write log (mode `wl`; fixed for the engine's life).
+    wl: bool,
 }
 
 /// The engine. Dropping it without [`Engine::stop`] is a crash: nothing more is written.

@@ -57,6 +57,7 @@ impl Engine {
         ec: EngineConfig,
     ) -> Engine {
         let (slots, slot_blocks) = m.pool();
+        let wl = m.wl().is_some();
         let pool = (0..slots)
             .map(|_| AlignedBuf::new(slot_blocks as usize * 512))
             .collect();
@@ -100,6 +101,7 @@ impl Engine {
             quit: AtomicBool::new(false),
             epoch: Instant::now(),
             last_now: AtomicU64::new(0),
+            wl,
         });
         let mut threads = Vec::new();
         for i in 0..ec.io_threads.max(1) {

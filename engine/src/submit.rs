@@ -28,6 +28,13 @@ pub enum ReqOp {
 pub(crate) type Op = ReqOp;
 
 impl Shared {
+    /// The CRC32C a write log puts in the entry header of write `buf`, computed by the
+    /// submitting thread before it takes the engine's lock (about 0.5 µs per 4 KiB that other
+    /// threads would otherwise wait behind); `None` when no log needs it.
+    pub(crate) fn write_crc(&self, op: Op, buf: &[u8]) -> Option<u32> {
+        (self.wl && matches!(op, Op::Write { .. })).then(|| tiercache_format::crc::crc32c(buf))
+    }
+
     /// Names a new request, keeps its buffer (and where its reply goes, if no thread waits
     /// for it), and returns its id and the core's event for it. A read on a memory cache
     /// starts loading the data a hit will copy while the core decides.
@@ -37,12 +44,11 @@ impl Shared {
         core: CoreId,
         lba: u64,
         blocks: u32,
-        buf: AlignedBuf,
-        reply: Option<ReplyTo>,
+        slot: Slot,
     ) -> (ReqId, Event) {
         let req = ReqId(g.next_req);
         g.next_req += 1;
-        g.reqs.insert(req, Slot { buf, reply });
+        g.reqs.insert(req, slot);
         let lba = Lba(lba);
         if matches!(op, Op::Read) && g.cache_dev.inline() {
             let Inner { m, cache_dev, .. } = &*g;
@@ -175,8 +181,14 @@ impl Engine {
         blocks: u32,
         buf: AlignedBuf,
     ) -> Result<(Result<(), ReqError>, AlignedBuf), Pending> {
+        let crc = self.sh.write_crc(op, &buf);
+        let slot = Slot {
+            buf,
+            reply: None,
+            crc,
+        };
         let mut g = self.sh.lock();
-        let (req, ev) = Shared::open_request(&mut g, op, core, lba, blocks, buf, None);
+        let (req, ev) = Shared::open_request(&mut g, op, core, lba, blocks, slot);
         // The IOs this request starts run on this thread (one at a time; any others at once
         // on IO threads), and so do the IOs their completions start, until the request is
         // done: a hit costs one pread and no thread hop.
