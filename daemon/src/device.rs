@@ -268,12 +268,14 @@ impl FaultyFile {
     }
 }
 
+/// Every IO checks the control file first: synchronous only, no ring descriptor (the ring
+/// would bypass the check). Allocation queries go to the file.
 impl Backend for FaultyFile {
+    tiercache_io::forward_backend!(inner; blocks, extents);
+    tiercache_io::sync_only_backend!();
+
     fn name(&self) -> String {
         format!("faulty:{}", self.inner.name())
-    }
-    fn blocks(&self) -> u64 {
-        self.inner.blocks()
     }
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
         self.check(FaultyOp::Read)?;
@@ -294,9 +296,6 @@ impl Backend for FaultyFile {
     fn flush(&self) -> Result<(), IoErr> {
         self.check(FaultyOp::Flush)?;
         self.inner.flush()
-    }
-    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<tiercache_io::Extent>, IoErr> {
-        self.inner.extents(lba, blocks)
     }
 }
 

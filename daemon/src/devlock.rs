@@ -15,7 +15,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Mutex;
 use tiercache_engine::Device;
-use tiercache_io::{AsyncDone, AsyncReq, Backend, IoErr, Req};
+use tiercache_io::Backend;
 
 /// Locks held by this process: (st_dev, st_ino) to the locked file and its handle count.
 static HELD: Mutex<BTreeMap<(u64, u64), (std::fs::File, usize)>> = Mutex::new(BTreeMap::new());
@@ -77,49 +77,10 @@ impl Locked {
     }
 }
 
+/// A pure pass-through: every method, the asynchronous and ring paths included, reaches the
+/// claimed device.
 impl Backend for Locked {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn blocks(&self) -> u64 {
-        self.inner.blocks()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
-        self.inner.read(lba, buf)
-    }
-    fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
-        self.inner.write(lba, buf, fua)
-    }
-    fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
-        self.inner.write_zeroes(lba, blocks, fua)
-    }
-    fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
-        self.inner.trim(lba, blocks)
-    }
-    fn flush(&self) -> Result<(), IoErr> {
-        self.inner.flush()
-    }
-    fn inline(&self) -> bool {
-        self.inner.inline()
-    }
-    fn prefetch(&self, lba: u64, blocks: u64) {
-        self.inner.prefetch(lba, blocks)
-    }
-    fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
-        self.inner.submit_batch(reqs)
-    }
-    fn is_async(&self) -> bool {
-        self.inner.is_async()
-    }
-    fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
-        self.inner.submit_async(req, done)
-    }
-    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
-        self.inner.ring_fd()
-    }
-    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<tiercache_io::Extent>, IoErr> {
-        self.inner.extents(lba, blocks)
-    }
+    tiercache_io::forward_backend!(inner; all);
 }
 
 #[cfg(test)]
@@ -151,6 +112,31 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.starts_with("gone: cannot open:"), "{e}");
+        let _ = std::fs::remove_file(&p);
+    }
+
+    /// The claim passes everything on: a claimed RBD image stays asynchronous, a claimed file
+    /// stays on the reactor's ring (the probe has every optional capability).
+    #[test]
+    fn a_claimed_device_keeps_every_capability() {
+        use tiercache_io::conformance::{PROBE_FD, Probe};
+        let p = std::env::temp_dir().join(format!("tc-devlock-fwd-{}", std::process::id()));
+        std::fs::write(&p, [0u8; 4096]).unwrap();
+        let probe = std::sync::Arc::new(Probe::new(4096));
+        let l = Locked::new(probe.clone(), DeviceLock::take(&p, "dev").unwrap());
+        assert!(l.inline() && l.is_async());
+        assert_eq!(l.ring_fd(), Some(PROBE_FD));
+        assert!(l.extents(0, 8).unwrap()[0].hole);
+        l.prefetch(0, 8);
+        assert_eq!(Probe::get(&probe.prefetches), 1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        l.submit_async(
+            tiercache_io::AsyncReq::Flush,
+            Box::new(move |_, r| tx.send(r).unwrap()),
+        );
+        rx.recv().unwrap().unwrap();
+        assert_eq!(Probe::get(&probe.async_calls), 1);
+        drop(l);
         let _ = std::fs::remove_file(&p);
     }
 }

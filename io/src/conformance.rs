@@ -402,3 +402,99 @@ fn batch(b: &dyn Backend) {
     assert!(r == w, "{}: batch read after batch write", b.name());
     assert_zero(b, 44, 2, "batch trim");
 }
+
+/// A device with every optional capability of [`Backend`], counting which path each IO took:
+/// for tests of what a wrapper passes on (`io/src/forward.rs`). Data lives in RAM.
+pub struct Probe {
+    ram: crate::RamBackend,
+    /// Calls of the synchronous read/write/zero/trim/flush.
+    pub sync_calls: std::sync::atomic::AtomicU64,
+    /// Requests given to [`Backend::submit_async`] (answered on a thread of their own).
+    pub async_calls: std::sync::atomic::AtomicU64,
+    /// [`Backend::prefetch`] and [`Backend::submit_batch`] calls.
+    pub prefetches: std::sync::atomic::AtomicU64,
+    pub batches: std::sync::atomic::AtomicU64,
+}
+
+/// The descriptor [`Probe::ring_fd`] names (never used for IO).
+pub const PROBE_FD: i32 = 1_000_000;
+
+impl Probe {
+    /// A probe of `blocks` blocks.
+    pub fn new(blocks: u64) -> Probe {
+        Probe {
+            ram: crate::RamBackend::new(blocks),
+            sync_calls: Default::default(),
+            async_calls: Default::default(),
+            prefetches: Default::default(),
+            batches: Default::default(),
+        }
+    }
+
+    fn count(c: &std::sync::atomic::AtomicU64) {
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Reads a counter.
+    pub fn get(c: &std::sync::atomic::AtomicU64) -> u64 {
+        c.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Backend for Probe {
+    fn name(&self) -> String {
+        "probe".into()
+    }
+    fn blocks(&self) -> u64 {
+        self.ram.blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
+        Self::count(&self.sync_calls);
+        self.ram.read(lba, buf)
+    }
+    fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
+        Self::count(&self.sync_calls);
+        self.ram.write(lba, buf, fua)
+    }
+    fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
+        Self::count(&self.sync_calls);
+        self.ram.write_zeroes(lba, blocks, fua)
+    }
+    fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
+        Self::count(&self.sync_calls);
+        self.ram.trim(lba, blocks)
+    }
+    fn flush(&self) -> Result<(), IoErr> {
+        Self::count(&self.sync_calls);
+        self.ram.flush()
+    }
+    fn inline(&self) -> bool {
+        true
+    }
+    fn prefetch(&self, _lba: u64, _blocks: u64) {
+        Self::count(&self.prefetches);
+    }
+    /// The whole device is one hole (so a wrapper that forwards this is told from the
+    /// default's "allocated").
+    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<crate::Extent>, IoErr> {
+        crate::check_blocks(lba, blocks, self.blocks())?;
+        let mut v = Vec::new();
+        crate::Extent::push(&mut v, blocks, true);
+        Ok(v)
+    }
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        Some(PROBE_FD)
+    }
+    fn is_async(&self) -> bool {
+        true
+    }
+    fn submit_async(&self, req: crate::AsyncReq, done: crate::AsyncDone) {
+        Self::count(&self.async_calls);
+        let (buf, r) = crate::run_sync(&self.ram, req);
+        std::thread::spawn(move || done(buf, r));
+    }
+    fn submit_batch(&self, reqs: &mut [crate::Req<'_>]) -> Vec<Result<(), IoErr>> {
+        Self::count(&self.batches);
+        self.ram.submit_batch(reqs)
+    }
+}

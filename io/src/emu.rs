@@ -518,18 +518,16 @@ impl<B: Backend> EmuBackend<B> {
     }
 }
 
+/// Every IO waits out the device model in the calling thread: synchronous only (an IO
+/// submitted asynchronously runs these calls, so the model's latency applies to it too), no
+/// ring descriptor (a ring would bypass the model). Allocation queries go to the inner device
+/// (no IO is modelled: they move no data).
 impl<B: Backend> Backend for EmuBackend<B> {
+    crate::forward_backend!(inner; blocks, extents);
+    crate::sync_only_backend!();
+
     fn name(&self) -> String {
         format!("emu:{} over {}", self.label, self.inner.name())
-    }
-
-    fn blocks(&self) -> u64 {
-        self.inner.blocks()
-    }
-
-    /// The inner device's (no IO is modelled: an allocation query moves no data).
-    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<crate::Extent>, IoErr> {
-        self.inner.extents(lba, blocks)
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {

@@ -431,13 +431,15 @@ impl<B: Backend> FaultBackend<B> {
     }
 }
 
+/// Every IO goes through the fault gates and the power-cut tracking: synchronous only (an IO
+/// submitted asynchronously runs these calls), no ring descriptor. Allocation queries get the
+/// trait's default ("allocated"): an injected fault is not modelled for them.
 impl<B: Backend> Backend for FaultBackend<B> {
+    crate::forward_backend!(inner; blocks);
+    crate::sync_only_backend!();
+
     fn name(&self) -> String {
         format!("fault({})", self.inner.name())
-    }
-
-    fn blocks(&self) -> u64 {
-        self.inner.blocks()
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {

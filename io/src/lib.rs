@@ -28,6 +28,7 @@ mod emu;
 mod error;
 mod fault;
 mod file;
+mod forward;
 pub mod log;
 mod nbd;
 mod overlay;
@@ -331,55 +332,13 @@ pub fn check_blocks(lba: u64, blocks: u64, dev_blocks: u64) -> Result<(), IoErr>
     }
 }
 
-macro_rules! forward_backend {
-    ($($t:ty),*) => {$(
-        /// Forwards every operation to the pointed-to backend, so that wrappers such as
-        /// [`FaultBackend`] can hold a shared or boxed (also `dyn`) backend.
-        impl<T: Backend + ?Sized> Backend for $t {
-            fn name(&self) -> String {
-                (**self).name()
-            }
-            fn blocks(&self) -> u64 {
-                (**self).blocks()
-            }
-            fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
-                (**self).read(lba, buf)
-            }
-            fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
-                (**self).write(lba, buf, fua)
-            }
-            fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
-                (**self).write_zeroes(lba, blocks, fua)
-            }
-            fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
-                (**self).trim(lba, blocks)
-            }
-            fn flush(&self) -> Result<(), IoErr> {
-                (**self).flush()
-            }
-            fn inline(&self) -> bool {
-                (**self).inline()
-            }
-            fn submit_batch(&self, reqs: &mut [Req<'_>]) -> Vec<Result<(), IoErr>> {
-                (**self).submit_batch(reqs)
-            }
-            fn prefetch(&self, lba: u64, blocks: u64) {
-                (**self).prefetch(lba, blocks)
-            }
-            fn is_async(&self) -> bool {
-                (**self).is_async()
-            }
-            fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
-                (**self).ring_fd()
-            }
-            fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<Extent>, IoErr> {
-                (**self).extents(lba, blocks)
-            }
-            fn submit_async(&self, req: AsyncReq, done: AsyncDone) {
-                (**self).submit_async(req, done)
-            }
-        }
-    )*};
+/// Forwards every operation to the pointed-to backend, so that wrappers such as
+/// [`FaultBackend`] can hold a shared or boxed (also `dyn`) backend.
+impl<T: Backend + ?Sized> Backend for Box<T> {
+    crate::forward_backend!(*; all);
 }
 
-forward_backend!(Box<T>, std::sync::Arc<T>);
+/// As for `Box`.
+impl<T: Backend + ?Sized> Backend for std::sync::Arc<T> {
+    crate::forward_backend!(*; all);
+}

@@ -380,18 +380,16 @@ impl<B: Backend + 'static> Drop for TimeoutBackend<B> {
     }
 }
 
+/// Every IO runs on a helper under the timeout: synchronous only (an IO submitted
+/// asynchronously runs these calls, so it is timed too; an asynchronous inner device, such as
+/// an RBD image, is then driven through its synchronous calls), no ring descriptor. Allocation
+/// queries go to the inner device (they move no data).
 impl<B: Backend + 'static> Backend for TimeoutBackend<B> {
+    crate::forward_backend!(inner; blocks, extents);
+    crate::sync_only_backend!();
+
     fn name(&self) -> String {
         format!("timeout({:?}, {})", self.timeout(), self.inner.name())
-    }
-
-    fn blocks(&self) -> u64 {
-        self.inner.blocks()
-    }
-
-    /// The inner device's (no IO is modelled: an allocation query moves no data).
-    fn extents(&self, lba: u64, blocks: u64) -> Result<Vec<crate::Extent>, IoErr> {
-        self.inner.extents(lba, blocks)
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
