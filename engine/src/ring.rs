@@ -14,7 +14,7 @@ use std::os::unix::io::RawFd;
 use std::sync::Arc;
 use tiercache_core::event::ReqError;
 use tiercache_core::units::{CoreId, IoId};
-use tiercache_io::{AlignedBuf, IoErr, RingOp};
+use tiercache_io::{AlignedBuf, IoErr, RingCompleted, RingOp};
 
 /// Where the reply of a request submitted with [`Engine::submit`] goes.
 pub trait ReplySink: Send + Sync {
@@ -111,7 +111,15 @@ impl IoTicket {
     ) -> (Option<AlignedBuf>, Result<(), IoErr>) {
         let want = buf.as_ref().map_or(0, |b| b.len());
         if res >= 0 && res as usize == want {
-            return (buf, Ok(()));
+            // The device hears of what its descriptor did (the power-cut overlay logs it).
+            let r = match (self.kind, &buf) {
+                (Kind::Write { lba, fua }, Some(b)) => self
+                    .dev
+                    .ring_completed(RingCompleted::Write { lba, data: b, fua }),
+                (Kind::Flush, _) => self.dev.ring_completed(RingCompleted::Flush),
+                _ => Ok(()),
+            };
+            return (buf, r);
         }
         let req = match (self.kind, buf) {
             (Kind::Read { lba }, Some(buf)) => JobOp::Read { lba, buf },

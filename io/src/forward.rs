@@ -1,7 +1,7 @@
 //! One way for a [`Backend`](crate::Backend) wrapper to pass on what it does not change.
 //!
 //! The trait has defaults for its optional methods (`inline`, `prefetch`, `extents`,
-//! `ring_fd`, `is_async`, `submit_async`, `submit_batch`): a wrapper that forgets one silently
+//! `ring_fd`, `ring_completed`, `is_async`, `submit_async`, `submit_batch`): a wrapper that forgets one silently
 //! turns the inner device's capability off (history: the claimed device once ran an RBD image
 //! synchronously behind its claim). So a wrapper states what it does with each of them:
 //!
@@ -23,7 +23,8 @@
 macro_rules! forward_backend {
     ($f:tt; all) => {
         $crate::forward_backend!($f; name, blocks, read, write, write_zeroes, trim, flush,
-            inline, prefetch, extents, ring_fd, is_async, submit_async, submit_batch);
+            inline, prefetch, extents, ring_fd, ring_completed, is_async, submit_async,
+            submit_batch);
     };
     ($f:tt; $($m:ident),+ $(,)?) => {
         $( $crate::forward_backend!(@one $f $m); )+
@@ -83,6 +84,11 @@ macro_rules! forward_backend {
     (@one $f:tt ring_fd) => {
         fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
             $crate::forward_backend!(@to self $f).ring_fd()
+        }
+    };
+    (@one $f:tt ring_completed) => {
+        fn ring_completed(&self, io: $crate::RingCompleted<'_>) -> Result<(), $crate::IoErr> {
+            $crate::forward_backend!(@to self $f).ring_completed(io)
         }
     };
     (@one $f:tt is_async) => {

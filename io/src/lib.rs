@@ -119,11 +119,20 @@ pub trait Backend: Send + Sync {
     /// `pwrite` (with `RWF_DSYNC` for FUA) and `fdatasync` at byte offset `lba * 512`, for a
     /// caller that runs them on an io_uring of its own ([`Ring`]). `None` (the default): only
     /// the calls of this trait are this device's IO — a wrapper that injects faults, delays or
-    /// timeouts, or keeps state of its own, must not give one. A caller that gets an error or
-    /// a short transfer from the ring runs the request again through the calls (which then
-    /// report the error, or apply their fallbacks).
+    /// timeouts must not give one; a device that keeps state of its own beside the file may,
+    /// if [`Backend::ring_completed`] keeps that state. A caller that gets an error or a short
+    /// transfer from the ring runs the request again through the calls (which then report the
+    /// error, or apply their fallbacks).
     fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
         None
+    }
+
+    /// Called by a caller that ran a write or a flush on [`Backend::ring_fd`] and had all of it
+    /// done, before it uses the result: a device with state of its own beside the file (the
+    /// power-cut overlay's log of un-flushed writes) records the IO here. An error replaces
+    /// the ring's success. The default does nothing.
+    fn ring_completed(&self, _io: RingCompleted<'_>) -> Result<(), IoErr> {
+        Ok(())
     }
 
     /// Whether [`Backend::submit_async`] returns without waiting for the IO (and never calls
@@ -160,6 +169,23 @@ pub trait Backend: Send + Sync {
             })
             .collect()
     }
+}
+
+/// A write or flush that a caller ran on a device's [`Backend::ring_fd`], reported to the
+/// device with [`Backend::ring_completed`].
+#[derive(Debug, Clone, Copy)]
+pub enum RingCompleted<'a> {
+    /// `data` was written at block `lba` (with `RWF_DSYNC` when `fua`).
+    Write {
+        /// First block.
+        lba: u64,
+        /// What was written.
+        data: &'a [u8],
+        /// Force unit access.
+        fua: bool,
+    },
+    /// The descriptor was `fdatasync`ed.
+    Flush,
 }
 
 /// A run of blocks and what a device knows of them ([`Backend::extents`]).

@@ -13,8 +13,20 @@
 //! write is kept, dropped, or torn at 512-byte granularity (seeded), durable records are always
 //! kept, and a clean base file without a log is left. A record cut short by the death of the
 //! process (a torn tail of the log) counts as never written.
+//!
+//! What the device holds now (the base file with the pending writes on top) is also kept whole
+//! in a third file, `<base>.cur`, rebuilt from the base file and the log at every open. Reads
+//! come from it, and it is the device's [`Backend::ring_fd`]: a caller may run reads, writes and
+//! flushes on its own io_uring, and reports each write and flush that completed with
+//! [`Backend::ring_completed`], which logs the write (and, for FUA, writes it to the base file)
+//! or applies the flush — so writes are logged in the order they completed, before anyone is
+//! told. A write the ring did but nobody reported (the process died with IOs in flight) was
+//! never acknowledged: it is lost at the next open, as a write the kernel never got would be.
 
-use crate::{BLOCK, Backend, IoErr, PowerCutPattern, PowerCutReport, check_blocks, check_bytes};
+use crate::{
+    BLOCK, Backend, IoErr, PowerCutPattern, PowerCutReport, RingCompleted, check_blocks,
+    check_bytes,
+};
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -165,6 +177,8 @@ pub struct OverlayBackend {
     path: PathBuf,
     base: File,
     log: File,
+    /// What the device holds now: the base file with the pending writes applied.
+    cur: File,
     blocks: u64,
     state: RwLock<State>,
 }
@@ -249,6 +263,14 @@ fn lock_exclusive(base: &File, path: &Path) -> Result<(), IoErr> {
     Ok(())
 }
 
+fn remove_if_there(path: &Path) -> Result<(), IoErr> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(IoErr::io(path.display(), &e)),
+    }
+}
+
 fn base_blocks(base: &File, path: &Path) -> Result<u64, IoErr> {
     let len = base
         .metadata()
@@ -262,6 +284,13 @@ impl OverlayBackend {
     pub fn log_path(path: &Path) -> PathBuf {
         let mut s = path.as_os_str().to_owned();
         s.push(".wcache");
+        PathBuf::from(s)
+    }
+
+    /// The current-content file of the base file at `path`: `<path>.cur`.
+    pub fn cur_path(path: &Path) -> PathBuf {
+        let mut s = path.as_os_str().to_owned();
+        s.push(".cur");
         PathBuf::from(s)
     }
 
@@ -279,12 +308,7 @@ impl OverlayBackend {
         base.set_len(blocks * BLOCK as u64)
             .map_err(|e| IoErr::io(path.display(), &e))?;
         base.sync_all().map_err(|e| IoErr::io(path.display(), &e))?;
-        let log = Self::log_path(path);
-        match std::fs::remove_file(&log) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(IoErr::io(log.display(), &e)),
-        }
+        remove_if_there(&Self::log_path(path))?;
         drop(base);
         Self::open(path)
     }
@@ -307,10 +331,24 @@ impl OverlayBackend {
         for r in &recs {
             st.add(r);
         }
+        // The current content: the base file, then the pending writes on top.
+        let cur_path = Self::cur_path(path);
+        // A new file, not the old one rewritten: writes a dead user's ring still had in flight
+        // land in the old one.
+        remove_if_there(&cur_path)?;
+        let cur = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&cur_path)
+            .map_err(|e| IoErr::io(cur_path.display(), &e))?;
+        std::io::copy(&mut &base, &mut &cur).map_err(|e| IoErr::io(cur_path.display(), &e))?;
+        apply_index(&cur, &log, &st.index)?;
         Ok(OverlayBackend {
             path: path.to_path_buf(),
             base,
             log,
+            cur,
             blocks,
             state: RwLock::new(st),
         })
@@ -365,6 +403,7 @@ impl OverlayBackend {
             .map_err(|e| IoErr::io(path.display(), &e))?;
         drop(log);
         std::fs::remove_file(&log_path).map_err(|e| IoErr::io(log_path.display(), &e))?;
+        remove_if_there(&Self::cur_path(path))?;
         Ok(report)
     }
 
@@ -424,12 +463,30 @@ impl OverlayBackend {
             .map_err(|e| IoErr::io(self.path.display(), &e))
     }
 
-    /// A modifying request: logged; with `fua` also written to the base file and synced.
-    fn modify(&self, kind: u8, lba: u64, blocks: u64, data: &[u8], fua: bool) -> Result<(), IoErr> {
+    /// A modifying request: written to the current content (unless `on_cur`: a ring did that
+    /// already), logged; with `fua` also written to the base file and synced.
+    fn modify(
+        &self,
+        kind: u8,
+        lba: u64,
+        blocks: u64,
+        data: &[u8],
+        fua: bool,
+        on_cur: bool,
+    ) -> Result<(), IoErr> {
         if blocks == 0 {
             return Ok(());
         }
         let mut st = self.write_state();
+        if !on_cur {
+            if kind == KIND_DATA {
+                self.cur
+                    .write_all_at(data, lba * BLOCK as u64)
+                    .map_err(|e| IoErr::io("writing the overlay's current content", &e))?;
+            } else {
+                zero_file(&self.cur, lba, blocks)?;
+            }
+        }
         self.append(&mut st, kind, fua, lba, blocks, data)?;
         if fua {
             if kind == KIND_DATA {
@@ -459,62 +516,25 @@ impl Backend for OverlayBackend {
     }
 
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<(), IoErr> {
-        let n = check_bytes(lba, buf.len(), self.blocks)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let st = self.read_state();
-        self.base
+        check_bytes(lba, buf.len(), self.blocks)?;
+        self.cur
             .read_exact_at(buf, lba * BLOCK as u64)
-            .map_err(|e| IoErr::io("reading the overlay base", &e))?;
-        if st.index.is_empty() {
-            return Ok(());
-        }
-        let mut i = 0u64;
-        while i < n {
-            let Some(&loc) = st.index.get(&(lba + i)) else {
-                i += 1;
-                continue;
-            };
-            // Extend over blocks whose pending data follows in the log.
-            let mut k = 1u64;
-            while i + k < n
-                && st.index.get(&(lba + i + k)).is_some_and(|&l| {
-                    if loc == ZERO_LOC {
-                        l == ZERO_LOC
-                    } else {
-                        l == loc + k * BLOCK as u64
-                    }
-                })
-            {
-                k += 1;
-            }
-            let dst = &mut buf[(i as usize) * BLOCK..((i + k) as usize) * BLOCK];
-            if loc == ZERO_LOC {
-                dst.fill(0);
-            } else {
-                self.log
-                    .read_exact_at(dst, loc)
-                    .map_err(|e| IoErr::io("reading the overlay log", &e))?;
-            }
-            i += k;
-        }
-        Ok(())
+            .map_err(|e| IoErr::io("reading the overlay's current content", &e))
     }
 
     fn write(&self, lba: u64, buf: &[u8], fua: bool) -> Result<(), IoErr> {
         let n = check_bytes(lba, buf.len(), self.blocks)?;
-        self.modify(KIND_DATA, lba, n, buf, fua)
+        self.modify(KIND_DATA, lba, n, buf, fua, false)
     }
 
     fn write_zeroes(&self, lba: u64, blocks: u64, fua: bool) -> Result<(), IoErr> {
         check_blocks(lba, blocks, self.blocks)?;
-        self.modify(KIND_ZERO, lba, blocks, &[], fua)
+        self.modify(KIND_ZERO, lba, blocks, &[], fua, false)
     }
 
     fn trim(&self, lba: u64, blocks: u64) -> Result<(), IoErr> {
         check_blocks(lba, blocks, self.blocks)?;
-        self.modify(KIND_ZERO, lba, blocks, &[], false)
+        self.modify(KIND_ZERO, lba, blocks, &[], false, false)
     }
 
     fn flush(&self) -> Result<(), IoErr> {
@@ -531,5 +551,22 @@ impl Backend for OverlayBackend {
         st.records = 0;
         st.index.clear();
         Ok(())
+    }
+
+    /// The current content's file: a ring's reads see what the device holds, its writes land
+    /// there and are logged when reported ([`Backend::ring_completed`]).
+    fn ring_fd(&self) -> Option<std::os::unix::io::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.cur.as_raw_fd())
+    }
+
+    fn ring_completed(&self, io: RingCompleted<'_>) -> Result<(), IoErr> {
+        match io {
+            RingCompleted::Write { lba, data, fua } => {
+                let n = check_bytes(lba, data.len(), self.blocks)?;
+                self.modify(KIND_DATA, lba, n, data, fua, true)
+            }
+            RingCompleted::Flush => self.flush(),
+        }
     }
 }

@@ -331,6 +331,105 @@ mod tests {
         std::fs::remove_file(p).unwrap();
     }
 
+    /// More completions than the completion queue holds, posted while nobody reaps: the
+    /// kernel keeps the overflow (`IORING_FEAT_NODROP`) and `wait` gets every one back.
+    #[test]
+    fn a_completion_queue_overflow_loses_nothing() {
+        let (f, p) = file(1 << 20);
+        let fd = f.as_raw_fd();
+        let mut ring = Ring::new(4).unwrap(); // 4 submission entries, 8 completions
+        assert!(
+            ring.ring.params().is_feature_nodrop(),
+            "kernel keeps overflowed completions"
+        );
+        let mut out = Vec::new();
+        for batch in 0..6u64 {
+            for i in 0..4u64 {
+                let n = batch * 4 + i;
+                let mut buf = AlignedBuf::new(4096);
+                buf.fill(n as u8);
+                let op = RingOp::Write {
+                    fd,
+                    off: n * 4096,
+                    buf,
+                    dsync: false,
+                };
+                ring.push(op, n, &mut out).unwrap();
+            }
+            // Submitted and completed, not reaped.
+            ring.ring.submit_and_wait(4).unwrap();
+        }
+        assert!(out.is_empty(), "nothing reaped yet");
+        let t0 = std::time::Instant::now();
+        while ring.in_flight() > 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "completions lost");
+            ring.wait(1, Duration::from_millis(100), &mut out).unwrap();
+        }
+        let mut tokens: Vec<u64> = out.iter().map(|d| d.token).collect();
+        tokens.sort_unstable();
+        assert_eq!(tokens, (0..24).collect::<Vec<_>>());
+        assert!(out.iter().all(|d| d.res == 4096));
+        std::fs::remove_file(p).unwrap();
+    }
+
+    /// A signal that interrupts `io_uring_enter` (EINTR) is not an error: `wait` returns with
+    /// what completed (nothing) and the operation stays in flight.
+    #[test]
+    fn a_signal_during_wait_is_not_an_error() {
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: a handler that does nothing, installed without SA_RESTART so that the signal
+        // interrupts the system call; sigaction is given valid, initialised memory.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = a.as_raw_fd();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
+        // One thread does both waits: the kernel cancels a thread's ring requests when it ends.
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: pthread_self has no preconditions.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut ring = Ring::new(4).unwrap();
+            let mut out = Vec::new();
+            let op = RingOp::Recv {
+                fd,
+                buf: AlignedBuf::new(512),
+                at: 0,
+            };
+            ring.push(op, 1, &mut out).unwrap();
+            let r = ring.wait(1, Duration::from_secs(2), &mut out);
+            first_tx
+                .send((r.is_ok(), out.len(), ring.in_flight()))
+                .unwrap();
+            // The receive is still there and completes once data comes.
+            ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+            out.iter().map(|d| d.res).collect::<Vec<_>>()
+        });
+        let t = rx.recv().unwrap();
+        let first = loop {
+            if let Ok(r) = first_rx.try_recv() {
+                break r;
+            }
+            // SAFETY: `t` is a live thread of this process (joined below) and SIGUSR1 has a
+            // handler.
+            unsafe { libc::pthread_kill(t, libc::SIGUSR1) };
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(
+            first,
+            (true, 0, 1),
+            "(ok, reaped, in flight) after the signal"
+        );
+        use std::io::Write;
+        b.write_all(b"hi").unwrap();
+        assert_eq!(waiter.join().unwrap(), vec![2]);
+        drop(a);
+    }
+
     #[test]
     fn errors_come_back_as_negative_results() {
         let mut ring = Ring::new(4).unwrap();

@@ -1,0 +1,145 @@
+//! The connection reactor with IOs on its io_uring: an engine export whose cache and core are
+//! files (both have ring descriptors, so the reactor runs their reads, writes and flushes on
+//! its own ring, not on IO threads). A client that leaves with IOs on the ring, and an engine
+//! stopped with IOs on the ring, leave nothing behind: every IO completes, the data is whole,
+//! and the server goes on serving.
+
+mod common;
+
+use common::wire::*;
+use common::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tiercache_core::cache::CoreRecord;
+use tiercache_core::units::{CoreId, LineSize};
+use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
+use tiercache_format::tables::CoreIdentity;
+use tiercache_io::{Backend, FileBackend};
+use tiercache_nbd::proto::cmd;
+use tiercache_nbd::{EngineExport, ExportMap, ListenAddr, Server, ServerConfig};
+
+const CORE: u64 = 64 << 20;
+
+/// A `wt` engine on a 16 MiB file cache over a 64 MiB file core, served as `f`.
+fn setup(dir: &TmpDir) -> (Arc<Engine>, Server, std::path::PathBuf) {
+    let file = |name: &str, bytes: u64| -> Device {
+        let p = dir.path(name);
+        std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
+        Arc::new(FileBackend::open(&p).unwrap())
+    };
+    let (cache, core) = (file("cache", 16 << 20), file("core", CORE));
+    assert!(cache.ring_fd().is_some(), "io_uring on files works here");
+    let mut cfg = tiercache_core::Config::new(4096, LineSize::K4);
+    cfg.volatile = true;
+    let engine = Arc::new(
+        Engine::create(
+            cfg,
+            cache,
+            vec![CoreSpec {
+                id: CoreId(0),
+                dev: core,
+                record: CoreRecord {
+                    identity: CoreIdentity::File {
+                        fs_uuid: [3; 16],
+                        inode: 9,
+                    },
+                    export_name: "f".into(),
+                    device: String::new(),
+                },
+            }],
+            EngineConfig::threads(2),
+        )
+        .unwrap(),
+    );
+    let ex = Arc::new(ExportMap::new());
+    ex.insert(
+        "f",
+        "",
+        Arc::new(EngineExport::new(engine.clone(), CoreId(0))),
+    );
+    let srv = Server::new(ex, ServerConfig::default());
+    let sock = dir.path("s");
+    srv.listen(&ListenAddr::Unix(sock.clone())).unwrap();
+    (engine, srv, sock)
+}
+
+/// Waits until the engine has no IO in flight.
+fn settle(e: &Engine) {
+    let t = Instant::now();
+    while e.stats().in_flight > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "IOs never finished: {:?}",
+            e.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// 4 KiB of `tag` at `off`.
+fn block(tag: u8, off: u64) -> Vec<u8> {
+    let mut v = vec![tag; 4096];
+    v[..8].copy_from_slice(&off.to_le_bytes());
+    v
+}
+
+#[test]
+fn a_client_that_leaves_with_ios_on_the_ring_hurts_nothing() {
+    let dir = TmpDir::new("ring-leave");
+    let (e, srv, sock) = setup(&dir);
+    let (mut a, _) = ready(&sock, "f", true);
+    for i in 0..256u64 {
+        let off = i * 65536;
+        assert_eq!(a.call(cmd::WRITE, 0, off, 4096, &block(1, off)).0, 0);
+    }
+    assert_eq!(a.call(cmd::FLUSH, 0, 0, 0, &[]).0, 0);
+    let before = e.stats().ring_ios;
+    // Misses (core reads, then cache fills) and writes, nobody reading the replies; gone.
+    // (Fewer than the server's 64 requests in flight: past that it stops reading.)
+    let (mut b, _) = ready(&sock, "f", true);
+    for i in 0..24u64 {
+        let off = i * 65536;
+        b.send_req(cmd::READ, 0, i, off + 4096, 61440, &[]);
+        b.send_req(cmd::WRITE, 0, 1000 + i, off, 4096, &block(2, off));
+    }
+    drop(b);
+    wait_open(&srv, 1);
+    settle(&e);
+    assert!(
+        e.stats().ring_ios > before,
+        "the reactor ran them on its ring"
+    );
+    // Each block holds one of the two writes, whole; the server still serves.
+    for i in 0..256u64 {
+        let off = i * 65536;
+        let (err, got) = a.call(cmd::READ, 0, off, 4096, &[]);
+        assert_eq!(err, 0);
+        assert!(
+            got == block(1, off) || got == block(2, off),
+            "block at {off}: neither write"
+        );
+    }
+    drop(a);
+    srv.shutdown();
+}
+
+#[test]
+fn stop_with_ios_on_the_ring_waits_for_them() {
+    let dir = TmpDir::new("ring-stop");
+    let (e, srv, sock) = setup(&dir);
+    let (mut c, _) = ready(&sock, "f", true);
+    for i in 0..24u64 {
+        let off = i * 65536;
+        c.send_req(cmd::READ, 0, i, off, 65536, &[]);
+        c.send_req(cmd::WRITE, 0, 1000 + i, off + 8192, 4096, &block(3, off));
+    }
+    // Stopped while the reactor has them: stop waits for every request and IO.
+    let e2 = e.clone();
+    let stop = std::thread::spawn(move || e2.stop_shared());
+    stop.join().unwrap().expect("stop");
+    settle(&e);
+    assert!(e.stats().ring_ios > 0, "the reactor ran IOs on its ring");
+    drop(c);
+    wait_open(&srv, 0);
+    srv.shutdown();
+}
