@@ -81,9 +81,10 @@ pub struct Args {
     #[arg(long)]
     pub no_studies: bool,
     /// Peers measured beside tiercache, each over its own copy of the same core, comma
-    /// separated: `nbdkit-cache` (emu cores: nbdkit's cache filter), `librbd` and `librbd-wb`
-    /// (rbd cores: fio's rbd engine without and with librbd's in-memory writeback cache);
-    /// `auto` (those whose tools are installed) or `none`.
+    /// separated: `cached-ram` (emu cores: tiercache `wt` on a `ram:` cache of the same size,
+    /// 4K random workloads only), `nbdkit-cache` (emu cores: nbdkit's cache filter), `librbd`
+    /// and `librbd-wb` (rbd cores: fio's rbd engine without and with librbd's in-memory
+    /// writeback cache); `auto` (those whose tools are installed) or `none`.
     #[arg(long, default_value = "auto")]
     pub peers: String,
     /// Sequential cutoff policy of the cached configuration during the runs and beside the
@@ -95,6 +96,9 @@ pub struct Args {
 /// The peer: nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as our cache)
 /// over the nbd plugin, connected to a bare emulated core exported by the bench's server.
 const NBDKIT_CACHE: &str = "nbdkit-cache";
+/// tiercache on a `ram:` cache (`wt`: a volatile cache holds no dirty data) over its own copy
+/// of the emulated core: the same class of storage as nbdkit's page-cache-backed filter.
+const CACHED_RAM: &str = "cached-ram";
 /// The peers on an RBD core: fio's rbd engine with `rbd_cache = false` (plain librbd) and with
 /// librbd's in-memory writeback cache (`crate::bench_ceph::ClientConfs`).
 const LIBRBD: &str = "librbd";
@@ -113,7 +117,7 @@ fn choose_peers(
     let possible: &[&'static str] = if rbd {
         &[LIBRBD, LIBRBD_WB]
     } else {
-        &[NBDKIT_CACHE]
+        &[CACHED_RAM, NBDKIT_CACHE]
     };
     let missing = |p: &str| -> Option<&'static str> {
         match p {
@@ -139,10 +143,12 @@ fn choose_peers(
         list => {
             let mut v: Vec<&'static str> = Vec::new();
             for p in list.split(',').map(str::trim) {
-                let Some(&known) = [NBDKIT_CACHE, LIBRBD, LIBRBD_WB].iter().find(|k| **k == p)
+                let Some(&known) = [CACHED_RAM, NBDKIT_CACHE, LIBRBD, LIBRBD_WB]
+                    .iter()
+                    .find(|k| **k == p)
                 else {
                     return Err(format!(
-                        "--peers {list}: unknown peer '{p}' (want auto, none, or a list of nbdkit-cache, librbd, librbd-wb)"
+                        "--peers {list}: unknown peer '{p}' (want auto, none, or a list of cached-ram, nbdkit-cache, librbd, librbd-wb)"
                     ));
                 };
                 if !possible.contains(&known) {
@@ -408,8 +414,8 @@ fn pct(a: u64, b: u64) -> f64 {
 }
 
 /// Server counters for the cached configuration: (requests, hits, dirty %).
-fn counters(reg: &Registry) -> (u64, u64, f64) {
-    match tiercache_daemon::stats::cache_stats(reg, 1, None, None) {
+fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
+    match tiercache_daemon::stats::cache_stats(reg, cache, None, None) {
         Ok(s) => {
             let r = &s["requests"];
             let hits = [
@@ -689,6 +695,37 @@ fn run_in(
         },
         Arc::new(EngineExport::new(engine.clone(), CoreId(0))),
     );
+    if peers.contains(&CACHED_RAM) {
+        reg.start_cache(NewCache {
+            device: &format!("ram:{cache_bytes}"),
+            id: Some(2),
+            mode: Some("wt"),
+            line_size: None,
+            load: false,
+            force: false,
+            dry_run: false,
+        })?;
+        let core = file("core-ram.img", core_bytes)?;
+        reg.add_core(
+            2,
+            &format!("emu:{}:{core}", a.core_preset),
+            Some(0),
+            Some(CACHED_RAM),
+        )?;
+        // It runs the random workloads only: no cutoff, also during the warm-up.
+        set_param(
+            &reg,
+            2,
+            None,
+            "seq-cutoff",
+            &[("policy".into(), "never".into())],
+        )?;
+        exports.insert(
+            CACHED_RAM,
+            "the emulated core through a ram: cache (wt)",
+            Arc::new(EngineExport::new(reg.engine(2)?, CoreId(0))),
+        );
+    }
     let nbdkit_peer = peers.contains(&NBDKIT_CACHE);
     if nbdkit_peer {
         let peer_core = file("core-peer.img", core_bytes)?;
@@ -797,9 +834,12 @@ fn run_in(
     let mut cmd_ok = true;
     // nbdkit's cache filter is warmed the same way (it caches what it reads). librbd's cache
     // lives in the fio process of each run: there is nothing to warm.
-    for config in
-        std::iter::once("cached").chain(peers.iter().copied().filter(|p| *p == NBDKIT_CACHE))
-    {
+    for config in std::iter::once("cached").chain(
+        peers
+            .iter()
+            .copied()
+            .filter(|p| [NBDKIT_CACHE, CACHED_RAM].contains(p)),
+    ) {
         let label = format!("warm-up {config}");
         let v = if fio.is_empty() {
             warm_own(&uri(config), ws).map(|_| Value::Null)
@@ -837,38 +877,52 @@ fn run_in(
         .into_iter()
         .chain(peers.iter().copied())
         .collect();
-    let total = selected.len() * configs.len();
+    // The `ram:` cache runs the 4K random rows (the class of storage is the point there).
+    let applies = |w: &Workload, c: &str| c != CACHED_RAM || (w.random && w.bs == "4k");
+    let total: usize = selected
+        .iter()
+        .map(|w| configs.iter().filter(|c| applies(w, c)).count())
+        .sum();
     let mut k = 0;
     'outer: for w in selected {
         for &config in &configs {
             if STOP.load(Ordering::Relaxed) {
                 break 'outer;
             }
+            if !applies(w, config) {
+                continue;
+            }
             k += 1;
             let label = format!("[{k}/{total}] {} {config}", w.name);
             let region = if w.random { ws } else { seq_region };
-            let cached = config == "cached";
-            let before = if cached {
-                reg.reset_counters(1)?;
-                Some(counters(&reg))
+            // The tiercache cache this run measures (hit ratio, dirty, the series).
+            let ours = match config {
+                "cached" => Some(1),
+                CACHED_RAM => Some(2),
+                _ => None,
+            };
+            let before = if let Some(id) = ours {
+                reg.reset_counters(id)?;
+                Some(counters(&reg, id))
             } else {
                 None
             };
             let series = Arc::new(Mutex::new(Vec::new()));
-            let sampling = Arc::new(AtomicBool::new(cached));
+            let sampling = Arc::new(AtomicBool::new(ours.is_some()));
+            let id = ours.unwrap_or(1);
             let sampler = {
                 let reg = reg.clone();
                 let series = series.clone();
                 let sampling = sampling.clone();
                 std::thread::spawn(move || {
                     let t0 = Instant::now();
-                    let mut last = counters(&reg).0;
+                    let mut last = counters(&reg, id).0;
                     let mut next = 1.0;
                     while sampling.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_millis(50));
                         let el = t0.elapsed().as_secs_f64();
                         if el >= next {
-                            let (n, _, d) = counters(&reg);
+                            let (n, _, d) = counters(&reg, id);
                             if let Ok(mut s) = series.lock() {
                                 s.push((next, n.saturating_sub(last) as f64, d));
                             }
@@ -913,7 +967,7 @@ fn run_in(
             let (iops, bw, mean, p99, p999, cdf) = v;
             let (hit_ratio, dirty) = match before {
                 Some(_) => {
-                    let (n, h, d) = counters(&reg);
+                    let (n, h, d) = counters(&reg, id);
                     (Some(pct(h, n)), Some(d))
                 }
                 None => (None, None),
@@ -955,7 +1009,10 @@ fn run_in(
     server.shutdown();
     drop(engine);
     let _ = reg.stop_cache(1, true, |_, _, _| {});
-    let table = table(&results);
+    if peers.contains(&CACHED_RAM) {
+        let _ = reg.stop_cache(2, true, |_, _, _| {});
+    }
+    let table = table(&results) + &legend(a, &core_desc, peers);
     println!("\n{table}");
     let mut targets = if rbd {
         ceph_summary(&results)
@@ -1135,6 +1192,24 @@ fn run_fio_size(
     let text = String::from_utf8_lossy(&o.stdout);
     let start = text.find('{').ok_or("fio gave no results")?;
     serde_json::from_str(&text[start..]).map_err(|e| e.to_string())
+}
+
+/// What each configuration of the table is, and where its cache lives.
+fn legend(a: &Args, core: &str, peers: &[&str]) -> String {
+    let mut t = format!(
+        "baseline: the bare core, {core}\ncached: tiercache {} on a {} file cache (O_DIRECT: the device a deployment uses), sequential cutoff {}\n",
+        a.mode, a.cache_size, a.seq_cutoff
+    );
+    for p in peers {
+        t += match *p {
+            CACHED_RAM => "cached-ram: tiercache wt on a ram: cache of the same size (process memory, like nbdkit's page-cache-backed filter; wt: a write reaches the core before its reply, as a volatile cache must); 4K random rows only\n",
+            NBDKIT_CACHE => "nbdkit-cache: nbdkit's cache filter (writeback, 4K blocks, cache-on-read) over its own copy of the core; its cache is a deleted temp file, i.e. the page cache, lost with the process\n",
+            LIBRBD => "librbd: fio's rbd engine on its own image, rbd_cache = false\n",
+            LIBRBD_WB => "librbd-wb: fio's rbd engine with librbd's in-memory writeback cache\n",
+            _ => "",
+        };
+    }
+    t
 }
 
 fn table(results: &[RunResult]) -> String {
