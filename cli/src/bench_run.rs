@@ -1202,8 +1202,12 @@ fn legend(a: &Args, core: &str, peers: &[&str]) -> String {
     );
     for p in peers {
         t += match *p {
-            CACHED_RAM => "cached-ram: tiercache wt on a ram: cache of the same size (process memory, like nbdkit's page-cache-backed filter; wt: a write reaches the core before its reply, as a volatile cache must); 4K random rows only\n",
-            NBDKIT_CACHE => "nbdkit-cache: nbdkit's cache filter (writeback, 4K blocks, cache-on-read) over its own copy of the core; its cache is a deleted temp file, i.e. the page cache, lost with the process\n",
+            CACHED_RAM => {
+                "cached-ram: tiercache wt on a ram: cache of the same size (process memory, like nbdkit's page-cache-backed filter; wt: a write reaches the core before its reply, as a volatile cache must); 4K random rows only\n"
+            }
+            NBDKIT_CACHE => {
+                "nbdkit-cache: nbdkit's cache filter (writeback, 4K blocks, cache-on-read) over its own copy of the core; its cache is a deleted temp file, i.e. the page cache, lost with the process\n"
+            }
             LIBRBD => "librbd: fio's rbd engine on its own image, rbd_cache = false\n",
             LIBRBD_WB => "librbd-wb: fio's rbd engine with librbd's in-memory writeback cache\n",
             _ => "",
