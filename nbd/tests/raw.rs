@@ -431,12 +431,9 @@ fn served_stream_and_engine_export_over_a_socket_pair() {
 
 #[test]
 fn device_errors_are_eio_and_the_connection_survives() {
-    use tiercache_core::cache::CoreRecord;
-    use tiercache_core::units::{CoreId, LineSize};
-    use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
+    use tiercache_core::units::CoreId;
+    use tiercache_engine::Device;
     use tiercache_io::{FaultBackend, FaultConfig, OpKind};
-    let mut cfg = tiercache_core::Config::new(256, LineSize::K4);
-    cfg.volatile = true;
     let core = Arc::new(FaultBackend::new(
         RamBackend::new(8 << 11),
         FaultConfig {
@@ -446,25 +443,10 @@ fn device_errors_are_eio_and_the_connection_survives() {
         .with_error_rate(OpKind::Read, 1.0),
     ));
     core.set_faults(false);
-    let engine = Arc::new(
-        Engine::create(
-            cfg,
-            Arc::new(RamBackend::new(256 * 8)),
-            vec![CoreSpec {
-                id: CoreId(0),
-                dev: core.clone() as Device,
-                record: CoreRecord {
-                    identity: tiercache_format::tables::CoreIdentity::File {
-                        fs_uuid: [1; 16],
-                        inode: 2,
-                    },
-                    export_name: "f".into(),
-                    device: String::new(),
-                },
-            }],
-            EngineConfig::threads(2),
-        )
-        .unwrap(),
+    let engine = engine_on(
+        Arc::new(RamBackend::new(256 * 8)),
+        core.clone() as Device,
+        2,
     );
     let ex = Arc::new(ExportMap::new());
     ex.insert(

@@ -10,10 +10,8 @@ use common::wire::*;
 use common::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tiercache_core::cache::CoreRecord;
-use tiercache_core::units::{CoreId, LineSize};
-use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
-use tiercache_format::tables::CoreIdentity;
+use tiercache_core::units::CoreId;
+use tiercache_engine::{Device, Engine};
 use tiercache_io::{Backend, FileBackend};
 use tiercache_nbd::proto::cmd;
 use tiercache_nbd::{EngineExport, ExportMap, ListenAddr, Server, ServerConfig};
@@ -29,28 +27,7 @@ fn setup(dir: &TmpDir) -> (Arc<Engine>, Server, std::path::PathBuf) {
     };
     let (cache, core) = (file("cache", 16 << 20), file("core", CORE));
     assert!(cache.ring_fd().is_some(), "io_uring on files works here");
-    let mut cfg = tiercache_core::Config::new(4096, LineSize::K4);
-    cfg.volatile = true;
-    let engine = Arc::new(
-        Engine::create(
-            cfg,
-            cache,
-            vec![CoreSpec {
-                id: CoreId(0),
-                dev: core,
-                record: CoreRecord {
-                    identity: CoreIdentity::File {
-                        fs_uuid: [3; 16],
-                        inode: 9,
-                    },
-                    export_name: "f".into(),
-                    device: String::new(),
-                },
-            }],
-            EngineConfig::threads(2),
-        )
-        .unwrap(),
-    );
+    let engine = engine_on(cache, core, 2);
     let ex = Arc::new(ExportMap::new());
     ex.insert(
         "f",

@@ -12,7 +12,7 @@ use tiercache_core::cache::CoreRecord;
 use tiercache_core::units::{CoreId, LineSize};
 use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
 use tiercache_format::tables::CoreIdentity;
-use tiercache_io::RamBackend;
+use tiercache_io::{Backend, RamBackend};
 use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server, ServerConfig};
 
 /// A directory removed when dropped.
@@ -58,10 +58,16 @@ pub fn have(bin: &str) -> bool {
 /// (id 0) of `core_mib` MiB.
 pub fn engine(core_mib: u64, cache_mib: u64) -> Arc<Engine> {
     let lines = (cache_mib << 20) / 4096;
-    let mut cfg = Config::new(lines as u32, LineSize::K4);
-    cfg.volatile = true;
     let cache: Device = Arc::new(RamBackend::new(lines * 8));
     let core: Device = Arc::new(RamBackend::new((core_mib << 20) / 512));
+    engine_on(cache, core, 4)
+}
+
+/// A volatile write-through engine (4 KiB lines filling `cache`) over core 0 `core`, with
+/// `io_threads` IO threads.
+pub fn engine_on(cache: Device, core: Device, io_threads: usize) -> Arc<Engine> {
+    let mut cfg = Config::new((cache.blocks() / 8) as u32, LineSize::K4);
+    cfg.volatile = true;
     let e = Engine::create(
         cfg,
         cache,
@@ -77,7 +83,7 @@ pub fn engine(core_mib: u64, cache_mib: u64) -> Arc<Engine> {
                 device: String::new(),
             },
         }],
-        EngineConfig::threads(4),
+        EngineConfig::threads(io_threads),
     )
     .expect("engine");
     Arc::new(e)
