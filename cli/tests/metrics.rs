@@ -390,32 +390,35 @@ fn exposition_parses_and_matches_the_docs() {
             );
         }
 
-        // Every metric the example alert rules use exists.
-        let rules = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../contrib/tiercache-alerts.yml"
-        );
-        let rules = std::fs::read_to_string(rules).unwrap();
-        let mut used = 0;
-        for (i, _) in rules.match_indices("tiercache_") {
-            let name: String = rules[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            let family = ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|x| {
-                    name.strip_suffix(x)
-                        .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
-                })
-                .unwrap_or(&name);
-            assert!(
-                types.contains_key(family),
-                "alert rules use {name}, not in /metrics"
-            );
-            used += 1;
-        }
-        assert!(used >= 10, "alert rules read: {used} names");
+        // Every metric the example alert rules and the Grafana dashboard use exists.
+        let used = |file: &str| -> usize {
+            let p = format!("{}/../contrib/{file}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&p).unwrap();
+            let mut used = 0;
+            for (i, _) in text.match_indices("tiercache_") {
+                let name: String = text[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|x| {
+                        name.strip_suffix(x)
+                            .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
+                    })
+                    .unwrap_or(&name);
+                assert!(
+                    types.contains_key(family),
+                    "{file} uses {name}, not in /metrics"
+                );
+                used += 1;
+            }
+            used
+        };
+        let rules = used("tiercache-alerts.yml");
+        assert!(rules >= 10, "alert rules read: {rules} names");
+        let dash = used("tiercache-grafana.json");
+        assert!(dash >= 25, "dashboard read: {dash} names");
 
         // A real parser reads the whole exposition and gets the names back unescaped.
         let parsed = python_parse(&text);

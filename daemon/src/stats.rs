@@ -560,6 +560,26 @@ fn core_metrics(x: &mut Exposition, stats: &[Value]) {
             }
         }
     }
+    x.family(
+        "hit_ratio",
+        "gauge",
+        "Share of the core's client requests of the operation that hit the cache (full or partial hits), 0-1, since the counters were last reset (tiercache reset-counters); 0 before the first. For a recent ratio, use rate() of tiercache_requests_total.",
+    );
+    for s in stats {
+        for c in cores(s) {
+            for op in ["read", "write"] {
+                let n = |o: &str| get(&c, &["requests", &format!("{op}_{o}")]).unwrap_or(0.0);
+                let hits = n("full_hits") + n("partial_hits");
+                let all = hits + n("misses") + n("pass_through");
+                let (cache, core) = (id(&s["cache_id"]), id(&c["core_id"]));
+                x.sample(
+                    "hit_ratio",
+                    &[("cache", &cache), ("core", &core), ("op", op)],
+                    if all > 0.0 { hits / all } else { 0.0 },
+                );
+            }
+        }
+    }
 }
 
 /// Whether this machine gives an io_uring, and whether librbd loads (asked once).
