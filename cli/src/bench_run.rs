@@ -74,10 +74,11 @@ pub struct Args {
     /// installed).
     #[arg(long, default_value = "auto")]
     pub load_generator: String,
-    /// SPEC's full procedures: the dirty-full run (P5) for 5 minutes per queue depth.
+    /// The full procedures: the dirty-full run for 5 minutes per queue depth.
     #[arg(long)]
     pub full: bool,
-    /// Skip the SPEC P4/P5 procedures after the matrix (they are skipped with --only too).
+    /// Skip the sequential-cutoff and dirty-full procedures after the matrix (they are
+    /// skipped with --only too).
     #[arg(long)]
     pub no_studies: bool,
     /// Peers measured beside tiercache, each over its own copy of the same core, comma
@@ -87,7 +88,7 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub peers: String,
     /// Sequential cutoff policy of the cached configuration during the runs and beside the
-    /// P4 reader: always, full or never (the warm-up runs with it off).
+    /// cutoff procedure's reader: always, full or never (the warm-up runs with it off).
     #[arg(long, default_value = "always")]
     pub seq_cutoff: String,
 }
