@@ -45,12 +45,12 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub iodepth: u32,
     /// Cache mode of the cached configuration.
-    #[arg(long, default_value = "wb")]
+    #[arg(long, default_value = "wb", value_parser = crate::choices::words::<crate::choices::Mode>())]
     pub mode: String,
     /// Core devices: `emu` (emulated HDDs on files, `--core-preset`) or `rbd` (RBD images on a
     /// Ceph cluster: a single-node one the bench starts with scripts/ceph-cluster.sh, or
     /// `--ceph-conf`'s). Each configuration gets its own image, written end to end first.
-    #[arg(long, default_value = "emu")]
+    #[arg(long, default_value = "emu", value_parser = crate::choices::words::<crate::choices::CoreKind>())]
     pub core: String,
     /// Emulated core device preset (see `tiercache sim` presets), with `--core emu`.
     #[arg(long, default_value = "hdd-10k-sas")]
@@ -72,7 +72,7 @@ pub struct Args {
     pub scratch: Option<PathBuf>,
     /// Load generator: fio (its nbd engine), own (tiercache-loadgen), or auto (fio when
     /// installed).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::choices::words::<crate::choices::LoadGenerator>())]
     pub load_generator: String,
     /// The full procedures: the dirty-full run for 5 minutes per queue depth.
     #[arg(long)]
@@ -89,7 +89,7 @@ pub struct Args {
     pub peers: String,
     /// Sequential cutoff policy of the cached configuration during the runs and beside the
     /// cutoff procedure's reader: always, full or never (the warm-up runs with it off).
-    #[arg(long, default_value = "always")]
+    #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::CutoffPolicy>())]
     pub seq_cutoff: String,
 }
 

@@ -3,12 +3,30 @@
 //! complete them. The daemon receives each as the word shown here.
 
 use clap::ValueEnum;
+use clap::builder::PossibleValuesParser;
 
 /// The word a value is written as on the command line (and sent to the daemon as).
 pub fn word<T: ValueEnum>(v: &T) -> String {
     v.to_possible_value()
         .map(|p| p.get_name().to_string())
         .unwrap_or_default()
+}
+
+/// For an option kept as a word (a `String` field): takes only the words of `T`, refusing
+/// any other while parsing with the list, and gives the word as typed.
+pub fn words<T: ValueEnum>() -> PossibleValuesParser {
+    PossibleValuesParser::new(
+        T::value_variants()
+            .iter()
+            .filter_map(ValueEnum::to_possible_value),
+    )
+}
+
+/// `--format` of a block trace: `auto` or one of the simulator's trace formats.
+pub fn trace_formats() -> PossibleValuesParser {
+    PossibleValuesParser::new(
+        std::iter::once("auto").chain(tiercache_sim::trace::FORMATS.iter().map(|f| f.name())),
+    )
 }
 
 /// Cache modes.
@@ -96,4 +114,57 @@ pub enum LogLevel {
     Info,
     /// Everything, each admin request too.
     Debug,
+}
+
+/// Eviction policies of the simulator and `bench core`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// Least recently used.
+    Lru,
+    /// S3-FIFO: a small probationary queue in front of the main one.
+    S3fifo,
+}
+
+/// Core devices of `bench`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreKind {
+    /// Emulated HDDs on files (`--core-preset`).
+    Emu,
+    /// RBD images on a Ceph cluster.
+    Rbd,
+}
+
+/// Load generators of `bench`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadGenerator {
+    /// fio when installed, else tiercache's own.
+    Auto,
+    /// fio's nbd engine.
+    Fio,
+    /// tiercache's own load generator.
+    Own,
+}
+
+/// NBD serving paths of `bench wb-hits`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NbdPath {
+    /// An io_uring reactor per connection.
+    Reactor,
+    /// Worker threads.
+    Threaded,
+    /// One after the other.
+    Both,
+}
+
+/// Methods of `sim mrc`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MrcMethod {
+    /// stack for textbook LRU, else core.
+    Auto,
+    /// Exact textbook LRU, one pass.
+    Stack,
+    /// Sampled LRU (SHARDS).
+    Shards,
+    /// The real cache core, one run per size.
+    Core,
 }

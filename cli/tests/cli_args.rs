@@ -64,6 +64,39 @@ fn enumerated_options_refuse_a_bad_value_while_parsing_and_list_the_allowed_ones
             &["completions", "tcsh"],
             "[possible values: bash, elvish, fish, powershell, zsh]",
         ),
+        (
+            &["bench", "--seq-cutoff", "sometimes"],
+            "[possible values: always, full, never]",
+        ),
+        (&["bench", "--core", "nfs"], "[possible values: emu, rbd]"),
+        (
+            &["bench", "--load-generator", "x"],
+            "[possible values: auto, fio, own]",
+        ),
+        (
+            &["bench", "--mode", "fast"],
+            "[possible values: wt, wb, wa, wi, pt, wo, wl]",
+        ),
+        (
+            &["bench", "core", "--eviction", "fifo"],
+            "[possible values: lru, s3fifo]",
+        ),
+        (
+            &["bench", "wb-hits", "--path", "x"],
+            "[possible values: reactor, threaded, both]",
+        ),
+        (
+            &["sim", "mrc", "--trace", "t", "--method", "x"],
+            "[possible values: auto, stack, shards, core]",
+        ),
+        (
+            &["sim", "mrc", "--trace", "t", "--cutoff", "x"],
+            "[possible values: always, full, never]",
+        ),
+        (
+            &["sim", "devices", "--trace", "t", "--format", "x"],
+            "[possible values: auto, csv, blkparse",
+        ),
     ];
     for (args, values) in cases {
         usage(args, &["invalid value", values, "see 'tiercache "]);
