@@ -165,7 +165,7 @@ fn usage_error(e: clap::Error) -> ! {
     // The verbs given (the subcommands named on the way down, wherever the flags are).
     let mut verbs = Vec::new();
     let mut at = shell::command::<Cli>();
-    for a in std::env::args().skip(1) {
+    for a in std::env::args_os().skip(1) {
         let Some(sub) = at.find_subcommand(&a).cloned() else {
             continue;
         };

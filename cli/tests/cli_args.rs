@@ -711,3 +711,29 @@ fn check_exit_status_says_damaged_usage_or_cannot_open() {
     usage(&["check"], &["--cache-device"]);
     usage(&["check", "--cache-device", &zeros, "--jsn"], &["--jsn"]);
 }
+
+#[test]
+fn arguments_that_are_not_utf8_are_a_usage_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = std::ffi::OsStr::from_bytes(b"x\xff");
+    for args in [
+        vec![bad],
+        vec!["start-cache".as_ref(), "--cache-device".as_ref(), bad],
+        vec![
+            "set-param".as_ref(),
+            "--cache-id".as_ref(),
+            "1".as_ref(),
+            bad,
+        ],
+    ] {
+        let o = std::process::Command::new(common::BIN)
+            .args(&args)
+            .env("TIERCACHE_SOCKET", NO_DAEMON)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
