@@ -2,6 +2,8 @@
 //! prints the answer as text, or as JSON with `--json`. Long verbs show a progress bar on
 //! stderr while they run.
 
+use crate::choices::{LineSize, LogLevel, Mode, word};
+use crate::params::{Get, ParamGroup, Set};
 use clap::Args;
 use serde_json::Value;
 use std::io::{IsTerminal, Write};
@@ -13,10 +15,10 @@ use tiercache_daemon::admin::{Progress, Request, call, default_socket};
 pub struct Conn {
     /// Admin socket (default $TIERCACHE_SOCKET, else $XDG_RUNTIME_DIR/tiercache/admin.sock or
     /// /run/tiercache/admin.sock).
-    #[arg(long)]
+    #[arg(long, global = true, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Print JSON.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
 }
 
@@ -57,10 +59,10 @@ pub struct DaemonArgs {
     /// would run or the first problem; opens no device and binds nothing.
     #[arg(long = "check-config", value_name = "FILE", conflicts_with = "config")]
     pub check_config: Option<PathBuf>,
-    /// Log level: error, warn, info (default) or debug (each admin request, ...). Lines go to
-    /// stderr with RFC 3339 timestamps, and with journald priorities under systemd.
-    #[arg(long = "log-level", value_name = "LEVEL")]
-    pub log_level: Option<String>,
+    /// Log level (default info). Lines go to stderr with RFC 3339 timestamps, and with
+    /// journald priorities under systemd.
+    #[arg(long = "log-level", value_name = "LEVEL", ignore_case = true)]
+    pub log_level: Option<LogLevel>,
 }
 
 /// Runs the daemon in the foreground (or checks its config: `--check-config`).
@@ -76,7 +78,7 @@ pub fn daemon(a: DaemonArgs) -> Result<(), String> {
         tls_key: a.tls_key,
         tls_ca: a.tls_ca,
         nbd_threaded: a.nbd_threaded,
-        log_level: a.log_level,
+        log_level: a.log_level.as_ref().map(word),
     };
     match check {
         Some(f) => {
@@ -96,12 +98,12 @@ pub struct StartCache {
     /// Cache id (default: the smallest free).
     #[arg(long)]
     pub cache_id: Option<u16>,
-    /// Mode: wt, wb, wa, wi, pt, wo.
-    #[arg(long)]
-    pub mode: Option<String>,
-    /// Line size: 4k, 8k, 16k, 32k, 64k.
-    #[arg(long)]
-    pub line_size: Option<String>,
+    /// Cache mode (default wt; wb, wo and wl need a persistent cache device, not ram:).
+    #[arg(long, ignore_case = true)]
+    pub mode: Option<Mode>,
+    /// Cache line size, fixed at creation (default 4k).
+    #[arg(long, ignore_case = true)]
+    pub line_size: Option<LineSize>,
     /// Load the cache the device holds.
     #[arg(long, conflicts_with = "force")]
     pub load: bool,
@@ -112,9 +114,10 @@ pub struct StartCache {
     /// nothing. (Without it, start-cache prints the same before it formats.)
     #[arg(long, conflicts_with = "load")]
     pub dry_run: bool,
-    /// IO timeout of the cache device (e.g. 500ms, 30s; 10ms to 1h): an IO it does not finish
-    /// in time fails, and the cache goes on without it (pass-through until it answers again).
-    #[arg(long, value_name = "TIME")]
+    /// IO timeout of the cache device, 10ms to 1h (e.g. 500ms, 30s, 1h; a bare number is
+    /// seconds): an IO it does not finish in time fails, and the cache goes on without it
+    /// (pass-through until it answers again).
+    #[arg(long, value_name = "TIME", value_parser = io_timeout)]
     pub io_timeout: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
@@ -142,9 +145,10 @@ pub struct AddCore {
     /// cephx client id for an rbd: core (default admin; the keyring is found as librados does).
     #[arg(long)]
     pub ceph_id: Option<String>,
-    /// IO timeout of the core device (e.g. 500ms, 30s; 10ms to 1h): an IO it does not finish
-    /// in time fails, and a client request that needed it gets EIO.
-    #[arg(long, value_name = "TIME")]
+    /// IO timeout of the core device, 10ms to 1h (e.g. 500ms, 30s, 1h; a bare number is
+    /// seconds): an IO it does not finish in time fails, and a client request that needed it
+    /// gets EIO.
+    #[arg(long, value_name = "TIME", value_parser = io_timeout)]
     pub io_timeout: Option<String>,
     #[command(flatten)]
     pub conn: Conn,
@@ -202,39 +206,38 @@ pub struct Stats {
     pub conn: Conn,
 }
 
-/// `set-param`: `tiercache set-param --cache-id 1 seq-cutoff --policy never --threshold 1m`.
+/// `set-param`: `tiercache set-param --cache-id 1 seq-cutoff --policy never --threshold 1MiB`.
 #[derive(Args)]
+#[command(
+    after_help = "Each group's parameters: tiercache set-param GROUP --help. Values are read \
+in the unit get-param prints them in (30s, 500ms, 1MiB, 80%); a bare number keeps casadm's unit."
+)]
 pub struct SetParam {
-    /// Cache id.
-    #[arg(long)]
-    pub cache_id: u16,
+    /// Cache id (required).
+    #[arg(long, global = true)]
+    pub cache_id: Option<u16>,
     /// Core id (seq-cutoff; every core when absent).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub core_id: Option<u16>,
     #[command(flatten)]
     pub conn: Conn,
-    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit,
-    /// wl-writeback (mode wl).
-    pub name: String,
-    /// Parameters as --name value pairs (e.g. --policy never --threshold 1m).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    pub values: Vec<String>,
+    #[command(subcommand)]
+    pub group: ParamGroup<Set>,
 }
 
 /// `get-param`.
 #[derive(Args)]
 pub struct GetParam {
-    /// Cache id.
-    #[arg(long)]
-    pub cache_id: u16,
-    /// Core id (seq-cutoff).
-    #[arg(long)]
+    /// Cache id (required).
+    #[arg(long, global = true)]
+    pub cache_id: Option<u16>,
+    /// Core id (seq-cutoff; every core when absent).
+    #[arg(long, global = true)]
     pub core_id: Option<u16>,
     #[command(flatten)]
     pub conn: Conn,
-    /// Group: seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion, promotion-nhit,
-    /// wl-writeback (mode wl).
-    pub name: String,
+    #[command(subcommand)]
+    pub group: ParamGroup<Get>,
 }
 
 /// `set-mode`.
@@ -243,9 +246,9 @@ pub struct SetMode {
     /// Cache id.
     #[arg(long)]
     pub cache_id: u16,
-    /// Mode: wt, wb, wa, wi, pt, wo.
-    #[arg(long)]
-    pub mode: String,
+    /// The new mode (wl only at creation: a cache cannot switch to or from it).
+    #[arg(long, ignore_case = true)]
+    pub mode: Mode,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -444,67 +447,37 @@ fn out(conn: &Conn, v: Value) {
     }
 }
 
-/// Parses `--key value` / `--key=value` pairs.
-fn pairs(raw: &[String]) -> Result<Vec<(String, String)>, String> {
-    let mut v = Vec::new();
-    let mut i = 0;
-    while i < raw.len() {
-        let Some(k) = raw[i].strip_prefix("--") else {
-            return Err(format!(
-                "'{}': parameters are given as --name value (e.g. --policy never)",
-                raw[i]
-            ));
-        };
-        if let Some((a, b)) = k.split_once('=') {
-            v.push((a.to_string(), b.to_string()));
-            i += 1;
-        } else {
-            let val = raw
-                .get(i + 1)
-                .ok_or_else(|| format!("--{k} needs a value"))?;
-            v.push((k.to_string(), val.clone()));
-            i += 2;
-        }
+/// `--io-timeout`, checked while the arguments are parsed (the daemon reads the same words).
+fn io_timeout(v: &str) -> Result<String, String> {
+    match tiercache_daemon::device::parse_timeout(v) {
+        Ok(_) => Ok(v.to_string()),
+        // "io timeout 'X': want ..." without what clap already says.
+        Err(e) => Err(e.split_once(": ").map_or(e.clone(), |(_, w)| w.to_string())),
     }
-    if v.is_empty() {
-        return Err("no parameters given (e.g. --policy never)".into());
-    }
-    Ok(v)
-}
-
-/// `--io-timeout`, checked here so a typo fails before the daemon is asked.
-fn check_timeout(t: Option<String>) -> Result<Option<String>, String> {
-    if let Some(x) = &t {
-        tiercache_daemon::device::parse_timeout(x)
-            .map_err(|e| format!("--{}", e.replacen("io timeout", "io-timeout", 1)))?;
-    }
-    Ok(t)
 }
 
 /// `start-cache`. A new cache's plan (what it will use) is asked for and printed (to stderr)
 /// before the device is formatted; `--dry-run` prints it and stops there.
 pub fn start_cache(a: StartCache) -> Result<(), String> {
-    let req = |dry_run: bool| -> Result<Request, String> {
-        Ok(Request::StartCache {
-            cache_device: a.cache_device.clone(),
-            cache_id: a.cache_id,
-            mode: a.mode.clone(),
-            line_size: a.line_size.clone(),
-            load: a.load,
-            force: a.force,
-            io_timeout: check_timeout(a.io_timeout.clone())?,
-            dry_run,
-        })
+    let req = |dry_run: bool| Request::StartCache {
+        cache_device: a.cache_device.clone(),
+        cache_id: a.cache_id,
+        mode: a.mode.as_ref().map(word),
+        line_size: a.line_size.as_ref().map(word),
+        load: a.load,
+        force: a.force,
+        io_timeout: a.io_timeout.clone(),
+        dry_run,
     };
     if a.dry_run {
-        out(&a.conn, send(&a.conn, req(true)?)?);
+        out(&a.conn, send(&a.conn, req(true))?);
         return Ok(());
     }
     if !a.load {
-        let plan = send(&a.conn, req(true)?)?;
+        let plan = send(&a.conn, req(true))?;
         eprintln!("{}", plan_line(&a.cache_device, &plan["would_create"]));
     }
-    out(&a.conn, send(&a.conn, req(false)?)?);
+    out(&a.conn, send(&a.conn, req(false))?);
     Ok(())
 }
 
@@ -553,7 +526,7 @@ pub fn add_core(a: AddCore) -> Result<(), String> {
             core_device,
             core_id: a.core_id,
             export: a.export,
-            io_timeout: check_timeout(a.io_timeout)?,
+            io_timeout: a.io_timeout,
         },
     )?;
     out(&a.conn, v);
@@ -656,43 +629,29 @@ pub fn stats(a: Stats) -> Result<(), String> {
     Ok(())
 }
 
-/// `set-param`.
-pub fn set_param(mut a: SetParam) -> Result<(), String> {
-    // The trailing parameters swallow options given after them; take ours back.
-    let mut raw = Vec::new();
-    let mut it = a.values.iter();
-    while let Some(x) = it.next() {
-        match x.as_str() {
-            "--json" => a.conn.json = true,
-            "--socket" => a.conn.socket = it.next().map(PathBuf::from),
-            _ => match x.strip_prefix("--socket=") {
-                Some(p) => a.conn.socket = Some(PathBuf::from(p)),
-                None => raw.push(x.clone()),
-            },
-        }
-    }
-    let values = pairs(&raw)?;
+/// `set-param` (its cache id checked by `main`).
+pub fn set_param(a: SetParam) -> Result<(), String> {
     let v = send(
         &a.conn,
         Request::SetParam {
-            cache_id: a.cache_id,
+            cache_id: a.cache_id.unwrap_or_default(),
             core_id: a.core_id,
-            name: a.name,
-            values,
+            name: a.group.name,
+            values: a.group.values,
         },
     )?;
     out(&a.conn, v);
     Ok(())
 }
 
-/// `get-param`.
+/// `get-param` (its cache id checked by `main`).
 pub fn get_param(a: GetParam) -> Result<(), String> {
     let v = send(
         &a.conn,
         Request::GetParam {
-            cache_id: a.cache_id,
+            cache_id: a.cache_id.unwrap_or_default(),
             core_id: a.core_id,
-            name: a.name,
+            name: a.group.name,
         },
     )?;
     out(&a.conn, v);
@@ -705,7 +664,7 @@ pub fn set_mode(a: SetMode) -> Result<(), String> {
         &a.conn,
         Request::SetMode {
             cache_id: a.cache_id,
-            mode: a.mode,
+            mode: word(&a.mode),
         },
     )?;
     out(&a.conn, v);

@@ -45,10 +45,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1_000_000)]
     ops: u64,
     /// Eviction policy: lru or s3fifo.
-    #[arg(long, default_value = "s3fifo")]
+    #[arg(long, default_value = "s3fifo", value_parser = crate::choices::words::<crate::choices::Eviction>())]
     eviction: String,
     /// Promotion policy: always or nhit (nhit's sketch counts in the RAM figure).
-    #[arg(long, default_value = "always")]
+    #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::PromotionPolicy>())]
     promotion: String,
     /// Write one JSON object with the results to FILE.
     #[arg(long, value_name = "FILE")]

@@ -49,7 +49,8 @@ pub struct Args {
     /// sets; about 40 seconds. Not a measurement.
     #[arg(long)]
     pub quick: bool,
-    /// Alternating rounds per comparison; the median is reported (SPEC: at least 5).
+    /// Alternating rounds per comparison; the median is reported (at least 5 for a number to
+    /// publish).
     #[arg(long)]
     pub rounds: Option<u32>,
     /// Seconds per measured run (default 5; 1 with --quick).
@@ -58,18 +59,21 @@ pub struct Args {
     /// Queue depth per connection.
     #[arg(long, default_value_t = 16)]
     pub iodepth: u32,
-    /// P1 working set (k/m/g), all of it cached (default 256m; 64m with --quick).
+    /// Working set of the 4K random-read comparison (k/m/g), all of it cached (default 256m;
+    /// 64m with --quick).
     #[arg(long)]
     pub working_set: Option<String>,
-    /// P2 cache size S (k/m/g); P2's working set is 2×S (default 128m; 32m with --quick).
-    #[arg(long)]
+    /// Cache size S of the 70/30 comparison with nbdkit's cache filter (k/m/g); its working
+    /// set is 2×S (default 128m; 32m with --quick).
+    #[arg(long, value_name = "SIZE")]
     pub p2_cache_size: Option<String>,
-    /// P2 core delay per read and per write (nbdkit delay filter's rdelay/wdelay).
+    /// Core delay per read and per write of the 70/30 comparison (nbdkit delay filter's
+    /// rdelay/wdelay).
     #[arg(long, default_value = "5ms")]
     pub delay: String,
-    /// Seconds of the P2 workload each P2 configuration runs before the rounds (default 30;
-    /// 2 with --quick).
-    #[arg(long)]
+    /// Seconds of the 70/30 workload each of its configurations runs before the rounds
+    /// (default 30; 2 with --quick).
+    #[arg(long, value_name = "SECONDS")]
     pub p2_warmup: Option<u64>,
     /// Connections of the sweep: 1 to this.
     #[arg(long, default_value_t = 4)]

@@ -45,12 +45,12 @@ pub struct Args {
     #[arg(long, default_value_t = 16)]
     pub iodepth: u32,
     /// Cache mode of the cached configuration.
-    #[arg(long, default_value = "wb")]
+    #[arg(long, default_value = "wb", value_parser = crate::choices::words::<crate::choices::Mode>())]
     pub mode: String,
     /// Core devices: `emu` (emulated HDDs on files, `--core-preset`) or `rbd` (RBD images on a
     /// Ceph cluster: a single-node one the bench starts with scripts/ceph-cluster.sh, or
     /// `--ceph-conf`'s). Each configuration gets its own image, written end to end first.
-    #[arg(long, default_value = "emu")]
+    #[arg(long, default_value = "emu", value_parser = crate::choices::words::<crate::choices::CoreKind>())]
     pub core: String,
     /// Emulated core device preset (see `tiercache sim` presets), with `--core emu`.
     #[arg(long, default_value = "hdd-10k-sas")]
@@ -72,12 +72,13 @@ pub struct Args {
     pub scratch: Option<PathBuf>,
     /// Load generator: fio (its nbd engine), own (tiercache-loadgen), or auto (fio when
     /// installed).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::choices::words::<crate::choices::LoadGenerator>())]
     pub load_generator: String,
-    /// SPEC's full procedures: the dirty-full run (P5) for 5 minutes per queue depth.
+    /// The full procedures: the dirty-full run for 5 minutes per queue depth.
     #[arg(long)]
     pub full: bool,
-    /// Skip the SPEC P4/P5 procedures after the matrix (they are skipped with --only too).
+    /// Skip the sequential-cutoff and dirty-full procedures after the matrix (they are
+    /// skipped with --only too).
     #[arg(long)]
     pub no_studies: bool,
     /// Peers measured beside tiercache, each over its own copy of the same core, comma
@@ -88,8 +89,8 @@ pub struct Args {
     #[arg(long, default_value = "auto")]
     pub peers: String,
     /// Sequential cutoff policy of the cached configuration during the runs and beside the
-    /// P4 reader: always, full or never (the warm-up runs with it off).
-    #[arg(long, default_value = "always")]
+    /// cutoff procedure's reader: always, full or never (the warm-up runs with it off).
+    #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::CutoffPolicy>())]
     pub seq_cutoff: String,
 }
 

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long)]
     pub runtime: Option<u64>,
     /// NBD paths to measure: reactor, threaded or both.
-    #[arg(long, default_value = "both")]
+    #[arg(long, default_value = "both", value_parser = crate::choices::words::<crate::choices::NbdPath>())]
     pub path: String,
     /// Scratch directory (default: a new one under the system's temporary directory).
     #[arg(long)]

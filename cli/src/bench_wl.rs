@@ -66,7 +66,7 @@ pub struct Args {
     /// Seconds per measured run, after the ramp (default 10; 3 with --quick).
     #[arg(long)]
     pub runtime: Option<u64>,
-    /// Rounds; the table holds medians (default 5, as SPEC asks; 1 with --quick).
+    /// Rounds; the table holds medians (default 5; 1 with --quick).
     #[arg(long)]
     pub rounds: Option<u32>,
     /// Size of each image (k/m/g; default 2g, 1g with --quick).
@@ -934,14 +934,14 @@ fn run_with(
             })?;
             let w = d.wl(phase.cache_id())?;
             println!(
-                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}; writeback holds while fio writes and the log is under {}% full (idle {} ms, expire {} s), then goes with up to {} writes in flight",
+                "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}; writeback holds while fio writes and the log is under {} full (idle {}, expire {}), then goes with up to {} writes in flight",
                 phase.cache_id(),
                 phase.name(),
                 bytes >> 20,
                 w["log_bytes"].as_u64().unwrap_or(0) >> 20,
-                pacing["background-fill"],
-                pacing["idle"],
-                pacing["expire"],
+                pacing["background-fill"].as_str().unwrap_or("?"),
+                pacing["idle"].as_str().unwrap_or("?"),
+                pacing["expire"].as_str().unwrap_or("?"),
                 pacing["depth"]
             );
             caches.push(json!({"phase": phase.name(), "cache_id": phase.cache_id(),

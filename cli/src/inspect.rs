@@ -5,9 +5,10 @@
 //! what a load would bring back. `check` verifies every checksum (both superblock copies, both
 //! table areas, both copies of every journal record, every chunk of the current checkpoint) and
 //! every cross-reference a load checks (cores named by lines, lines mapped twice, masks), and
-//! says what it found; it exits 1 when the cache would not load.
+//! says what it found, as text or JSON; its exit status says what it found ([`CHECK_EXIT`]).
 
-use serde_json::json;
+use serde_json::{Value, json};
+use std::cell::Cell;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -33,18 +34,32 @@ pub struct InspectArgs {
     json: bool,
 }
 
+/// The exit statuses of `check`, as its `--help` and docs/CASADM.md list them.
+pub const CHECK_EXIT: &str = "Exit status:
+  0  the cache loads (every checksum holds, or only findings a load repairs)
+  1  damaged: the cache would not load, or the device holds no tiercache cache
+  2  usage: the command line was wrong
+  3  cannot open or read the device";
+
 /// Arguments of `check`.
 #[derive(clap::Args)]
+#[command(after_help = CHECK_EXIT)]
 pub struct CheckArgs {
     /// The cache device (file or block device).
     #[arg(long, value_name = "DEV")]
     cache_device: PathBuf,
+    /// Print one JSON object (what was checked, what was found, `result` and `exit_code`)
+    /// instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 struct Dev {
     f: File,
     len: u64,
     path: PathBuf,
+    /// Whether a read failed with an IO error (not merely past the end).
+    io_failed: Cell<bool>,
 }
 
 impl Dev {
@@ -57,6 +72,7 @@ impl Dev {
             f,
             len,
             path: path.clone(),
+            io_failed: Cell::new(false),
         })
     }
 
@@ -72,9 +88,10 @@ impl Dev {
                 off + buf.len() as u64
             ));
         }
-        self.f
-            .read_exact_at(buf, off)
-            .map_err(|e| format!("reading {} at byte {off}: {e}", self.path.display()))
+        self.f.read_exact_at(buf, off).map_err(|e| {
+            self.io_failed.set(true);
+            format!("reading {} at byte {off}: {e}", self.path.display())
+        })
     }
 }
 
@@ -308,15 +325,86 @@ pub fn inspect(a: InspectArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// `tiercache check`.
-pub fn check(a: CheckArgs) -> Result<(), String> {
-    let dev = Dev::open(&a.cache_device)?;
-    let mut problems = 0u32;
-    let mut notes = 0u32;
-    println!("checking {} (read-only)", a.cache_device.display());
+/// What `check` found: its text lines and the same as JSON.
+struct Report {
+    lines: Vec<String>,
+    json: serde_json::Map<String, Value>,
+    /// Findings that stop the cache from loading.
+    problems: u32,
+    /// Findings a load repairs.
+    notes: u32,
+}
 
+impl Report {
+    fn say(&mut self, line: String) {
+        self.lines.push(line);
+    }
+
+    fn set(&mut self, key: &str, v: Value) {
+        self.json.insert(key.into(), v);
+    }
+}
+
+/// `tiercache check`: prints what it found (text, or JSON with `--json`) and returns the exit
+/// status of [`CHECK_EXIT`].
+pub fn check(a: CheckArgs) -> i32 {
+    let mut r = Report {
+        lines: vec![format!("checking {} (read-only)", a.cache_device.display())],
+        json: serde_json::Map::new(),
+        problems: 0,
+        notes: 0,
+    };
+    r.set("device", json!(a.cache_device.display().to_string()));
+    let (code, result, error) = match Dev::open(&a.cache_device) {
+        Err(e) => (3, "cannot-open", Some(e)),
+        Ok(dev) => match check_device(&dev, &mut r) {
+            Err(e) if dev.io_failed.get() => (3, "cannot-read", Some(e)),
+            Err(e) => (1, "damaged", Some(e)),
+            Ok(()) if r.problems > 0 => (
+                1,
+                "damaged",
+                Some(format!(
+                    "check found {} problem(s) that stop this cache from loading (see above); its data region is untouched",
+                    r.problems
+                )),
+            ),
+            Ok(()) if r.notes > 0 => {
+                let n = r.notes;
+                r.say(format!(
+                    "check: the cache loads ({n} repairable finding(s) above)"
+                ));
+                (0, "repairable", None)
+            }
+            Ok(()) => {
+                r.say("check: the cache loads and every checksum holds".into());
+                (0, "clean", None)
+            }
+        },
+    };
+    r.set("problems", json!(r.problems));
+    r.set("repairable", json!(r.notes));
+    r.set("result", json!(result));
+    r.set("error", json!(error));
+    r.set("exit_code", json!(code));
+    if a.json {
+        let j = Value::Object(std::mem::take(&mut r.json));
+        println!("{}", serde_json::to_string_pretty(&j).unwrap_or_default());
+    } else if code != 3 {
+        for l in &r.lines {
+            println!("{l}");
+        }
+    }
+    if let Some(e) = error {
+        eprintln!("tiercache: {e}");
+    }
+    code
+}
+
+/// Checks `dev`, saying what it finds in `r`; an error when it cannot go on.
+fn check_device(dev: &Dev, rep: &mut Report) -> Result<(), String> {
     // Superblock copies and their tables.
     let mut best: Option<(Superblock, usize)> = None;
+    let mut copies = Vec::new();
     for (i, &off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
         let mut b = vec![0u8; SUPERBLOCK_BYTES];
         dev.read(off, &mut b)?;
@@ -325,17 +413,27 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
             Ok(sb) => {
                 let mut read = |o: u64, buf: &mut [u8]| dev.read(o, buf);
                 match read_tables(&mut read, i) {
-                    Ok((_, cores)) => println!(
-                        "  superblock {name}: ok (generation {}), tables ok ({} core(s))",
-                        sb.generation,
-                        cores.len()
-                    ),
+                    Ok((_, cores)) => {
+                        rep.say(format!(
+                            "  superblock {name}: ok (generation {}), tables ok ({} core(s))",
+                            sb.generation,
+                            cores.len()
+                        ));
+                        copies.push(
+                            json!({"copy": name, "ok": true, "generation": sb.generation,
+                            "tables_ok": true, "cores": cores.len()}),
+                        );
+                    }
                     Err(e) => {
-                        println!(
+                        rep.say(format!(
                             "  superblock {name}: ok (generation {}), tables: {e}",
                             sb.generation
+                        ));
+                        copies.push(
+                            json!({"copy": name, "ok": true, "generation": sb.generation,
+                            "tables_ok": false, "error": e}),
                         );
-                        notes += 1;
+                        rep.notes += 1;
                     }
                 }
                 if best.is_none_or(|(b, _)| sb.generation > b.generation) {
@@ -343,21 +441,28 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
                 }
             }
             Err(e) => {
-                println!("  superblock {name}: {e}");
-                notes += 1;
+                rep.say(format!("  superblock {name}: {e}"));
+                copies.push(json!({"copy": name, "ok": false, "error": e.to_string()}));
+                rep.notes += 1;
             }
         }
     }
+    rep.set("superblocks", json!(copies));
     let Some((sb, copy)) = best else {
-        println!(
+        rep.say(
             "  no usable superblock: this is not a tiercache cache device, or both copies are damaged"
+                .into(),
         );
         return Err("check found no usable superblock".into());
     };
-    println!(
-        "  in force: copy {} (generation {})",
-        ["A", "B"][copy],
+    let name = ["A", "B"][copy];
+    rep.say(format!(
+        "  in force: copy {name} (generation {})",
         sb.generation
+    ));
+    rep.set(
+        "in_force",
+        json!({"copy": name, "generation": sb.generation}),
     );
 
     // Journal: both copies of every record.
@@ -386,15 +491,21 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
     }
     let live: Vec<_> = copies.range(sb.journal_seq..).collect();
     let one_copy = live.iter().filter(|(_, c)| !(c[0] && c[1])).count();
-    println!(
+    let bad_frames = damaged_frames[0] + damaged_frames[1];
+    rep.say(format!(
         "  journal: {} live records from {} ({} with only one good copy: repaired on load), {} frames with a bad checksum",
         live.len(),
         sb.journal_seq,
         one_copy,
-        damaged_frames[0] + damaged_frames[1]
+        bad_frames
+    ));
+    rep.set(
+        "journal",
+        json!({"live_records": live.len(), "from": sb.journal_seq,
+            "one_good_copy": one_copy, "bad_checksum_frames": bad_frames}),
     );
-    if one_copy > 0 || damaged_frames.iter().any(|&d| d > 0) {
-        notes += 1;
+    if one_copy > 0 || bad_frames > 0 {
+        rep.notes += 1;
     }
 
     // Checkpoint chunks.
@@ -402,7 +513,7 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
         let region = sb.layout.checkpoint[sb.checkpoint as usize];
         let lpc = lines_per_chunk(sb.line_size);
         let chunks = sb.lines.div_ceil(lpc);
-        let mut bad = 0;
+        let mut bad = Vec::new();
         let mut buf = vec![0u8; CHECKPOINT_CHUNK_BYTES as usize];
         for i in 0..chunks {
             dev.read(region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES, &mut buf)?;
@@ -416,66 +527,79 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
                 _ => false,
             };
             if !ok {
-                if bad < 5 {
-                    println!("  checkpoint chunk {i}: damaged or not of this checkpoint");
+                if bad.len() < 5 {
+                    rep.say(format!(
+                        "  checkpoint chunk {i}: damaged or not of this checkpoint"
+                    ));
                 }
-                bad += 1;
+                bad.push(i);
             }
         }
-        println!(
-            "  checkpoint region {}: {chunks} chunks, {bad} damaged",
-            sb.checkpoint
+        rep.say(format!(
+            "  checkpoint region {}: {chunks} chunks, {} damaged",
+            sb.checkpoint,
+            bad.len()
+        ));
+        rep.set(
+            "checkpoint",
+            json!({"region": sb.checkpoint, "chunks": chunks, "damaged": bad.len(),
+                "damaged_chunks": bad.iter().take(100).collect::<Vec<_>>()}),
         );
-        if bad > 0 {
-            problems += 1;
+        if !bad.is_empty() {
+            rep.problems += 1;
         }
     } else {
-        println!("  checkpoint: none yet (a new cache: the journal holds everything)");
+        rep.say("  checkpoint: none yet (a new cache: the journal holds everything)".into());
+        rep.set("checkpoint", Value::Null);
     }
 
     // Cross-references: what a load checks.
-    let loaded = load(&dev);
-    match loaded.as_ref().map(|(r, _)| r) {
-        Ok(r) => println!(
-            "  load: ok — {} lines ({} dirty){}, {}",
-            r.lines,
-            r.dirty_lines,
-            if r.clean {
-                ", stopped cleanly".to_string()
-            } else {
-                format!(
-                    ", not stopped cleanly ({} clean lines would be dropped)",
-                    r.dropped_clean_lines
-                )
-            },
-            journal_words(r)
-        ),
+    let loaded = load(dev);
+    match loaded.as_ref().map(|(l, _)| l) {
+        Ok(l) => {
+            rep.say(format!(
+                "  load: ok — {} lines ({} dirty){}, {}",
+                l.lines,
+                l.dirty_lines,
+                if l.clean {
+                    ", stopped cleanly".to_string()
+                } else {
+                    format!(
+                        ", not stopped cleanly ({} clean lines would be dropped)",
+                        l.dropped_clean_lines
+                    )
+                },
+                journal_words(l)
+            ));
+            rep.set(
+                "load",
+                json!({"ok": true, "lines": l.lines, "dirty_lines": l.dirty_lines,
+                    "clean": l.clean, "dropped_clean_lines": l.dropped_clean_lines,
+                    "journal_records": l.journal_records}),
+            );
+        }
         Err(e) => {
-            println!("  load: FAILS — {e}");
-            problems += 1;
+            rep.say(format!("  load: FAILS — {e}"));
+            rep.set("load", json!({"ok": false, "error": e}));
+            rep.problems += 1;
         }
     }
     if sb.layout.log.bytes > 0 {
-        match scan_log(&dev, &loaded) {
-            Ok(l) => println!("  write log: ok — {}", log_words(&l)),
+        match scan_log(dev, &loaded) {
+            Ok(l) => {
+                rep.say(format!("  write log: ok — {}", log_words(&l)));
+                rep.set(
+                    "write_log",
+                    json!({"ok": true, "entries": l.entries, "dirty_bytes": l.data_blocks * 512,
+                        "log_bytes_used": l.used_bytes, "log_bytes": l.ring_bytes}),
+                );
+            }
             Err(e) => {
-                println!("  write log: FAILS — {e}");
-                problems += 1;
+                rep.say(format!("  write log: FAILS — {e}"));
+                rep.set("write_log", json!({"ok": false, "error": e}));
+                rep.problems += 1;
             }
         }
     }
-    if problems > 0 {
-        return Err(format!(
-            "check found {problems} problem(s) that stop this cache from loading (see above); its data region is untouched"
-        ));
-    }
-    println!(
-        "check: the cache loads{}",
-        if notes > 0 {
-            format!(" ({notes} repairable finding(s) above)")
-        } else {
-            " and every checksum holds".into()
-        }
-    );
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! `tiercache`: the one command-line tool of tiercache (SPEC "CLI").
 //!
 //! Verbs are added as the capabilities behind them land; each verb lives in its own module.
-//! Errors: one line on stderr saying what was wrong and what to do, exit status 1.
+//! Errors: one line on stderr saying what was wrong and what to do, exit status 1 (2 for a
+//! wrong command line; `check` has its own statuses, `inspect::CHECK_EXIT`).
 
 mod admin_cmds;
 mod alloc_count;
@@ -15,19 +16,25 @@ mod bench_studies;
 mod bench_waiters;
 mod bench_wbhits;
 mod bench_wl;
+mod choices;
 mod inspect;
+mod params;
+mod shell;
 mod sim_cmd;
 mod sim_mrc;
 mod svg;
 
-use clap::{Parser, Subcommand};
+use clap::{FromArgMatches, Parser, Subcommand};
 
 #[global_allocator]
 static ALLOC: alloc_count::Counting = alloc_count::Counting;
 
-/// tiercache: a userspace block cache (fast media in front of HDDs, image files and Ceph RBD).
+/// A userspace block cache: fast media (NVMe, RAM) in front of HDDs, image files and Ceph RBD.
+///
+/// A daemon serves cached volumes (a core device behind a cache device) as NBD exports; this
+/// tool runs it, manages caches and cores through it, and inspects cache devices offline.
 #[derive(Parser)]
-#[command(name = "tiercache", version, about)]
+#[command(name = "tiercache", version = shell::VERSION)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -57,7 +64,8 @@ enum Cmd {
     },
     /// Show what a cache device holds (offline, read-only).
     Inspect(inspect::InspectArgs),
-    /// Verify every checksum and cross-reference of a cache device (offline, read-only).
+    /// Verify every checksum and cross-reference of a cache device (offline, read-only); exit
+    /// status 0 loads, 1 damaged, 2 usage, 3 cannot open.
     Check(inspect::CheckArgs),
     /// Run the daemon in the foreground (caches, cores, NBD exports, admin socket, metrics).
     Daemon(admin_cmds::DaemonArgs),
@@ -73,10 +81,10 @@ enum Cmd {
     List(admin_cmds::List),
     /// Statistics of caches, cores and IO classes.
     Stats(admin_cmds::Stats),
-    /// Set a parameter group (seq-cutoff, cleaning, cleaning-alru, cleaning-acp, promotion,
-    /// promotion-nhit, wl-writeback).
+    /// Set parameters of a group (seq-cutoff, cleaning, cleaning-alru, cleaning-acp,
+    /// promotion, promotion-nhit, wl-writeback).
     SetParam(admin_cmds::SetParam),
-    /// Show a parameter group.
+    /// Show a parameter group, each value with its unit.
     GetParam(admin_cmds::GetParam),
     /// Switch a cache's mode (leaving wb/wo writes dirty data back first).
     SetMode(admin_cmds::SetMode),
@@ -93,6 +101,10 @@ enum Cmd {
     ResetCounters(admin_cmds::ResetCounters),
     /// Stop every cache cleanly and end the daemon.
     Shutdown(admin_cmds::Shutdown),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(shell::CompletionsArgs),
+    /// Print the man page (or write one per verb with --out DIR).
+    Man(shell::ManArgs),
 }
 
 #[derive(Subcommand)]
@@ -107,13 +119,14 @@ enum SimCmd {
 enum BenchCmd {
     /// Cache-core micro-benchmark: decision time per hit and metadata RAM per line.
     Core(bench_core::Args),
-    /// Load and recovery time of a persistent cache with a cold page cache (SPEC P9).
+    /// Load and recovery time of a persistent cache with a cold page cache.
     Load(bench_load::Args),
-    /// SPEC P1 and P2 against the peers (nbdkit memory, nbdkit's cache filter, fio on the
-    /// cache device), servers and fio pinned apart, median of alternating rounds.
+    /// 4K random reads and a 70/30 mix against the peers (nbdkit memory, nbdkit's cache
+    /// filter, fio on the cache device), servers and fio pinned apart, median of alternating
+    /// rounds.
     Peers(Box<bench_peers::Args>),
-    /// SPEC P8: mode wl in front of a Ceph RBD image vs plain librbd and librbd's writeback
-    /// cache (fio 4K randwrite, QD 1-64, cache not full and full); starts its own cluster.
+    /// Mode wl in front of a Ceph RBD image vs plain librbd and librbd's writeback cache (fio
+    /// 4K randwrite, QD 1-64, cache not full and full); starts its own cluster.
     Wl(Box<bench_wl::Args>),
     /// Cache hits while writeback runs to an emulated HDD (4K random and 256K sequential,
     /// idle vs during a writeback), on the reactor and the threaded NBD paths.
@@ -125,11 +138,13 @@ enum BenchCmd {
 /// clap does; so does a bare `tiercache` (the list of verbs).
 fn usage_error(e: clap::Error) -> ! {
     use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::DisplayVersion {
+        print!("{}", shell::version_text());
+        std::process::exit(0);
+    }
     if matches!(
         e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
     ) {
         e.exit();
     }
@@ -147,13 +162,15 @@ fn usage_error(e: clap::Error) -> ! {
         }
         msg.push_str(l.strip_prefix("error: ").unwrap_or(l));
     }
-    // The verbs given before the first flag (an unrecognized one is not shown as a verb).
-    let mut verbs: Vec<String> = std::env::args()
-        .skip(1)
-        .take_while(|a| !a.starts_with('-'))
-        .collect();
-    if e.kind() == ErrorKind::InvalidSubcommand {
-        verbs.pop();
+    // The verbs given (the subcommands named on the way down, wherever the flags are).
+    let mut verbs = Vec::new();
+    let mut at = shell::command::<Cli>();
+    for a in std::env::args_os().skip(1) {
+        let Some(sub) = at.find_subcommand(&a).cloned() else {
+            continue;
+        };
+        verbs.push(sub.get_name().to_string());
+        at = sub;
     }
     let help = ["tiercache".to_string()]
         .into_iter()
@@ -169,7 +186,22 @@ fn main() {
     // Output piped into `head` and the like ends quietly, as for any Unix tool.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
+    let cmd = shell::command::<Cli>();
+    let cli = cmd
+        .clone()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .unwrap_or_else(|e| usage_error(e));
+    // `--cache-id` of set-param/get-param may come before or after the group (a global
+    // argument, which clap cannot require).
+    if let Cmd::SetParam(admin_cmds::SetParam { cache_id: None, .. })
+    | Cmd::GetParam(admin_cmds::GetParam { cache_id: None, .. }) = &cli.cmd
+    {
+        usage_error(cmd.clone().error(
+            clap::error::ErrorKind::MissingRequiredArgument,
+            "the following required arguments were not provided: --cache-id <CACHE_ID>",
+        ));
+    }
     let result = match cli.cmd {
         Cmd::Bench {
             what: Some(BenchCmd::Core(args)),
@@ -202,7 +234,7 @@ fn main() {
         } => sim_mrc::devices(args),
         Cmd::Sim { what: None, args } => sim_cmd::run(args),
         Cmd::Inspect(args) => inspect::inspect(args),
-        Cmd::Check(args) => inspect::check(args),
+        Cmd::Check(args) => std::process::exit(inspect::check(args)),
         Cmd::Daemon(a) => admin_cmds::daemon(a),
         Cmd::StartCache(a) => admin_cmds::start_cache(a),
         Cmd::AddCore(a) => admin_cmds::add_core(a),
@@ -218,6 +250,8 @@ fn main() {
         Cmd::Invalidate(a) => admin_cmds::invalidate(a),
         Cmd::ResetCounters(a) => admin_cmds::reset_counters(a),
         Cmd::Shutdown(a) => admin_cmds::shutdown(a),
+        Cmd::Completions(a) => shell::completions(a, cmd),
+        Cmd::Man(a) => shell::man(a, cmd),
     };
     if let Err(e) = result {
         eprintln!("tiercache: {e}");

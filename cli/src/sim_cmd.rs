@@ -37,7 +37,7 @@ pub struct Args {
     trace: Option<String>,
     /// The trace's format (auto, csv, blkparse, msr, alibaba, tencent, vscsi,
     /// oracle-general, fio-iolog).
-    #[arg(long, default_value = "auto", requires = "trace")]
+    #[arg(long, default_value = "auto", requires = "trace", value_parser = crate::choices::trace_formats())]
     format: String,
     /// The trace's device, for multi-device traces (or `all`).
     #[arg(long, value_name = "ID", requires = "trace")]

@@ -21,7 +21,7 @@ pub struct TraceArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: String,
     /// auto, csv, blkparse, msr, alibaba, tencent, vscsi, oracle-general or fio-iolog.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::choices::trace_formats())]
     pub format: String,
     /// The device of a multi-device trace (as `sim devices` lists it), or `all`.
     #[arg(long, value_name = "ID")]
@@ -102,24 +102,24 @@ pub struct Args {
     #[arg(long, value_name = "LIST")]
     sizes: Option<String>,
     /// Cache line size: 4k, 8k, 16k, 32k or 64k.
-    #[arg(long, default_value = "4k")]
+    #[arg(long, default_value = "4k", value_parser = crate::choices::words::<crate::choices::LineSize>())]
     line_size: String,
     /// Cache mode (the core method runs any; the stack method is wt).
-    #[arg(long, default_value = "wt")]
+    #[arg(long, default_value = "wt", value_parser = crate::choices::words::<crate::choices::Mode>())]
     mode: String,
     /// Eviction: lru or s3fifo.
-    #[arg(long, default_value = "lru")]
+    #[arg(long, default_value = "lru", value_parser = crate::choices::words::<crate::choices::Eviction>())]
     eviction: String,
     /// Promotion: always or nhit (threshold 3, trigger 80%).
-    #[arg(long, default_value = "always")]
+    #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::PromotionPolicy>())]
     promotion: String,
     /// Sequential cutoff: always, full or never (threshold 1 MiB).
-    #[arg(long, default_value = "never")]
+    #[arg(long, default_value = "never", value_parser = crate::choices::words::<crate::choices::CutoffPolicy>())]
     cutoff: String,
     /// auto, stack (exact textbook LRU, one pass), shards (sampled LRU) or core (the
     /// product's cache core per size). auto: stack when the options are plain LRU
     /// (lru, always, wt, never), shards for those past 50M line accesses, core otherwise.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::choices::words::<crate::choices::MrcMethod>())]
     method: String,
     /// SHARDS sampling rate, in (0, 1).
     #[arg(long, default_value_t = 0.01)]

@@ -602,7 +602,7 @@ fn a_slow_core_past_its_io_timeout_gives_eio_not_a_hang() {
             "--io-timeout",
             "soon",
         ],
-        "--io-timeout 'soon'",
+        "invalid value 'soon' for '--io-timeout <TIME>'",
     );
     dm.fails(
         &[

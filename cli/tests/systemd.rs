@@ -360,7 +360,9 @@ fn log_levels_filter_and_journald_gets_priorities() {
     assert!(!out.status.success());
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains("unknown log level 'loud' (want error, warn, info or debug)"),
+        err.contains(
+            "invalid value 'loud' for '--log-level <LEVEL>' [possible values: error, warn, info, debug]"
+        ),
         "{err}"
     );
 }

@@ -61,6 +61,16 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is not a size (want a number with k/m/g/t, e.g. 4g)"))
 }
 
+/// A size as one token that [`parse_size`] reads back exactly, in the largest power of 1024
+/// that divides it: `4KiB`, `1MiB`, `3GiB`, `1000B`.
+pub fn format_size(b: u64) -> String {
+    ["TiB", "GiB", "MiB", "KiB"]
+        .into_iter()
+        .zip([40, 30, 20, 10])
+        .find(|&(_, sh)| b != 0 && b.is_multiple_of(1 << sh))
+        .map_or(format!("{b}B"), |(u, sh)| format!("{}{u}", b >> sh))
+}
+
 impl DeviceSpec {
     /// Parses a device string.
     pub fn parse(s: &str) -> Result<DeviceSpec, String> {
@@ -305,43 +315,58 @@ pub const IO_TIMEOUT_RANGE: (Duration, Duration) =
 
 /// An IO timeout as `parse_timeout` reads it back: `30s`, `500ms`, `2m`.
 pub fn show_timeout(t: Duration) -> String {
-    let ms = t.as_millis();
-    if ms >= 60_000 && ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
-    } else if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    }
+    format_time(t)
 }
 
-/// Parses an IO timeout: a number with `ms`, `s` or `m` (a bare number is seconds), from 10 ms
-/// to 1 hour.
+/// A time as one token that [`parse_time`] reads back exactly, in the largest unit that
+/// divides it: `500ms`, `30s`, `2m`, `1h` (`0s` for zero).
+pub fn format_time(t: Duration) -> String {
+    let ns = t.as_nanos();
+    let units: [(u128, &str); 6] = [
+        (3_600_000_000_000, "h"),
+        (60_000_000_000, "m"),
+        (1_000_000_000, "s"),
+        (1_000_000, "ms"),
+        (1_000, "us"),
+        (1, "ns"),
+    ];
+    if ns == 0 {
+        return "0s".into();
+    }
+    let (div, unit) = units
+        .into_iter()
+        .find(|(d, _)| ns.is_multiple_of(*d))
+        .unwrap_or((1, "ns"));
+    format!("{}{unit}", ns / div)
+}
+
+/// A time as a user writes it: a number with a unit as `humantime` reads it (`500ms`, `30s`,
+/// `1.5s`, `2m`, `1h`, `1h 30m`), or a bare number, which counts `bare` units (what casadm
+/// and older scripts pass). `None` when it is not a time.
+pub fn parse_time(s: &str, bare: Duration) -> Option<Duration> {
+    let t = s.trim();
+    if let Ok(n) = t.parse::<f64>() {
+        if !n.is_finite() || n < 0.0 || t.starts_with(['+', '-']) {
+            return None;
+        }
+        return Duration::try_from_secs_f64(bare.as_secs_f64() * n).ok();
+    }
+    humantime::parse_duration(t).ok()
+}
+
+/// Parses an IO timeout: a time with a unit (`500ms`, `30s`, `2m`, `1h`; a bare number is
+/// seconds), from 10 ms to 1 hour ([`IO_TIMEOUT_RANGE`]).
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {
-    let t = s.trim().to_ascii_lowercase();
-    let (num, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1000.0)
-    } else if let Some(n) = t.strip_suffix("min").or_else(|| t.strip_suffix('m')) {
-        (n, 60_000.0)
-    } else {
-        (t.as_str(), 1000.0)
-    };
-    let bad = || {
-        format!(
-            "io timeout '{s}': want a time from 10ms to 1h with ms, s or m (e.g. 500ms, 30s, 2m; a bare number is seconds)"
-        )
-    };
-    let n: f64 = num.trim().parse().map_err(|_| bad())?;
-    if !n.is_finite() || n < 0.0 {
-        return Err(bad());
-    }
-    let d = Duration::from_secs_f64((n * unit_ms / 1000.0).min(1e9));
-    if d < IO_TIMEOUT_RANGE.0 || d > IO_TIMEOUT_RANGE.1 {
-        return Err(bad());
-    }
-    Ok(d)
+    let (lo, hi) = IO_TIMEOUT_RANGE;
+    parse_time(s, Duration::from_secs(1))
+        .filter(|d| (lo..=hi).contains(d))
+        .ok_or_else(|| {
+            format!(
+                "io timeout '{s}': want a time from {} to {} (e.g. 500ms, 30s, 2m, 1h; a bare number is seconds)",
+                format_time(lo),
+                format_time(hi)
+            )
+        })
 }
 
 /// `dev` behind an IO timeout (`None`: as it is). Each IO then runs on a helper thread with
@@ -598,10 +623,34 @@ mod tests {
         assert_eq!(parse_timeout("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_timeout("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
-        for bad in ["", "x", "5ms", "2h", "-1s", "nan", "1e300", "61m"] {
+        assert_eq!(parse_timeout("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_timeout("1m 30s"), Ok(Duration::from_secs(90)));
+        for bad in [
+            "", "x", "5ms", "2h", "-1s", "nan", "1e300", "61m", "-0", "1M",
+        ] {
             let e = parse_timeout(bad).unwrap_err();
-            assert!(e.contains("io timeout"), "{bad}: {e}");
+            assert!(
+                e.contains("io timeout") && e.contains("from 10ms to 1h"),
+                "{bad}: {e}"
+            );
         }
+        for b in [0, 1000, 4096, 1 << 20, 3 << 30, 5 << 40, (1 << 20) + 1024] {
+            assert_eq!(parse_size(&format_size(b)), Ok(b), "{}", format_size(b));
+        }
+        for t in [
+            "0s", "10ms", "1500ms", "90s", "2m", "1h", "25h", "3us", "7ns",
+        ] {
+            let d = parse_time(t, Duration::from_secs(1)).unwrap();
+            assert_eq!(format_time(d), t, "{t} reads back as itself");
+        }
+        assert_eq!(
+            parse_time("1.5", Duration::from_secs(1)),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            parse_time("20", Duration::from_millis(1)),
+            Some(Duration::from_millis(20))
+        );
     }
 
     #[test]

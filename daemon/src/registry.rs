@@ -2256,6 +2256,45 @@ pub(crate) fn num(k: &str, v: &str, lo: u32, hi: u32) -> Result<u32, String> {
         .ok_or_else(|| format!("{k} = '{v}': want a whole number from {lo} to {hi}"))
 }
 
+/// A time parameter counted in `unit` (a second or a millisecond): `v` with a unit (`30s`,
+/// `1m`, `500ms`, as `get-param` prints it) or a bare number of `unit`; a whole number of
+/// `unit` from `lo` to `hi`.
+fn time(k: &str, v: &str, unit: Duration, lo: u32, hi: u32) -> Result<u32, String> {
+    let per = unit.as_nanos().max(1);
+    crate::device::parse_time(v, unit)
+        .filter(|d| d.as_nanos().is_multiple_of(per))
+        .map(|d| d.as_nanos() / per)
+        .filter(|n| (u128::from(lo)..=u128::from(hi)).contains(n))
+        .map(|n| n as u32)
+        .ok_or_else(|| {
+            let name = if unit >= Duration::from_secs(1) {
+                "seconds"
+            } else {
+                "milliseconds"
+            };
+            format!(
+                "{k} = '{v}': want a time from {} to {} in whole {name} (e.g. {}; a bare number is {name})",
+                show_time(unit, lo),
+                show_time(unit, hi),
+                show_time(unit, hi / 2),
+            )
+        })
+}
+
+/// A time parameter counted in `unit`, as [`time`] reads it back (`30s`, `1m`, `500ms`).
+fn show_time(unit: Duration, n: u32) -> String {
+    crate::device::format_time(unit * n)
+}
+
+/// A percentage parameter: `50` or `50%`, from `lo` to `hi`.
+fn pct(k: &str, v: &str, lo: u32, hi: u32) -> Result<u32, String> {
+    num(k, v.strip_suffix('%').unwrap_or(v), lo, hi)
+        .map_err(|_| format!("{k} = '{v}': want a percentage from {lo}% to {hi}%"))
+}
+
+const SEC: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
 pub(crate) fn unknown(k: &str, group: &str, known: &str) -> String {
     format!("unknown parameter '{k}' for {group} (known: {known})")
 }
@@ -2294,9 +2333,9 @@ pub fn set_param(
             let mut p = w.pacing();
             for (k, v) in values {
                 match k.as_str() {
-                    "background-fill" => p.background_fill_pct = num(k, v, 0, 100)? as u8,
-                    "idle" => p.idle = Nanos::from_ms(num(k, v, 0, 3_600_000)? as u64),
-                    "expire" => p.expire = Nanos::from_secs(num(k, v, 0, 86_400)? as u64),
+                    "background-fill" => p.background_fill_pct = pct(k, v, 0, 100)? as u8,
+                    "idle" => p.idle = Nanos::from_ms(time(k, v, MS, 0, 3_600_000)? as u64),
+                    "expire" => p.expire = Nanos::from_secs(time(k, v, SEC, 0, 86_400)? as u64),
                     "depth" => p.depth = num(k, v, 1, Pacing::DEPTH_MAX)?,
                     _ => return Err(unknown(k, name, "background-fill, idle, expire, depth")),
                 }
@@ -2355,10 +2394,12 @@ pub fn set_param(
                 let mut a = cfg.alru;
                 for (k, v) in values {
                     match k.as_str() {
-                        "wake-up" => a.wake_up_s = num(k, v, 0, 3600)?,
-                        "staleness-time" => a.staleness_time_s = num(k, v, 1, 3600)?,
+                        "wake-up" => a.wake_up_s = time(k, v, SEC, 0, 3600)?,
+                        "staleness-time" => a.staleness_time_s = time(k, v, SEC, 1, 3600)?,
                         "flush-max-buffers" => a.flush_max_buffers = num(k, v, 1, 10000)?,
-                        "activity-threshold" => a.activity_threshold_ms = num(k, v, 0, 1_000_000)?,
+                        "activity-threshold" => {
+                            a.activity_threshold_ms = time(k, v, MS, 0, 1_000_000)?
+                        }
                         _ => {
                             return Err(unknown(
                                 k,
@@ -2374,7 +2415,7 @@ pub fn set_param(
                 let mut a = cfg.acp;
                 for (k, v) in values {
                     match k.as_str() {
-                        "wake-up" => a.wake_up_ms = num(k, v, 0, 10000)?,
+                        "wake-up" => a.wake_up_ms = time(k, v, MS, 0, 10000)?,
                         "flush-max-buffers" => a.flush_max_buffers = num(k, v, 1, 10000)?,
                         _ => return Err(unknown(k, name, "wake-up, flush-max-buffers")),
                     }
@@ -2406,7 +2447,7 @@ pub fn set_param(
                 for (k, v) in values {
                     match k.as_str() {
                         "threshold" | "insertion-threshold" => n.threshold = num(k, v, 2, 1000)?,
-                        "trigger" | "trigger-threshold" => n.trigger_pct = num(k, v, 0, 100)?,
+                        "trigger" | "trigger-threshold" => n.trigger_pct = pct(k, v, 0, 100)?,
                         _ => return Err(unknown(k, name, "threshold, trigger")),
                     }
                 }
@@ -2434,9 +2475,12 @@ pub fn get_param(
             .engine(cache_id)?
             .with_machine(|m| m.wl().map(|w| w.pacing()))
             .ok_or_else(|| not_wl(cache_id))?;
-        return Ok(json!({"background-fill": p.background_fill_pct,
-            "idle": p.idle.0 / 1_000_000, "expire": p.expire.0 / 1_000_000_000,
-            "depth": p.depth}));
+        return Ok(
+            json!({"background-fill": format!("{}%", p.background_fill_pct),
+            "idle": crate::device::format_time(Duration::from_nanos(p.idle.0)),
+            "expire": crate::device::format_time(Duration::from_nanos(p.expire.0)),
+            "depth": p.depth}),
+        );
     }
     reg.with_cache(cache_id, |c| {
         let cfg = c.config();
@@ -2455,7 +2499,8 @@ pub fn get_param(
                             CutoffPolicy::Never => "never",
                         };
                         v.push(json!({"core_id": k.0, "policy": pol,
-                            "threshold": p.threshold_bytes, "promotion-count": p.promotion_count}));
+                            "threshold": crate::device::format_size(p.threshold_bytes),
+                            "promotion-count": p.promotion_count}));
                     }
                 }
                 if let Some(k) = core_id
@@ -2467,16 +2512,16 @@ pub fn get_param(
             }
             "cleaning" => json!({"policy": match cfg.cleaning {
                 CleaningPolicy::Alru => "alru", CleaningPolicy::Acp => "acp", CleaningPolicy::Nop => "nop"}}),
-            "cleaning-alru" => json!({"wake-up": cfg.alru.wake_up_s,
-                "staleness-time": cfg.alru.staleness_time_s,
+            "cleaning-alru" => json!({"wake-up": show_time(SEC, cfg.alru.wake_up_s),
+                "staleness-time": show_time(SEC, cfg.alru.staleness_time_s),
                 "flush-max-buffers": cfg.alru.flush_max_buffers,
-                "activity-threshold": cfg.alru.activity_threshold_ms}),
-            "cleaning-acp" => json!({"wake-up": cfg.acp.wake_up_ms,
+                "activity-threshold": show_time(MS, cfg.alru.activity_threshold_ms)}),
+            "cleaning-acp" => json!({"wake-up": show_time(MS, cfg.acp.wake_up_ms),
                 "flush-max-buffers": cfg.acp.flush_max_buffers}),
             "promotion" => json!({"policy": match cfg.promotion {
                 PromotionPolicy::Always => "always", PromotionPolicy::Nhit => "nhit"}}),
             "promotion-nhit" => json!({"threshold": cfg.nhit.threshold,
-                "trigger": cfg.nhit.trigger_pct}),
+                "trigger": format!("{}%", cfg.nhit.trigger_pct)}),
             _ => {
                 return Err(unknown_group(name));
             }

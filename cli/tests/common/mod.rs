@@ -12,6 +12,35 @@ use tiercache_io::NbdBackend;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
 
+/// `tiercache ARGS` with the admin socket at `socket` (a daemon's, or none): (exit code,
+/// stdout, stderr).
+pub fn tc_at(socket: &str, args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(BIN)
+        .args(args)
+        .env("TIERCACHE_SOCKET", socket)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `tiercache ARGS` exits with `code` and says exactly one line, `tiercache: ...` containing
+/// every one of `want`, with nothing on stdout; that line.
+pub fn refused(socket: &str, args: &[&str], code: i32, want: &[&str]) -> String {
+    let (c, out, err) = tc_at(socket, args);
+    assert_eq!(c, code, "{args:?}: exit status (stderr: {err})");
+    assert_eq!(out, "", "{args:?}: nothing on stdout");
+    assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
+    assert!(err.starts_with("tiercache: "), "{args:?}: {err}");
+    for w in want {
+        assert!(err.contains(w), "{args:?}: want '{w}' in: {err}");
+    }
+    err
+}
+
 /// A fresh directory under the temporary directory, removed at the end unless the test
 /// panicked (then it is kept for a look at the daemon's log).
 pub struct Dir(pub PathBuf);
