@@ -59,6 +59,8 @@ fi
 /usr/bin/python3 -c 'import rbd' >/dev/null 2>&1 || need+=(python3-rbd)
 # prometheus_client's parser reads the daemon's whole /metrics exposition (cli/tests/metrics.rs).
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
+# Debian's nbd-client: the block-device recipe's negotiation (cli/tests/nbd_client.rs).
+command -v nbd-client >/dev/null 2>&1 || [ -x /usr/sbin/nbd-client ] || need+=(nbd-client)
 # The aarch64 CRC32C path (format/src/crc.rs), cross-built and run under qemu-user.
 command -v qemu-aarch64 >/dev/null 2>&1 || need+=(qemu-user)
 command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
