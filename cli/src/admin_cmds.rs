@@ -321,6 +321,11 @@ pub struct ResetCounters {
 pub struct Shutdown {
     #[command(flatten)]
     pub conn: Conn,
+    /// Return once the daemon has begun stopping, without waiting for it to exit (by default
+    /// `shutdown` returns when the daemon's process has ended: exports closed, final
+    /// checkpoints written, devices flushed).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 /// A progress bar on stderr (drawn only on a terminal; otherwise a line every 10% once
@@ -753,9 +758,37 @@ pub fn reset_counters(a: ResetCounters) -> Result<(), String> {
     Ok(())
 }
 
-/// `shutdown`.
+/// `shutdown`: asks the daemon to stop and (unless `--no-wait`) waits until its process has
+/// ended (the admin socket is a unix socket: the daemon runs on this host).
 pub fn shutdown(a: Shutdown) -> Result<(), String> {
     let v = send(&a.conn, Request::Shutdown)?;
+    if !a.no_wait
+        && let Some(pid) = v["pid"].as_u64()
+    {
+        let t = std::time::Instant::now();
+        let mut said = false;
+        while running(pid) {
+            if !said && t.elapsed() > std::time::Duration::from_secs(2) {
+                eprintln!(
+                    "waiting for the daemon (pid {pid}) to stop: final checkpoints, device flushes"
+                );
+                said = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
     out(&a.conn, v);
     Ok(())
+}
+
+/// Whether process `pid` still runs (not gone, not a zombie waiting for its parent).
+fn running(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses: "PID (comm) S ...".
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
 }

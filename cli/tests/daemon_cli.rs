@@ -688,3 +688,27 @@ fn wl_cache_through_the_cli() {
     dm.ok(&["stop-cache", "--cache-id", "1"]);
     dm.shutdown();
 }
+
+/// `shutdown` returns when the daemon's process has ended (final checkpoint written), not when
+/// it has begun stopping; `--no-wait` returns at once.
+#[test]
+fn shutdown_returns_when_the_daemon_has_exited() {
+    let d = Dir::new("shutdown-wait");
+    let dm = Daemon::start(Opts::new(&d));
+    let (cache, core) = (d.sparse("c.img", 64 << 20), d.sparse("k.img", 128 << 20));
+    dm.cache_and_core(&cache, "wb", &core, "v");
+    let pid = dm.pid().expect("running");
+    assert!(dm.ok(&["shutdown"]).contains("stopping: true"));
+    // Ended: gone, or a zombie until this test reaps it.
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(st.is_empty() || st.contains(") Z"), "still running: {st}");
+    assert!(
+        dm.log_tail(3).contains("daemon stopped"),
+        "{}",
+        dm.log_tail(3)
+    );
+    drop(dm);
+    let dm = Daemon::start(Opts::new(&d));
+    assert!(dm.ok(&["shutdown", "--no-wait"]).contains("stopping: true"));
+    drop(dm);
+}

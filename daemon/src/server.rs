@@ -674,6 +674,6 @@ pub fn handle(
         }
         Request::Invalidate { cache_id, core_id } => reg.invalidate(cache_id, core_id),
         Request::ResetCounters { cache_id } => reg.reset_counters(cache_id),
-        Request::Shutdown => Ok(json!({"stopping": true})),
+        Request::Shutdown => Ok(json!({"stopping": true, "pid": std::process::id()})),
     }
 }
