@@ -573,25 +573,31 @@ pub fn list(a: List) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "{:<6} {:<4} {:<36} {:<11} {:<5} {:<10} export / reason",
-        "type", "id", "device", "state", "mode", "dirty"
+        "{:<6} {:<4} {:<36} {:<11} {:<5} {:>6} {:>6} {:>9}  export / reason",
+        "type", "id", "device", "state", "mode", "used", "dirty", "read hits"
     );
+    // A share of `of` as a percentage, "-" when unknown.
+    let pct = |n: &Value, of: u64| match n.as_u64() {
+        Some(n) if of > 0 => format!("{:.1}%", n as f64 * 100.0 / of as f64),
+        _ => "-".into(),
+    };
+    let hits = |v: &Value| {
+        v["read_hit_ratio"]
+            .as_f64()
+            .map_or("-".into(), |r| format!("{:.1}%", r * 100.0))
+    };
     for c in v.as_array().into_iter().flatten() {
         let lines = c["lines"].as_u64().unwrap_or(0);
-        let dirty = c["dirty_lines"].as_u64().unwrap_or(0);
-        let dpct = if lines > 0 {
-            format!("{:.1}%", dirty as f64 * 100.0 / lines as f64)
-        } else {
-            "-".into()
-        };
         println!(
-            "{:<6} {:<4} {:<36} {:<11} {:<5} {:<10} {}",
+            "{:<6} {:<4} {:<36} {:<11} {:<5} {:>6} {:>6} {:>9}  {}",
             "cache",
             plain(&c["cache_id"]),
             plain(&c["device"]),
             plain(&c["state"]),
             plain(&c["mode"]),
-            dpct,
+            pct(&c["occupancy_lines"], lines),
+            pct(&c["dirty_lines"], lines),
+            hits(c),
             if c["reason"].is_null() {
                 String::new()
             } else {
@@ -601,13 +607,15 @@ pub fn list(a: List) -> Result<(), String> {
         for k in c["cores"].as_array().into_iter().flatten() {
             let reason = plain(&k["reason"]);
             println!(
-                "{:<6} {:<4} {:<36} {:<11} {:<5} {:<10} {}{}",
+                "{:<6} {:<4} {:<36} {:<11} {:<5} {:>6} {:>6} {:>9}  {}{}",
                 "└core",
                 plain(&k["core_id"]),
                 plain(&k["device"]),
                 plain(&k["state"]),
                 "",
                 "",
+                pct(&k["dirty_lines"], lines),
+                hits(k),
                 plain(&k["export"]),
                 if reason.is_empty() {
                     String::new()
@@ -617,6 +625,9 @@ pub fn list(a: List) -> Result<(), String> {
             );
         }
     }
+    println!(
+        "(used and dirty: shares of the cache's lines; read hits since the counters were reset)"
+    );
     Ok(())
 }
 

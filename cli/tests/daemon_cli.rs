@@ -712,3 +712,36 @@ fn shutdown_returns_when_the_daemon_has_exited() {
     assert!(dm.ok(&["shutdown", "--no-wait"]).contains("stopping: true"));
     drop(dm);
 }
+
+/// `list` shows, per cache and core, how full, how dirty and how often reads hit.
+#[test]
+fn list_shows_occupancy_dirt_and_read_hits() {
+    let d = Dir::new("list-glance");
+    let dm = Daemon::start(Opts::new(&d));
+    let (cache, core) = (d.sparse("c.img", 64 << 20), d.sparse("k.img", 128 << 20));
+    dm.cache_and_core(&cache, "wb", &core, "v");
+    dm.ok(&[
+        "set-param",
+        "--cache-id",
+        "1",
+        "cleaning",
+        "--policy",
+        "nop",
+    ]);
+    let c = dm.nbd("v").unwrap();
+    c.write(0, &[7u8; 64 << 10], false).unwrap();
+    let mut b = vec![0u8; 64 << 10];
+    c.read(0, &mut b).unwrap(); // hits: the write put it in the cache
+    c.read(1 << 16, &mut b).unwrap(); // a miss
+    drop(c);
+    let l = dm.json(&["list"]);
+    let k = &l[0]["cores"][0];
+    assert_eq!(k["dirty_lines"], 16, "{l}");
+    assert_eq!(k["read_hit_ratio"], 0.5, "{l}");
+    assert_eq!(l[0]["read_hit_ratio"], 0.5, "{l}");
+    assert!(l[0]["occupancy_lines"].as_u64().unwrap() >= 16, "{l}");
+    let text = dm.ok(&["list"]);
+    let core_line = text.lines().find(|x| x.contains("k.img")).unwrap();
+    assert!(core_line.contains("50.0%"), "{text}");
+    dm.shutdown();
+}

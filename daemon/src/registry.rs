@@ -1586,14 +1586,40 @@ impl Registry {
                 CacheRun::Detached(w) => ("-".into(), 0, 0, 0, json!(w)),
             };
             let states = core_states(c);
+            // Per core, where the cache runs: dirty lines and read requests (all, hits) since
+            // the counters were reset (O(1) each).
+            let per_core = |id: u16| -> (Value, u64, u64) {
+                match &c.run {
+                    CacheRun::Running(e) => e.with_cache(|k| {
+                        let id = CoreId(id);
+                        let r = k.core_counters(id).map(|n| n.read);
+                        let (all, hits) =
+                            r.map_or((0, 0), |r| (r.total(), r.full_hit + r.partial_hit));
+                        (json!(k.core_dirty_lines(id)), all, hits)
+                    }),
+                    _ => (Value::Null, 0, 0),
+                }
+            };
+            let ratio = |all: u64, hits: u64| -> Value {
+                if all > 0 {
+                    json!(hits as f64 / all as f64)
+                } else {
+                    Value::Null
+                }
+            };
+            let (mut reads, mut read_hits) = (0, 0);
             let cores: Vec<Value> = c
                 .cores
                 .iter()
                 .map(|(i, k)| {
                     let (state, why) = states.get(i).cloned().unwrap_or_default();
+                    let (dirty_lines, all, hits) = per_core(*i);
+                    reads += all;
+                    read_hits += hits;
                     json!({"core_id": i, "device": k.device, "export": k.export,
                         "size_bytes": k.size_blocks * 512, "state": state, "reason": why,
-                        "io_timeout_ms": k.io_timeout.map(|t| t.as_millis() as u64)})
+                        "io_timeout_ms": k.io_timeout.map(|t| t.as_millis() as u64),
+                        "dirty_lines": dirty_lines, "read_hit_ratio": ratio(all, hits)})
                 })
                 .collect();
             out.push(
@@ -1601,6 +1627,7 @@ impl Registry {
                 "io_timeout_ms": c.io_timeout.map(|t| t.as_millis() as u64),
                 "mode": mode, "line_size": c.line_size.bytes(), "lines": lines,
                 "occupancy_lines": occ, "dirty_lines": dirty, "dirty_bytes": dirty_b,
+                "read_hit_ratio": ratio(reads, read_hits),
                 "reason": why,
                 "cores": cores}),
             );
