@@ -110,12 +110,17 @@ fn stop_with_ios_on_the_ring_waits_for_them() {
         c.send_req(cmd::READ, 0, i, off, 65536, &[]);
         c.send_req(cmd::WRITE, 0, 1000 + i, off + 8192, 4096, &block(3, off));
     }
-    // Stopped while the reactor has them: stop waits for every request and IO.
+    // Stopped once the reactor has started running them on its ring (some may be done by
+    // then): stop waits for every request and IO.
+    let t = Instant::now();
+    while e.stats().ring_ios == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no IO reached the ring");
+        std::thread::yield_now();
+    }
     let e2 = e.clone();
     let stop = std::thread::spawn(move || e2.stop_shared());
     stop.join().unwrap().expect("stop");
     settle(&e);
-    assert!(e.stats().ring_ios > 0, "the reactor ran IOs on its ring");
     drop(c);
     wait_open(&srv, 0);
     srv.shutdown();
