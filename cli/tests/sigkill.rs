@@ -31,7 +31,7 @@ mod common;
 mod oracle;
 
 use common::{Daemon, Dir, Opts, env_u64};
-use oracle::{Rng, SECTOR, Sector, decode, fill};
+use oracle::{Rng, SECTOR, Sector, decode, fill, merge};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -100,6 +100,43 @@ struct Counts {
     reads: u64,
     trims: u64,
     zeroes: u64,
+    /// Writes, TRIMs and WRITE_ZEROES at odd byte offsets ([`cut`]).
+    odd: u64,
+}
+
+/// Where a write of `len` sectors starts and ends inside its first and last sector: `(a, b)`,
+/// the request covering `[a, len * 512 - b)` of them. With `unaligned`, half the requests
+/// start and end at odd byte offsets (the loadgen connection negotiates no block sizes, so the
+/// server merges the partly covered sectors: read-modify-write).
+fn cut(rng: &mut Rng, unaligned: bool, len: usize) -> (usize, usize) {
+    if !unaligned || rng.below(2) == 0 {
+        return (0, 0);
+    }
+    let a = rng.below(SECTOR as u64) as usize;
+    let b = rng.below(SECTOR as u64) as usize;
+    (a, if len == 1 { b.min(SECTOR - 1 - a) } else { b })
+}
+
+/// The versions a request cut by `(a, b)` leaves in each of its `len` sectors from `first`:
+/// `v` where it covers a whole sector, the merge of `v` into what the sector holds elsewhere.
+fn versions(
+    oracle: &[Sector],
+    first: usize,
+    len: usize,
+    (a, b): (usize, usize),
+    v: u64,
+) -> Vec<u64> {
+    (0..len)
+        .map(|i| {
+            let lo = if i == 0 { a } else { 0 };
+            let hi = if i == len - 1 { SECTOR - b } else { SECTOR };
+            if lo == 0 && hi == SECTOR {
+                v
+            } else {
+                merge(first + i, oracle[first + i].newest(), v, lo, hi)
+            }
+        })
+        .collect()
 }
 
 /// One connection's load until the daemon dies or `stop`: returns its oracle (only its own
@@ -110,7 +147,7 @@ fn worker(
     round: usize,
     w: usize,
     mut oracle: Vec<Sector>,
-    seed: u64,
+    (seed, unaligned): (u64, bool),
     stop: &AtomicBool,
 ) -> (Vec<Sector>, Counts) {
     let mut n = Counts::default();
@@ -131,20 +168,23 @@ fn worker(
         if r < 74 {
             version += 1;
             let fua = rng.below(10) == 0;
-            for i in 0..len {
+            let (a, b) = cut(&mut rng, unaligned, len);
+            n.odd += u64::from(a + b > 0);
+            let vs = versions(&oracle, first, len, (a, b), version);
+            for (i, &v) in vs.iter().enumerate() {
                 fill(first + i, version, &mut buf[i * SECTOR..(i + 1) * SECTOR]);
                 // In flight from here: legal after a kill even without a reply.
-                oracle[first + i].issue(version);
-                oracle[first + i].note(round, if fua { "fua" } else { "write" }, version);
+                oracle[first + i].issue(v);
+                oracle[first + i].note(round, if fua { "fua" } else { "write" }, v);
                 touched.push(first + i);
             }
-            if c.write_at((first * SECTOR) as u64, &buf[..len * SECTOR], fua)
+            if c.write_at((first * SECTOR + a) as u64, &buf[a..len * SECTOR - b], fua)
                 .is_err()
             {
                 break;
             }
-            for i in 0..len {
-                oracle[first + i].acked(version, fua);
+            for (i, &v) in vs.iter().enumerate() {
+                oracle[first + i].acked(v, fua);
             }
             if fua {
                 n.fua += 1;
@@ -153,12 +193,15 @@ fn worker(
         } else if r < 80 {
             // TRIM or WRITE_ZEROES: the sectors read as zeros (version 0) once acknowledged.
             let trim = r < 77;
-            for i in 0..len {
-                oracle[first + i].issue(0);
-                oracle[first + i].note(round, if trim { "trim" } else { "zeroes" }, 0);
+            let (a, b) = cut(&mut rng, unaligned, len);
+            n.odd += u64::from(a + b > 0);
+            let vs = versions(&oracle, first, len, (a, b), 0);
+            for (i, &v) in vs.iter().enumerate() {
+                oracle[first + i].issue(v);
+                oracle[first + i].note(round, if trim { "trim" } else { "zeroes" }, v);
                 touched.push(first + i);
             }
-            let (off, bytes) = ((first * SECTOR) as u64, (len * SECTOR) as u32);
+            let (off, bytes) = ((first * SECTOR + a) as u64, (len * SECTOR - a - b) as u32);
             let r = if trim {
                 c.trim(off, bytes)
             } else {
@@ -167,8 +210,8 @@ fn worker(
             if r.is_err() {
                 break;
             }
-            for i in 0..len {
-                oracle[first + i].acked(0, false);
+            for (i, &v) in vs.iter().enumerate() {
+                oracle[first + i].acked(v, false);
             }
             if trim {
                 n.trims += 1;
@@ -236,6 +279,21 @@ fn sigkill_under_verifying_load_with_power_cuts() {
     run("wb", env_u64("TIERCACHE_KILLS", 50) as usize, None);
 }
 
+/// The `wb` kill loop with half the writes, TRIMs and WRITE_ZEROES starting and ending at odd
+/// byte offsets (issue 25): the server reads, merges and writes the partly covered blocks, so
+/// kills and power cuts land in the middle of read-modify-writes. Each block must still hold
+/// the data of one write (merged into what the block held) or an older legal one.
+/// `TIERCACHE_UNALIGNED_KILLS` (20).
+#[test]
+fn sigkill_with_unaligned_writes_in_flight() {
+    run_with(
+        "wb",
+        env_u64("TIERCACHE_UNALIGNED_KILLS", 20) as usize,
+        None,
+        true,
+    );
+}
+
 /// The same for mode `wl`: the log is written back all the time (to a core no faster than the
 /// log here), so most kills land during writeback of some generation.
 #[test]
@@ -273,8 +331,17 @@ fn kill_loops_on_an_rbd_core() {
 type RbdCore<'a> = Option<(&'a ceph::Cluster, &'a str)>;
 
 fn run(mode: &str, kills: usize, rbd: RbdCore<'_>) {
+    run_with(mode, kills, rbd, false)
+}
+
+/// A kill loop; with `unaligned`, requests at odd byte offsets too ([`cut`]).
+fn run_with(mode: &str, kills: usize, rbd: RbdCore<'_>, unaligned: bool) {
     let seed = env_u64("TIERCACHE_SEED", 0x5eed);
-    let on = if rbd.is_some() { "-rbd" } else { "" };
+    let on = match (rbd.is_some(), unaligned) {
+        (true, _) => "-rbd",
+        (_, true) => "-unaligned",
+        _ => "",
+    };
     let d = Dir::new(&format!("sigkill-{mode}{on}"));
     let cache = d.sparse("cache.img", CACHE_BYTES);
     let core = d.sparse("core.img", CORE_BYTES);
@@ -326,7 +393,7 @@ fn run(mode: &str, kills: usize, rbd: RbdCore<'_>) {
             .map(|w| {
                 let (o, stop) = (oracle.clone(), stop.clone());
                 let tgt = target(&d);
-                std::thread::spawn(move || worker(&tgt, round, w, o, wseed, &stop))
+                std::thread::spawn(move || worker(&tgt, round, w, o, (wseed, unaligned), &stop))
             })
             .collect();
         std::thread::sleep(Duration::from_millis(run_ms));
@@ -345,6 +412,7 @@ fn run(mode: &str, kills: usize, rbd: RbdCore<'_>) {
             total.reads += n.reads;
             total.trims += n.trims;
             total.zeroes += n.zeroes;
+            total.odd += n.odd;
         }
 
         // The power cut: un-flushed device writes kept, dropped or torn (seeded).
@@ -401,9 +469,10 @@ fn run(mode: &str, kills: usize, rbd: RbdCore<'_>) {
     let written = oracle.iter().filter(|s| s.floor != 0).count();
     dm.shutdown();
     println!(
-        "SIGKILL test ({mode}) passed: {kills} kills, {} writes, {} trims, {} write-zeroes, {} flushes verified over {} sectors holding data; 0 lost flushed writes, 0 stale or torn blocks, 0 flip-flops, every recovery succeeded",
-        total.writes, total.trims, total.zeroes, total.flushes, written
+        "SIGKILL test ({mode}) passed: {kills} kills, {} writes, {} trims, {} write-zeroes ({} of them at odd byte offsets), {} flushes verified over {} sectors holding data; 0 lost flushed writes, 0 stale or torn blocks, 0 flip-flops, every recovery succeeded",
+        total.writes, total.trims, total.zeroes, total.odd, total.flushes, written
     );
+    assert!(!unaligned || total.odd > 0);
     assert!(total.flushes > 0 && total.writes > 0 && total.trims > 0 && total.zeroes > 0);
 }
 

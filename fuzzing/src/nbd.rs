@@ -327,11 +327,12 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
                 assert!(x[10..].iter().all(|&b| b == 0));
                 let h = run.result.as_ref().expect("EXPORT_NAME of a served export");
                 assert_eq!(
-                    (h.export.as_str(), h.structured, h.block_status),
+                    (h.export.as_str(), h.structured, h.block_status, h.liberal),
                     (
                         name.unwrap(),
                         structured,
-                        structured && meta.as_deref() == name
+                        structured && meta.as_deref() == name,
+                        true // no block sizes negotiated: any alignment served
                     )
                 );
                 return end(o + n, true);
@@ -450,7 +451,8 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
                             h.sizes,
                             h.read_only,
                             h.structured,
-                            h.block_status
+                            h.block_status,
+                            h.liberal
                         ),
                         (
                             name.as_str(),
@@ -458,7 +460,8 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
                             sizes,
                             ro,
                             structured,
-                            structured && meta.as_deref() == Some(name.as_str())
+                            structured && meta.as_deref() == Some(name.as_str()),
+                            !infos.contains(&info::BLOCK_SIZE)
                         )
                     );
                     return end(o, true);
@@ -1012,7 +1015,13 @@ pub fn nbd_session(data: &[u8]) -> bool {
         // cli/tests/block_status.rs and the server's unit tests): not modelled.
         return false;
     }
-    let (exp, end) = model_transmission(&data[hs.consumed..], h.size, h.sizes, h.read_only);
+    // A client that did not ask for block sizes may send any alignment (nbd/src/unaligned.rs).
+    let sizes = if h.liberal {
+        BlockSizes { min: 1, ..h.sizes }
+    } else {
+        h.sizes
+    };
+    let (exp, end) = model_transmission(&data[hs.consumed..], h.size, sizes, h.read_only);
     if std::env::var_os("TIERCACHE_TRACE").is_some() {
         eprintln!(
             "handshake: {h:?}, {} input bytes, {} output bytes",

@@ -130,7 +130,9 @@ impl From<IoErr> for ExportError {
 /// One export: a range of bytes with block-device operations.
 ///
 /// The server checks every request against [`Export::size`] and [`Export::block_sizes`]
-/// before calling, so offsets and lengths arrive aligned to `min` and inside the export;
+/// before calling, so offsets and lengths arrive aligned to `min` and inside the export (a
+/// client that did not negotiate block sizes may send any alignment: the server turns those
+/// requests into aligned ones, reading and merging the partly covered blocks itself);
 /// implementations still return errors rather than panic on bad input. Methods are called
 /// from many threads at once.
 ///
@@ -182,6 +184,13 @@ pub trait Export: Send + Sync {
     /// what is left for a worker. The default starts nothing.
     fn read_start(&self, _offset: u64, buf: AlignedBuf) -> ReadStart {
         ReadStart::NotStarted(buf)
+    }
+    /// Which bytes this export serves: connections to exports with equal keys share one set of
+    /// range locks for unaligned requests (`unaligned.rs`), even when each connection got its
+    /// own export object (the daemon makes one per connection). The default is the object's
+    /// address.
+    fn data_key(&self) -> (usize, u64) {
+        (self as *const Self as *const u8 as usize, 0)
     }
     /// The engine export behind this one, if it is one: a connection on a plain socket then
     /// runs its requests on its own io_uring reactor (`reactor.rs`), without worker threads.
@@ -393,6 +402,10 @@ impl Export for EngineExport {
         Some(self)
     }
 
+    fn data_key(&self) -> (usize, u64) {
+        (Arc::as_ptr(&self.engine) as usize, u64::from(self.core.0))
+    }
+
     fn request_stats(&self) -> Option<&RequestStats> {
         self.stats.as_deref()
     }
@@ -526,6 +539,10 @@ impl BackendExport {
 impl Export for BackendExport {
     fn request_stats(&self) -> Option<&RequestStats> {
         self.stats.as_deref()
+    }
+
+    fn data_key(&self) -> (usize, u64) {
+        (Arc::as_ptr(&self.dev) as *const u8 as usize, 0)
     }
 
     fn size(&self) -> u64 {

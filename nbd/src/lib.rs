@@ -17,7 +17,11 @@
 //!   `NBD_REP_ERR_TOO_BIG`) without being read; each handshake read must arrive within
 //!   [`ServerConfig::handshake_timeout`], and an export must be chosen within 1024 options.
 //! - **Block sizes**: minimum 512 (or more, as the export says), preferred the cache line
-//!   size, maximum 32 MiB (the engine's request limit).
+//!   size, maximum 32 MiB (the engine's request limit). A client that did not ask for
+//!   `NBD_INFO_BLOCK_SIZE` (`NBD_OPT_EXPORT_NAME`, or `NBD_OPT_GO` without it) is served at any
+//!   byte offset and length, up to the maximum (`unaligned.rs`: read-modify-write of partly
+//!   covered blocks under a per-export range lock that costs nothing until such a client sends
+//!   an unaligned request); one that asked must respect the minimum.
 //! - **Transmission**: READ, WRITE (FUA), FLUSH, TRIM (FUA: trim, then flush), WRITE_ZEROES
 //!   (FUA, `NO_HOLE`, `FAST_ZERO` — zeroing is always fast here, so it is honoured), CACHE (a
 //!   read whose data is dropped: warm-up), BLOCK_STATUS (with `base:allocation` negotiated:
@@ -30,7 +34,7 @@
 //!   reply is one chunk with `DONE`).
 //! - **Errors** (SPEC R6, R7): reads, trims and caches out of range → `EINVAL`; writes and
 //!   write-zeroes past the end → `ENOSPC`; offsets or lengths not a multiple of the minimum
-//!   block size → `EINVAL`; READ, WRITE or CACHE longer than the maximum block size →
+//!   block size, from a client that negotiated block sizes → `EINVAL`; READ, WRITE or CACHE longer than the maximum block size →
 //!   `EINVAL` (a refused write's payload is read and dropped, so the stream stays in sync;
 //!   TRIM and WRITE_ZEROES carry no payload and may be longer: the export splits them); unknown
 //!   commands or flags → `EINVAL`; writes to a read-only export → `EPERM`; device errors →
@@ -120,6 +124,7 @@ mod reactor;
 mod server;
 mod tls;
 mod tls_key;
+mod unaligned;
 
 pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,

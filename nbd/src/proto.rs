@@ -267,8 +267,9 @@ impl Request {
         }
     }
 
-    /// Checks a request against an export of `size` bytes with block sizes `sizes`, on a
-    /// connection that negotiated no metadata context; `Err((errno, message))` to answer it
+    /// Checks a request against an export of `size` bytes with block sizes `sizes` (for a
+    /// connection that did not negotiate block sizes, the server passes a `min` of 1: any
+    /// alignment), on a connection that negotiated no metadata context; `Err((errno, message))` to answer it
     /// with. `NBD_CMD_DISC` is not a request here (the caller ends the connection before
     /// checking).
     pub fn check(

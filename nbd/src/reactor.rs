@@ -410,6 +410,10 @@ impl State<'_> {
 
     /// Submits a request to the engine (its reply comes to the sink).
     fn submit(&mut self, req: &Request, op: ReqOp, blocks: u32, buf: AlignedBuf) {
+        if !self.conn.rmw.admit(req) {
+            // Unaligned, or writing while a client sends unaligned requests (`unaligned.rs`).
+            return crate::unaligned::spawn(self.conn, *req, buf);
+        }
         let bytes = req.data_bytes();
         let lba = match EngineExport::lba(req.offset, req.len as u64) {
             Ok(l) => l,
@@ -489,6 +493,7 @@ impl State<'_> {
                 continue;
             };
             let c = self.conn;
+            c.rmw.done(s.typ);
             crate::latency::record(c, s.typ, s.len.into(), s.start, result.is_ok());
             let r = match result {
                 Ok(()) if s.typ == cmd::READ => {

@@ -669,6 +669,10 @@ struct Negotiated {
     structured: bool,
     /// `base:allocation` was selected for this export: `NBD_CMD_BLOCK_STATUS` is served.
     block_status: bool,
+    /// The client did not ask for `NBD_INFO_BLOCK_SIZE` (`NBD_OPT_EXPORT_NAME`, or
+    /// `NBD_OPT_GO` without it): requests at any byte offset and length are served
+    /// (`unaligned.rs`).
+    liberal: bool,
 }
 
 /// The handshake of a connection, with a TLS upgrade in the middle when `tls` is set.
@@ -780,9 +784,10 @@ fn run_conn(inner: &Arc<Inner>, id: u64, stream: Box<dyn NbdStream>, tls: Option
         );
     }
     let conn = Arc::new(Conn {
+        rmw: crate::unaligned::Rmw::new(&*neg.export, neg.liberal),
         export: neg.export,
         size: neg.size,
-        sizes: neg.sizes,
+        sizes: crate::unaligned::accepted(neg.sizes, neg.liberal),
         read_only: neg.read_only,
         structured: neg.structured,
         block_status: neg.block_status,
@@ -1050,6 +1055,7 @@ fn options<S: Read + Write + ?Sized>(
                     read_only,
                     structured,
                     block_status: structured && st.meta.as_deref() == Some(name.as_str()),
+                    liberal: true,
                 }));
             }
             opt::ABORT => {
@@ -1170,6 +1176,7 @@ fn options<S: Read + Write + ?Sized>(
                         read_only,
                         structured,
                         block_status: structured && st.meta.as_deref() == Some(name.as_str()),
+                        liberal: !infos.contains(&info::BLOCK_SIZE),
                     }));
                 }
             }
@@ -1251,6 +1258,9 @@ pub struct Handshake {
     pub structured: bool,
     /// Whether `base:allocation` was selected for the export (`NBD_CMD_BLOCK_STATUS` served).
     pub block_status: bool,
+    /// Whether the client did not ask for `NBD_INFO_BLOCK_SIZE` (then requests at any byte
+    /// offset and length are served; else they must respect `sizes.min`).
+    pub liberal: bool,
 }
 
 /// Runs the server side of the fixed newstyle handshake on `stream` exactly as a connection
@@ -1272,12 +1282,15 @@ pub fn serve_handshake<S: Read + Write + ?Sized>(
         read_only: n.read_only,
         structured: n.structured,
         block_status: n.block_status,
+        liberal: n.liberal,
     }))
 }
 
 /// One connection in transmission.
 pub(crate) struct Conn {
     pub(crate) export: Arc<dyn Export>,
+    /// Unaligned requests and what makes them atomic (`unaligned.rs`).
+    pub(crate) rmw: crate::unaligned::Rmw,
     size: u64,
     sizes: BlockSizes,
     read_only: bool,
@@ -1481,13 +1494,15 @@ impl Conn {
     }
 
     /// The reply to `NBD_CMD_BLOCK_STATUS` of `len` bytes: one `base:allocation` chunk whose
-    /// descriptors follow `ext` (runs of 512-byte blocks from the request's offset), cut at
-    /// `len` bytes, at most 2^20 of them (the protocol's bound), only the first with `one`
-    /// (`NBD_CMD_FLAG_REQ_ONE`). Holes are `HOLE | ZERO`, the rest 0 (allocated).
+    /// descriptors follow `ext` (runs of 512-byte blocks from `skip` bytes before the request's
+    /// offset: 0 unless the offset is unaligned), cut at `len` bytes, at most 2^20 of them (the
+    /// protocol's bound), only the first with `one` (`NBD_CMD_FLAG_REQ_ONE`). Holes are
+    /// `HOLE | ZERO`, the rest 0 (allocated).
     pub(crate) fn block_status_reply(
         &self,
         cookie: u64,
         ext: &[Extent],
+        mut skip: u64,
         len: u64,
         one: bool,
         slot: Option<usize>,
@@ -1495,7 +1510,13 @@ impl Conn {
         let mut d = proto::BASE_ALLOCATION_ID.to_be_bytes().to_vec();
         let mut left = len;
         for e in ext {
-            let n = e.blocks.saturating_mul(512).min(left);
+            let run = e.blocks.saturating_mul(512);
+            let before = skip.min(run);
+            skip -= before;
+            if before == run && run > 0 {
+                continue; // wholly before the request's offset
+            }
+            let n = (run - before).min(left);
             if n == 0 {
                 break;
             }
@@ -1612,13 +1633,25 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// The guard of `req` on `conn`, its slot the request's data bytes, received now.
+    pub(crate) fn new(conn: &Arc<Conn>, req: &Request) -> InFlight {
+        InFlight {
+            conn: conn.clone(),
+            cookie: req.cookie,
+            slot: Some(req.data_bytes()),
+            typ: req.typ,
+            len: req.len,
+            start: std::time::Instant::now(),
+        }
+    }
+
     /// Takes the slot, to be released by the reply that carries it.
     fn take(&mut self) -> Option<usize> {
         self.slot.take()
     }
 
     /// Takes the slot for the reply being made (`ok`: not an error), counting the request.
-    fn reply(&mut self, ok: bool) -> Option<usize> {
+    pub(crate) fn reply(&mut self, ok: bool) -> Option<usize> {
         crate::latency::record(&self.conn, self.typ, self.len.into(), self.start, ok);
         self.take()
     }
@@ -1675,17 +1708,10 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
         }
         let bytes = req.data_bytes();
         conn.acquire(bytes);
-        let mut guard = InFlight {
-            conn: conn.clone(),
-            cookie: req.cookie,
-            slot: Some(bytes),
-            typ: req.typ,
-            len: req.len,
-            start: std::time::Instant::now(),
-        };
+        let mut guard = InFlight::new(conn, &req);
         // A READ's buffer, when the export left the read to a worker.
         let mut read_buf = None;
-        if req.typ == cmd::READ && !conn.dead.load(Ordering::Acquire) {
+        if req.typ == cmd::READ && conn.rmw.aligned(&req) && !conn.dead.load(Ordering::Acquire) {
             // A read that needs no waiting (a hit in a RAM cache) is answered from here: no
             // hand-off to a worker and back. One that waits for a device goes to a worker.
             match conn.export.read_start(req.offset, AlignedBuf::new(bytes)) {
@@ -1726,7 +1752,7 @@ fn transmission(conn: &Arc<Conn>, r: &mut impl Read) -> io::Result<()> {
 }
 
 /// Answers a read with its data or its error, from the connection's reader or a worker.
-fn answer_read(
+pub(crate) fn answer_read(
     c: &Arc<Conn>,
     req: &Request,
     reply: ReadReply,
@@ -1764,6 +1790,9 @@ pub(crate) fn execute(
         }
         return;
     }
+    let Some(admitted) = c.rmw.admitted(&req) else {
+        return crate::unaligned::execute(c, req, payload, guard);
+    };
     let e = &c.export;
     let fua = req.flags & cmd::FLAG_FUA != 0;
     let len = req.len as u64;
@@ -1787,12 +1816,25 @@ pub(crate) fn execute(
         cmd::BLOCK_STATUS => match e.extents(req.offset, len) {
             Ok(ext) => {
                 let one = req.flags & cmd::FLAG_REQ_ONE != 0;
-                return c.send(c.block_status_reply(req.cookie, &ext, len, one, guard.reply(true)));
+                return c.send(c.block_status_reply(
+                    req.cookie,
+                    &ext,
+                    0,
+                    len,
+                    one,
+                    guard.reply(true),
+                ));
             }
             Err(e) => Err(e),
         },
         _ => Err(ExportError::Invalid),
     };
+    drop(admitted);
+    answer(c, &req, r, guard);
+}
+
+/// Answers a request without data with its result.
+pub(crate) fn answer(c: &Conn, req: &Request, r: Result<(), ExportError>, mut guard: InFlight) {
     match r {
         Ok(()) => c.reply_ok(req.cookie, guard.reply(true)),
         Err(err) => c.reply_err(

@@ -157,19 +157,6 @@ fn fio_randrw_verify_four_connections() {
     assert!(s.server().stats().accepted >= 4, "{:?}", s.server().stats());
 }
 
-/// Runs a Python script in nbdsh with `URI` (and `URI2`) bound.
-fn nbdsh(script: &str, vars: &[(&str, String)]) -> String {
-    let mut pre = String::new();
-    for (k, v) in vars {
-        pre.push_str(&format!("{k} = {v:?}\n"));
-    }
-    run_ok(
-        Command::new("nbdsh")
-            .arg("-c")
-            .arg(format!("{pre}{script}")),
-    )
-}
-
 #[test]
 fn nbdsh_commands_and_errors() {
     if !have("nbdsh") {

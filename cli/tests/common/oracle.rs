@@ -5,6 +5,9 @@
 //! Include it with `#[path = "common/oracle.rs"] mod oracle;`.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 /// The unit of the durability contract.
 pub const SECTOR: usize = 512;
 
@@ -49,8 +52,53 @@ pub fn fill(s: usize, v: u64, out: &mut [u8]) {
     }
 }
 
-/// The version a sector's bytes claim to be, if they are exactly that version's bytes.
+/// The version a sector's bytes are: a write's (see [`fill`]), or a content [`merge`] made.
 pub fn decode(s: usize, b: &[u8]) -> Option<u64> {
+    decode_fill(s, b).or_else(|| {
+        let m = MERGED.lock().unwrap();
+        m.as_ref()?.by_content.get(&(s, b.to_vec())).copied()
+    })
+}
+
+/// Contents of sectors that an unaligned write, TRIM or WRITE_ZEROES covered in part: the
+/// server merged the new bytes into what the sector held (read-modify-write). Each distinct
+/// content gets a version of its own, above every write's.
+#[derive(Default)]
+struct Merged {
+    by_id: HashMap<u64, Vec<u8>>,
+    by_content: HashMap<(usize, Vec<u8>), u64>,
+}
+
+static MERGED: Mutex<Option<Merged>> = Mutex::new(None);
+
+/// The version sector `s` holds once bytes `[lo, hi)` of version `new` (0: zeros) are merged
+/// into version `old` (what it holds now): a write's version if the result is exactly one,
+/// else the merged content's own.
+pub fn merge(s: usize, old: u64, new: u64, lo: usize, hi: usize) -> u64 {
+    let mut b = vec![0u8; SECTOR];
+    let mut n = vec![0u8; SECTOR];
+    let mut g = MERGED.lock().unwrap();
+    let m = g.get_or_insert_with(Merged::default);
+    match m.by_id.get(&old) {
+        Some(c) => b.copy_from_slice(c),
+        None => fill(s, old, &mut b),
+    }
+    fill(s, new, &mut n);
+    b[lo..hi].copy_from_slice(&n[lo..hi]);
+    if let Some(v) = decode_fill(s, &b) {
+        return v;
+    }
+    if let Some(&v) = m.by_content.get(&(s, b.clone())) {
+        return v;
+    }
+    let v = (1 << 63) | m.by_id.len() as u64;
+    m.by_id.insert(v, b.clone());
+    m.by_content.insert((s, b), v);
+    v
+}
+
+/// The version a sector's bytes are if they are exactly a write's bytes ([`fill`]).
+fn decode_fill(s: usize, b: &[u8]) -> Option<u64> {
     if b.iter().all(|&x| x == 0) {
         return Some(0);
     }

@@ -106,6 +106,11 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(tag: &str, core_mib: u64, cache_mib: u64) -> Setup {
+        Setup::with_config(tag, core_mib, cache_mib, ServerConfig::default())
+    }
+
+    /// [`Setup::new`] with server settings `cfg`.
+    pub fn with_config(tag: &str, core_mib: u64, cache_mib: u64, cfg: ServerConfig) -> Setup {
         let dir = TmpDir::new(tag);
         let engine = engine(core_mib, cache_mib);
         let exports = Arc::new(ExportMap::new());
@@ -124,7 +129,7 @@ impl Setup {
             "a core whose cache is missing",
             "cache device missing: not served",
         );
-        let server = Server::new(exports.clone(), ServerConfig::default());
+        let server = Server::new(exports.clone(), cfg);
         let sock = dir.path("nbd.sock");
         server
             .listen(&ListenAddr::Unix(sock.clone()))
@@ -163,6 +168,19 @@ pub fn run_ok(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs a Python script in nbdsh with each of `vars` bound (`URI = "…"`); returns stdout.
+pub fn nbdsh(script: &str, vars: &[(&str, String)]) -> String {
+    let mut pre = String::new();
+    for (k, v) in vars {
+        pre.push_str(&format!("{k} = {v:?}\n"));
+    }
+    run_ok(
+        Command::new("nbdsh")
+            .arg("-c")
+            .arg(format!("{pre}{script}")),
+    )
 }
 
 /// Writes `bytes` of seeded pseudo-random data to `path`.

@@ -92,7 +92,13 @@ impl<S: Stream> Client<S> {
 
     /// `NBD_OPT_GO` to `name`; returns the export size.
     pub fn go(&mut self, name: &str) -> u64 {
-        let r = self.opt(opt::GO, &Self::info_data(name, &[info::BLOCK_SIZE]));
+        self.go_asking(name, &[info::BLOCK_SIZE])
+    }
+
+    /// `NBD_OPT_GO` to `name` asking for `infos` (without `NBD_INFO_BLOCK_SIZE`, the client
+    /// negotiates no block sizes: any alignment is served); returns the export size.
+    pub fn go_asking(&mut self, name: &str, infos: &[u16]) -> u64 {
+        let r = self.opt(opt::GO, &Self::info_data(name, infos));
         let last = r.last().unwrap();
         assert_eq!(
             last.1,
@@ -211,7 +217,8 @@ pub fn connect(sock: &Path) -> UnixStream {
     s
 }
 
-pub fn ready(sock: &Path, name: &str, structured: bool) -> (Client<UnixStream>, u64) {
+/// A client past the greeting, after `NBD_OPT_STRUCTURED_REPLY` if `structured`.
+pub fn opened(sock: &Path, structured: bool) -> Client<UnixStream> {
     let mut c = Client::hello(
         connect(sock),
         proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES,
@@ -221,8 +228,23 @@ pub fn ready(sock: &Path, name: &str, structured: bool) -> (Client<UnixStream>, 
         assert_eq!(r[0].1, rep::ACK);
         c.structured = true;
     }
+    c
+}
+
+pub fn ready(sock: &Path, name: &str, structured: bool) -> (Client<UnixStream>, u64) {
+    let mut c = opened(sock, structured);
     let size = c.go(name);
     (c, size)
+}
+
+/// A client in transmission on `name` through `NBD_OPT_EXPORT_NAME` (no block sizes
+/// negotiated), after `NBD_OPT_STRUCTURED_REPLY` if `structured`; and the export size.
+pub fn export_name(sock: &Path, name: &str, structured: bool) -> (Client<UnixStream>, u64) {
+    let mut c = opened(sock, structured);
+    c.send_opt(opt::EXPORT_NAME, name.as_bytes());
+    let mut b = [0u8; 10];
+    c.s.read_exact(&mut b).unwrap();
+    (c, be64(&b))
 }
 
 /// A server with a plain 8 MiB RAM export `plain` and a refused export `gone`.
