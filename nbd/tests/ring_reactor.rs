@@ -114,7 +114,10 @@ fn stop_with_ios_on_the_ring_waits_for_them() {
     // then): stop waits for every request and IO.
     let t = Instant::now();
     while e.stats().ring_ios == 0 {
-        assert!(t.elapsed() < Duration::from_secs(10), "no IO reached the ring");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no IO reached the ring"
+        );
         std::thread::yield_now();
     }
     let e2 = e.clone();
