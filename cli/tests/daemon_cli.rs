@@ -745,3 +745,36 @@ fn list_shows_occupancy_dirt_and_read_hits() {
     assert!(core_line.contains("50.0%"), "{text}");
     dm.shutdown();
 }
+
+/// The persistence rule of docs/CASADM.md: mode and parameters changed at run time are on the
+/// cache device, so a restart without a config file and `start-cache --load` bring them back.
+#[test]
+fn mode_and_parameters_survive_a_restart_without_a_config() {
+    let d = Dir::new("persist-params");
+    let (cache, core) = (d.sparse("c.img", 64 << 20), d.sparse("k.img", 128 << 20));
+    let dm = Daemon::start(Opts::new(&d));
+    dm.cache_and_core(&cache, "wb", &core, "v");
+    let cutoff = ["seq-cutoff", "--policy", "never", "--threshold", "2m"];
+    dm.ok(&[&["set-param", "--cache-id", "1"][..], &cutoff].concat());
+    dm.ok(&[
+        "set-param",
+        "--cache-id",
+        "1",
+        "cleaning",
+        "--policy",
+        "acp",
+    ]);
+    dm.ok(&["set-mode", "--cache-id", "1", "--mode", "wt"]);
+    dm.shutdown();
+    let dm = Daemon::start(Opts::new(&d));
+    dm.ok(&["start-cache", "--cache-device", &cache, "--load"]);
+    let s = dm.ok(&["get-param", "--cache-id", "1", "seq-cutoff"]);
+    assert!(
+        s.contains("policy: never") && s.contains("threshold: 2MiB"),
+        "{s}"
+    );
+    let c = dm.ok(&["get-param", "--cache-id", "1", "cleaning"]);
+    assert!(c.contains("policy: acp"), "{c}");
+    assert_eq!(dm.json(&["list"])[0]["mode"], "wt");
+    dm.shutdown();
+}
