@@ -767,14 +767,7 @@ fn load_refuses_a_core_that_was_replaced_or_shrank() {
     let core = d.sparse("core.img", 64 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
-    dm.ok(&[
-        "set-param",
-        "--cache-id",
-        "1",
-        "cleaning",
-        "--policy",
-        "nop",
-    ]);
+    dm.no_cleaning(1);
     dm.ok(&[
         "add-core",
         "--cache-id",

@@ -162,14 +162,7 @@ fn lifecycle_through_the_cli() {
     );
 
     // Data through NBD, stays dirty (cleaning nop).
-    dm.ok(&[
-        "set-param",
-        "--cache-id",
-        "1",
-        "cleaning",
-        "--policy",
-        "nop",
-    ]);
+    dm.no_cleaning(1);
     dm.fails(
         &["set-param", "--cache-id", "1", "cleaning", "--policy", "x"],
         "[possible values: alru, acp, nop]",
@@ -720,14 +713,7 @@ fn list_shows_occupancy_dirt_and_read_hits() {
     let dm = Daemon::start(Opts::new(&d));
     let (cache, core) = (d.sparse("c.img", 64 << 20), d.sparse("k.img", 128 << 20));
     dm.cache_and_core(&cache, "wb", &core, "v");
-    dm.ok(&[
-        "set-param",
-        "--cache-id",
-        "1",
-        "cleaning",
-        "--policy",
-        "nop",
-    ]);
+    dm.no_cleaning(1);
     let c = dm.nbd("v").unwrap();
     c.write(0, &[7u8; 64 << 10], false).unwrap();
     let mut b = vec![0u8; 64 << 10];

@@ -63,14 +63,7 @@ fn nbd_client_attaches_served_exports_only() {
         }
         // Dirty data: the cache device holds what the core lacks.
         use tiercache_io::Backend;
-        dm.ok(&[
-            "set-param",
-            "--cache-id",
-            "1",
-            "cleaning",
-            "--policy",
-            "nop",
-        ]);
+        dm.no_cleaning(1);
         let c = dm.nbd("osd0").unwrap();
         c.write(8, &[0x5a; 4096], true).unwrap();
         drop(c);

@@ -313,6 +313,19 @@ impl Daemon {
         out
     }
 
+    /// Turns cache `id`'s cleaner off (`cleaning --policy nop`): written data stays dirty.
+    pub fn no_cleaning(&self, id: u16) {
+        let id = id.to_string();
+        self.ok(&[
+            "set-param",
+            "--cache-id",
+            &id,
+            "cleaning",
+            "--policy",
+            "nop",
+        ]);
+    }
+
     /// Cache 1 on `cache` in `mode`, and `core` added to it as export `export`.
     pub fn cache_and_core(&self, cache: &str, mode: &str, core: &str, export: &str) {
         self.ok(&["start-cache", "--cache-device", cache, "--mode", mode]);
