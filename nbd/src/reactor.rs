@@ -418,6 +418,7 @@ impl State<'_> {
         let lba = match EngineExport::lba(req.offset, req.len as u64) {
             Ok(l) => l,
             Err(e) => {
+                self.conn.rmw.done(req.typ); // admitted, answered here
                 let r = self
                     .conn
                     .err_reply(req.cookie, e.errno(), &e.to_string(), Some(bytes));
