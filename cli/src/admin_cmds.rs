@@ -641,8 +641,46 @@ pub fn stats(a: Stats) -> Result<(), String> {
             io_class: a.io_class,
         },
     )?;
+    if !a.conn.json {
+        // A line per cache first; the whole block follows.
+        let blocks = match &v {
+            Value::Array(a) => a.iter().collect(),
+            one => vec![one],
+        };
+        let lines: Vec<String> = blocks.into_iter().filter_map(summary).collect();
+        if !lines.is_empty() {
+            println!("{}\n", lines.join("\n"));
+        }
+    }
     out(&a.conn, v);
     Ok(())
+}
+
+/// One line saying how a cache is doing, from its `stats` block (`None` for other blocks).
+fn summary(c: &Value) -> Option<String> {
+    let u = c.get("usage")?;
+    let r = &c["requests"];
+    let pct = |v: &Value| v.as_f64().map_or("-".to_string(), |p| format!("{p:.1}%"));
+    let problems = c["health"]["problems"].as_array().map_or(0, |p| p.len());
+    Some(format!(
+        "cache {} ({}, {}, {}): {} used, {} dirty ({} MiB), read hits {}, write hits {}, {} requests, {} errors{}",
+        plain(&c["cache_id"]),
+        plain(&c["device"]),
+        plain(&c["mode"]),
+        plain(&c["state"]),
+        pct(&u["occupancy_pct"]),
+        pct(&u["dirty_pct"]),
+        u["dirty_bytes"].as_u64().unwrap_or(0) >> 20,
+        pct(&r["read_hit_pct"]),
+        pct(&r["write_hit_pct"]),
+        r["total"].as_u64().unwrap_or(0),
+        r["errors"].as_u64().unwrap_or(0),
+        if problems > 0 {
+            format!(", {problems} problems (see health)")
+        } else {
+            String::new()
+        }
+    ))
 }
 
 /// `set-param` (its cache id checked by `main`).

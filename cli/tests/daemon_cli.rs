@@ -706,7 +706,8 @@ fn shutdown_returns_when_the_daemon_has_exited() {
     drop(dm);
 }
 
-/// `list` shows, per cache and core, how full, how dirty and how often reads hit.
+/// `list` shows, per cache and core, how full, how dirty and how often reads hit; `stats`
+/// leads with the same in a line.
 #[test]
 fn list_shows_occupancy_dirt_and_read_hits() {
     let d = Dir::new("list-glance");
@@ -729,6 +730,13 @@ fn list_shows_occupancy_dirt_and_read_hits() {
     let text = dm.ok(&["list"]);
     let core_line = text.lines().find(|x| x.contains("k.img")).unwrap();
     assert!(core_line.contains("50.0%"), "{text}");
+    // `stats` leads with a line per cache.
+    let st = dm.ok(&["stats", "--cache-id", "1"]);
+    let first = st.lines().next().unwrap();
+    assert!(
+        first.starts_with("cache 1 (") && first.contains("read hits 50.0%"),
+        "{st}"
+    );
     dm.shutdown();
 }
 
