@@ -1061,3 +1061,47 @@ fn sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data() {
 fn dm_log_has(d: &Dir, what: &str) -> bool {
     std::fs::read_to_string(d.path("daemon.log")).is_ok_and(|l| l.contains(what))
 }
+
+/// Issue 25 item 1 on a real cluster: an RBD image is its pool id and image id, so the image a
+/// cache holds is refused under another spelling — another config file naming the same cluster,
+/// as a `conf=` option or `--ceph-conf` — into the same cache or another, naming the holder.
+#[test]
+fn the_same_rbd_image_spelled_two_ways_is_refused() {
+    let Some(c) = ceph::shared("the_same_rbd_image_spelled_two_ways_is_refused") else {
+        return;
+    };
+    let img = ceph::image_name("ident");
+    c.create_image(&img, 64);
+    let d = Dir::new("ceph-ident");
+    // A copy of the cluster's config: another file, the same cluster (fsid).
+    let conf2 = d.path("other.conf");
+    std::fs::copy(&c.conf, &conf2).unwrap();
+    let dm = Daemon::start(Opts::new(&d).ready_within(Duration::from_secs(90)));
+    dm.ok(&["start-cache", "--cache-device", "ram:64m"]);
+    let held = c.device(&img);
+    dm.ok(&["add-core", "--cache-id", "1", "--core-device", &held]);
+    dm.ok(&[
+        "start-cache",
+        "--cache-device",
+        "ram:64m",
+        "--cache-id",
+        "2",
+    ]);
+    let before = dm.json(&["list"]);
+    let want = format!("is the same device as core 0 of cache 1 ({held})");
+    let other = format!("rbd:rbd/{img}:conf={conf2}");
+    for cache in ["1", "2"] {
+        dm.fails(
+            &["add-core", "--cache-id", cache, "--core-device", &other],
+            &want,
+        );
+    }
+    let bare = format!("rbd:rbd/{img}");
+    let flag = ["--core-device", &bare, "--ceph-conf", &conf2];
+    dm.fails(
+        &[&["add-core", "--cache-id", "2"][..], &flag].concat(),
+        &want,
+    );
+    assert_eq!(dm.json(&["list"]), before, "nothing changed");
+    dm.shutdown();
+}

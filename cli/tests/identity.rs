@@ -5,9 +5,10 @@
 //! changes (the list of caches, the refused file's bytes). `ram:` devices are anonymous: two
 //! `ram:64m` caches are two caches. The real `tiercache` binary, one daemon per test.
 //!
-//! Partitions against their disk, device-mapper devices and RBD images are checked by the unit
-//! tests of `daemon/src/identity.rs` (with a fake sysfs; this sandbox's loop driver makes no
-//! partitions, and the Ceph tests need a cluster).
+//! A partition against its whole disk runs where the loop driver makes partitions (this
+//! sandbox's does not: it prints that it skipped); the unit tests of `daemon/src/identity.rs`
+//! check partitions and device-mapper devices with a fake sysfs. The same RBD image under two
+//! spellings runs on a real cluster in `cli/tests/ceph.rs`.
 
 mod common;
 
@@ -137,6 +138,49 @@ fn a_loop_device_over_a_core_is_refused() {
     let lo = Loop::attach(&core).expect("loop");
     refused_as_core_0(&dm, &lo.dev, &core);
     dm.shutdown();
+}
+
+/// A partition is part of its whole disk: with the disk (a loop device over a partitioned
+/// file) held as core 0, its partition is refused, and with a partition held, the disk is;
+/// the other partition of the same disk is another device and is accepted.
+#[test]
+fn a_partition_and_its_disk_overlap() {
+    let d = Dir::new("ident-part");
+    if !loop_devices_work(&d) || !common::have("parted") {
+        println!("skipped: needs loop devices and parted");
+        return;
+    }
+    let img = d.sparse("disk.img", 64 << 20);
+    let parted = std::process::Command::new("parted")
+        .args(["-s", &img, "mklabel", "gpt"])
+        .args([
+            "mkpart", "a", "1MiB", "30MiB", "mkpart", "b", "30MiB", "60MiB",
+        ])
+        .status()
+        .unwrap();
+    assert!(parted.success(), "parted");
+    let Some((lo, [p1, p2])) = Loop::attach_partitioned(&img) else {
+        println!("skipped: the loop driver made no partitions here (max_part=0?)");
+        return;
+    };
+    let dm = Daemon::start(Opts::new(&d));
+    dm.ok(&["start-cache", "--cache-device", "ram:64m"]);
+    dm.ok(&["add-core", "--cache-id", "1", "--core-device", &lo.dev]);
+    let before = dm.json(&["list"]);
+    dm.fails(
+        &["add-core", "--cache-id", "1", "--core-device", &p1],
+        &format!("{p1} is part of core 0 of cache 1 ({})", lo.dev),
+    );
+    assert_eq!(dm.json(&["list"]), before, "nothing changed");
+    dm.ok(&["remove-core", "--cache-id", "1", "--core-id", "0"]);
+    dm.ok(&["add-core", "--cache-id", "1", "--core-device", &p1]);
+    dm.fails(
+        &["add-core", "--cache-id", "1", "--core-device", &lo.dev],
+        &format!("{} contains core 0 of cache 1 ({p1})", lo.dev),
+    );
+    dm.ok(&["add-core", "--cache-id", "1", "--core-device", &p2]);
+    dm.shutdown();
+    drop(lo);
 }
 
 /// An `nbd:` core (another tiercache daemon's export) is refused under another spelling of

@@ -500,6 +500,30 @@ impl Loop {
         (o.status.success() && dev.starts_with("/dev/")).then_some(Loop { dev, mnt: None })
     }
 
+    /// A loop device over `file` with its partitions scanned (`losetup -P`): the device and
+    /// the paths of its first two partitions, `None` when the loop driver made none within
+    /// 2 s (a driver with `max_part=0`, as in some sandboxes).
+    pub fn attach_partitioned(file: &str) -> Option<(Loop, [String; 2])> {
+        let o = Command::new("losetup")
+            .args(["-P", "-f", "--show", file])
+            .output()
+            .ok()?;
+        let dev = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if !o.status.success() || !dev.starts_with("/dev/") {
+            return None;
+        }
+        let lo = Loop { dev, mnt: None };
+        let parts = [format!("{}p1", lo.dev), format!("{}p2", lo.dev)];
+        let t = Instant::now();
+        while !parts.iter().all(|p| std::path::Path::new(p).exists()) {
+            if t.elapsed() > Duration::from_secs(2) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some((lo, parts))
+    }
+
     pub fn mount(&mut self, dir: &str) {
         std::fs::create_dir_all(dir).unwrap();
         let ok = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
