@@ -1556,7 +1556,12 @@ mod tests {
     #[test]
     fn peers_follow_the_core_and_the_installed_tools() {
         let ok = |w, rbd, nbdkit, fio| choose_peers(w, rbd, nbdkit, fio).map(|(v, _)| v);
-        assert_eq!(ok("auto", false, true, true), Ok(vec![NBDKIT_CACHE]));
+        assert_eq!(
+            ok("auto", false, true, true),
+            Ok(vec![CACHED_RAM, NBDKIT_CACHE])
+        );
+        assert_eq!(ok("auto", false, false, true), Ok(vec![CACHED_RAM]));
+        assert_eq!(ok("cached-ram", false, false, false), Ok(vec![CACHED_RAM]));
         assert_eq!(ok("auto", true, true, true), Ok(vec![LIBRBD, LIBRBD_WB]));
         // auto leaves out what cannot run, and says why.
         let (v, notes) = choose_peers("auto", true, false, false).unwrap();
