@@ -484,9 +484,8 @@ fn a_power_cut_with_ios_on_the_ring_loses_no_flushed_write() {
             }
         }
     }
+    // How many un-flushed blocks the cuts reverted depends on timing (the journal's own device
+    // flushes may have covered every acknowledged write by the kill): printed, not asserted.
     println!("ring power cut: {unreaped} IOs unreaped at the kills, {reverted} blocks reverted");
-    assert!(
-        unreaped > 0 && reverted > 0,
-        "coverage: nothing in flight or reverted"
-    );
+    assert!(unreaped > 0, "coverage: no IO was on the ring at a kill");
 }
