@@ -414,6 +414,18 @@ fn pct(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
+/// Sets cache `id`'s sequential cutoff policy (the warm-ups run with it off).
+fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
+    set_param(
+        reg,
+        id,
+        None,
+        "seq-cutoff",
+        &[("policy".into(), policy.into())],
+    )
+    .map(|_| ())
+}
+
 /// Server counters for the cached configuration: (requests, hits, dirty %).
 fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
     match tiercache_daemon::stats::cache_stats(reg, cache, None, None) {
@@ -714,13 +726,7 @@ fn run_in(
             Some(CACHED_RAM),
         )?;
         // It runs the random workloads only: no cutoff, also during the warm-up.
-        set_param(
-            &reg,
-            2,
-            None,
-            "seq-cutoff",
-            &[("policy".into(), "never".into())],
-        )?;
+        seq_cutoff(&reg, 2, "never")?;
         exports.insert(
             CACHED_RAM,
             "the emulated core through a ram: cache (wt)",
@@ -817,13 +823,7 @@ fn run_in(
     // Warm the cached export: a sequential read pass over the random working set with the
     // cutoff off, so every line is promoted.
     let t = Instant::now();
-    set_param(
-        &reg,
-        1,
-        None,
-        "seq-cutoff",
-        &[("policy".into(), "never".into())],
-    )?;
+    seq_cutoff(&reg, 1, "never")?;
     let warm = Workload {
         name: "warm-up",
         rw: "read",
@@ -855,13 +855,7 @@ fn run_in(
             eprintln!("{label} failed: {e}");
         }
     }
-    set_param(
-        &reg,
-        1,
-        None,
-        "seq-cutoff",
-        &[("policy".into(), a.seq_cutoff.clone())],
-    )?;
+    seq_cutoff(&reg, 1, &a.seq_cutoff)?;
     let warmed = engine.with_cache(|c| c.occupancy() as u64 * c.config().line_size.bytes());
     println!(
         "warm-up: {} MiB of the {} MiB working set cached in {:.1} s",

@@ -9,7 +9,7 @@
 //! ([`Backend::ring_fd`]: RAM, emulated or remote devices, fault wrappers) take the engine's
 //! usual ways: inline, the IO threads, or the device's own asynchronous path.
 
-use super::{Capture, Engine, Event, Inner, Job, JobOp, Op, Shared, Slot};
+use super::{Capture, Engine, Event, Inner, Job, JobOp, Op, Shared};
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 use tiercache_core::event::ReqError;
@@ -194,11 +194,7 @@ impl Engine {
             Op::Read | Op::Write { .. } => (buf.len() / 512) as u32,
             _ => blocks,
         };
-        let slot = Slot {
-            crc: self.sh.write_crc(op, &buf),
-            buf,
-            reply: Some(reply),
-        };
+        let slot = self.sh.slot(op, buf, Some(reply));
         let mut g = self.sh.lock();
         let (_, ev) = Shared::open_request(&mut g, op, core, lba, blocks, slot);
         self.sh.drive_ring(&mut g, ev, ios);

@@ -28,11 +28,13 @@ pub enum ReqOp {
 pub(crate) type Op = ReqOp;
 
 impl Shared {
-    /// The CRC32C a write log puts in the entry header of write `buf`, computed by the
-    /// submitting thread before it takes the engine's lock (about 0.5 µs per 4 KiB that other
-    /// threads would otherwise wait behind); `None` when no log needs it.
-    pub(crate) fn write_crc(&self, op: Op, buf: &[u8]) -> Option<u32> {
-        (self.wl && matches!(op, Op::Write { .. })).then(|| tiercache_format::crc::crc32c(buf))
+    /// A request's slot, made by the submitting thread before it takes the engine's lock: with
+    /// a write's CRC32C when a write log needs it for the entry header (about 0.5 µs per 4 KiB
+    /// that other threads would otherwise wait behind).
+    pub(crate) fn slot(&self, op: Op, buf: AlignedBuf, reply: Option<ReplyTo>) -> Slot {
+        let crc = (self.wl && matches!(op, Op::Write { .. }))
+            .then(|| tiercache_format::crc::crc32c(&buf));
+        Slot { buf, reply, crc }
     }
 
     /// Names a new request, keeps its buffer (and where its reply goes, if no thread waits
@@ -181,12 +183,7 @@ impl Engine {
         blocks: u32,
         buf: AlignedBuf,
     ) -> Result<(Result<(), ReqError>, AlignedBuf), Pending> {
-        let crc = self.sh.write_crc(op, &buf);
-        let slot = Slot {
-            buf,
-            reply: None,
-            crc,
-        };
+        let slot = self.sh.slot(op, buf, None);
         let mut g = self.sh.lock();
         let (req, ev) = Shared::open_request(&mut g, op, core, lba, blocks, slot);
         // The IOs this request starts run on this thread (one at a time; any others at once
