@@ -53,6 +53,8 @@ pub(crate) fn buf_ref(g: &Inner, b: BufRef, blocks: u32) -> &[u8] {
     let len = blocks as usize * 512;
     match b {
         BufRef::Req { req, offset } => {
+            // A request's buffer is a source only after data was written into it (a write's
+            // payload; a read's data on its way to the cache), so it exists (`Slot::data`).
             let s = offset as usize * 512;
             &g.reqs[&req].buf[s..s + len]
         }
@@ -83,7 +85,7 @@ pub(crate) fn buf_mut_in<'a>(
     match b {
         BufRef::Req { req, offset } => {
             let s = offset as usize * 512;
-            &mut reqs.get_mut(&req).expect("buffer of a live request").buf[s..s + len]
+            &mut reqs.get_mut(&req).expect("buffer of a live request").data()[s..s + len]
         }
         BufRef::Pool { slot, offset } => {
             let s = offset as usize * 512;

@@ -111,7 +111,8 @@ impl Shared {
         }
     }
 
-    /// The event for a finished IO (a read's data copied to where the core wants it).
+    /// The event for a finished IO (a read's data copied to where the core wants it, or the
+    /// IO buffer given to the request when it is all of the request's data: no copy).
     pub(crate) fn finished(
         g: &mut Inner,
         io: IoId,
@@ -124,9 +125,31 @@ impl Shared {
             && r.is_ok()
         {
             let blocks = (b.len() / 512) as u32;
-            buf_mut(g, dst, blocks).copy_from_slice(&b);
+            if let Err(b) = Self::lend(g, dst, b) {
+                buf_mut(g, dst, blocks).copy_from_slice(&b);
+            }
         }
         done(io, r)
+    }
+
+    /// Gives the IO buffer `b` to the read request whose whole buffer `dst` is, if that
+    /// request has none yet (a reactor submits reads without one). The buffer then goes out
+    /// with the reply and back to the pool when the reply is sent, so it is only lent while
+    /// the pool is at most half in use: replies that a slow client does not read cannot take
+    /// the buffers other IOs need. Gives `b` back otherwise.
+    fn lend(g: &mut Inner, dst: BufRef, b: AlignedBuf) -> Result<(), AlignedBuf> {
+        let BufRef::Req { req, offset: 0 } = dst else {
+            return Err(b);
+        };
+        let Inner { reqs, bufs, .. } = g;
+        let Some(slot) = reqs.get_mut(&req) else {
+            return Err(b);
+        };
+        if !slot.buf.is_empty() || slot.want != b.len() || (b.pooled() && !bufs.mostly_free()) {
+            return Err(b);
+        }
+        slot.buf = b;
+        Ok(())
     }
 
     /// An IO thread: run jobs, report their completions.

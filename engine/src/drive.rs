@@ -83,8 +83,11 @@ impl Shared {
     pub(crate) fn execute(&self, g: &mut Inner, a: Action, events: &mut VecDeque<Event>) {
         match a.clone() {
             Action::Complete { req, result } => {
-                let slot = g.reqs.remove(&req).expect("completion of a live request");
+                let mut slot = g.reqs.remove(&req).expect("completion of a live request");
                 g.stats.requests += 1;
+                if result.is_ok() {
+                    slot.data(); // a read nothing wrote into reads zeros
+                }
                 if let Some(to) = slot.reply {
                     // Under the lock: the sink only queues the reply (ReplySink's contract).
                     to.sink.reply(to.tag, result, slot.buf);

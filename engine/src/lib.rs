@@ -164,11 +164,27 @@ type JobOp = tiercache_io::AsyncReq;
 /// A request's buffer while the core works on it, and where its reply goes when it was
 /// submitted without a thread waiting for it ([`Engine::submit`]).
 struct Slot {
+    /// The data: a write's payload, a read's destination. A read submitted without a buffer
+    /// ([`Engine::submit`] with an empty one) has none until something writes into it
+    /// ([`Slot::data`]), and takes the IO buffer itself when one device read fills all of it
+    /// (`Shared::finished`: no copy).
     buf: AlignedBuf,
+    /// The bytes `buf` must hold (`buf.len()` once it exists).
+    want: usize,
     reply: Option<ReplyTo>,
     /// A write's CRC32C in mode `wl`, computed before the request took the engine's lock
     /// ([`Shared::write_crc`]): the log's entry header carries it.
     crc: Option<u32>,
+}
+
+impl Slot {
+    /// The request's buffer, made (zeroed) if it does not exist yet.
+    fn data(&mut self) -> &mut AlignedBuf {
+        if self.buf.len() < self.want {
+            self.buf = AlignedBuf::new(self.want);
+        }
+        &mut self.buf
+    }
 }
 
 /// What happens to the IOs a drive starts on devices that are not inline.

@@ -174,8 +174,13 @@ impl Engine {
     /// Applies a request and returns without waiting for it: its reply goes to `reply` when it
     /// completes (possibly before this returns: a hit on a memory cache), and the IOs it
     /// starts that a ring can run are appended to `ios`, for the caller to run and give back
-    /// to [`Engine::complete`]. `blocks` is the length of a write-zeroes or trim (reads and
-    /// writes take their buffer's).
+    /// to [`Engine::complete`]. `blocks` is the length of a write-zeroes or trim, and of a
+    /// read given an empty buffer; writes, and reads given a buffer, take their buffer's.
+    ///
+    /// A read given an empty buffer gets one from the engine: the IO buffer itself when one
+    /// device read fills all of it (no copy: the reply carries a buffer of the engine's IO
+    /// pool, back in the pool when the caller drops it), else a zeroed buffer its data is
+    /// copied into.
     ///
     /// The caller must run every IO it is given (they may belong to other requests too: the
     /// ones this request's drive unblocked, or writeback).
@@ -191,10 +196,14 @@ impl Engine {
         ios: &mut Vec<EngineIo>,
     ) {
         let blocks = match op {
+            Op::Read if buf.is_empty() => blocks,
             Op::Read | Op::Write { .. } => (buf.len() / 512) as u32,
             _ => blocks,
         };
-        let slot = self.sh.slot(op, buf, Some(reply));
+        let mut slot = self.sh.slot(op, buf, Some(reply));
+        if op == Op::Read {
+            slot.want = blocks as usize * 512;
+        }
         let mut g = self.sh.lock();
         let (_, ev) = Shared::open_request(&mut g, op, core, lba, blocks, slot);
         self.sh.drive_ring(&mut g, ev, ios);
@@ -221,6 +230,12 @@ impl Engine {
             Some(ios) => self.sh.drive_ring(&mut g, ev, ios),
             None => self.sh.drive(&mut g, ev),
         }
+    }
+
+    /// The pool the buffers of this engine's device IOs come from (for a caller's ring to
+    /// register: [`tiercache_io::Ring::register_pool`]).
+    pub fn io_pool(&self) -> tiercache_io::BufPool {
+        self.sh.lock().bufs.clone()
     }
 
     /// Whether the engine was killed ([`Engine::kill`] or a drop without stop): it completes

@@ -34,7 +34,12 @@ impl Shared {
     pub(crate) fn slot(&self, op: Op, buf: AlignedBuf, reply: Option<ReplyTo>) -> Slot {
         let crc = (self.wl && matches!(op, Op::Write { .. }))
             .then(|| tiercache_format::crc::crc32c(&buf));
-        Slot { buf, reply, crc }
+        Slot {
+            want: buf.len(),
+            buf,
+            reply,
+            crc,
+        }
     }
 
     /// Names a new request, keeps its buffer (and where its reply goes, if no thread waits

@@ -98,6 +98,8 @@ struct Driver {
     done: Vec<RingDone>,
     replies: Arc<Replies>,
     ring_ios: u64,
+    /// Read replies whose buffer the engine lent from its IO pool.
+    lent: u64,
 }
 
 impl Driver {
@@ -109,6 +111,7 @@ impl Driver {
             done: Vec::new(),
             replies: Arc::new(Replies::default()),
             ring_ios: 0,
+            lent: 0,
         }
     }
 
@@ -232,8 +235,13 @@ fn model_run(e: &Engine, d: &mut Driver, seed: u64, rounds: u64) {
                 }
                 5 => d.submit(e, ReqOp::Flush, 0, 0, AlignedBuf::new(0), s),
                 _ => {
-                    reads.push((s, b));
-                    d.submit(e, ReqOp::Read, b, 0, AlignedBuf::new(len as usize * BS), s);
+                    reads.push((s, b, len));
+                    if n.is_multiple_of(2) {
+                        d.submit(e, ReqOp::Read, b, 0, AlignedBuf::new(len as usize * BS), s);
+                    } else {
+                        // No buffer: the engine gives one (lent from its IO pool on a hit).
+                        d.submit(e, ReqOp::Read, b, len as u32, AlignedBuf::new(0), s);
+                    }
                 }
             }
         }
@@ -241,7 +249,9 @@ fn model_run(e: &Engine, d: &mut Driver, seed: u64, rounds: u64) {
         assert_eq!(got.len(), 16);
         for (tag, r, buf) in got {
             r.unwrap_or_else(|err| panic!("request {tag}: {err:?}"));
-            if let Some(&(_, b)) = reads.iter().find(|(s, _)| *s == tag) {
+            if let Some(&(_, b, len)) = reads.iter().find(|(s, _, _)| *s == tag) {
+                assert_eq!(buf.len(), len as usize * BS, "request {tag}: reply length");
+                d.lent += buf.pooled() as u64;
                 for (i, blk) in buf.chunks(BS).enumerate() {
                     let block = b + i as u64;
                     assert_eq!(
@@ -273,11 +283,68 @@ fn requests_on_a_ring_read_back_in_every_mode() {
         let mut d = Driver::new();
         model_run(&e, &mut d, 0x5eed + i as u64, 60);
         assert!(d.ring_ios > 0, "{mode:?}: no IO ran on the ring");
+        assert!(d.lent > 0, "{mode:?}: no read took its IO buffer");
         assert!(e.stats().ring_ios > 0);
         e.stop().expect("stop");
         let _ = std::fs::remove_file(cp);
         let _ = std::fs::remove_file(kp);
     }
+}
+
+#[test]
+fn reads_without_a_buffer_take_the_io_buffer_while_the_pool_is_mostly_free() {
+    // A 64 KiB IO pool (16 pages) and 4 KiB hits whose replies nobody sends yet: the first
+    // take their IO buffer (no copy) until half the pool is lent, the rest are copied into
+    // buffers of their own; every reply has the right data, and the pool gets it all back.
+    let (cp, kp) = (tmp("lc", 8 << 20), tmp("lk", 32 << 20));
+    let cache: Device = Arc::new(FileBackend::open(&cp).unwrap());
+    let core: Device = Arc::new(FileBackend::open(&kp).unwrap());
+    let cfg = persistent(cache.blocks() * 512, LineSize::K4, CacheMode::Wt, 3);
+    let e = Engine::create(
+        cfg,
+        cache,
+        vec![CoreSpec {
+            id: CoreId(0),
+            dev: core,
+            record: record(0),
+        }],
+        EngineConfig {
+            io_threads: 2,
+            io_buffer_bytes: 64 << 10,
+        },
+    )
+    .expect("create");
+    let mut d = Driver::new();
+    const LINES: u64 = 24;
+    for l in 0..LINES {
+        let mut buf = AlignedBuf::new(4096);
+        for i in 0..8 {
+            fill(&mut buf[i * BS..(i + 1) * BS], l * 8 + i as u64, 7);
+        }
+        d.submit(&e, ReqOp::Write { fua: false }, l * 8, 0, buf, l);
+        d.until_replies(&e, 1);
+    }
+    let mut held = Vec::new();
+    for l in 0..LINES {
+        d.submit(&e, ReqOp::Read, l * 8, 8, AlignedBuf::new(0), l);
+        held.extend(d.until_replies(&e, 1));
+    }
+    let lent = held.iter().filter(|(_, _, b)| b.pooled()).count();
+    assert_eq!(lent, 8, "half of the 16-page pool is lent, no more");
+    for (tag, r, buf) in &held {
+        r.as_ref().unwrap();
+        assert_eq!(buf.len(), 4096);
+        for (i, blk) in buf.chunks(BS).enumerate() {
+            let block = tag * 8 + i as u64;
+            assert_eq!(decode(blk, block), Some(7), "block {block}");
+        }
+    }
+    assert_eq!(e.stats().buffer_waits, 0, "no IO waited for a buffer");
+    drop(held);
+    d.idle(&e);
+    e.stop().expect("stop");
+    let _ = std::fs::remove_file(cp);
+    let _ = std::fs::remove_file(kp);
 }
 
 #[test]

@@ -200,6 +200,19 @@ impl BufPool {
         Some(AlignedBuf::from_arena(ptr, len, cap, self.arena.clone()))
     }
 
+    /// The first `max` bytes of the arena (all of it if smaller): where small buffers come
+    /// from first (the allocator hands out the lowest free block), so the part worth
+    /// registering with an io_uring ([`crate::Ring::register_pool`]).
+    pub(crate) fn front(&self, max: usize) -> (NonNull<u8>, usize) {
+        (self.arena.base, max.min(self.arena.bytes))
+    }
+
+    /// Whether at most half of the arena is in buffers now.
+    pub fn mostly_free(&self) -> bool {
+        let b = self.arena.lock();
+        b.stats.in_use * 2 <= b.stats.bytes
+    }
+
     /// What the pool holds now.
     pub fn stats(&self) -> PoolStats {
         self.arena.lock().stats

@@ -11,7 +11,7 @@
 //! queued entries and waits in the same `io_uring_enter`), and completions are reaped in
 //! batches.
 
-use crate::{AlignedBuf, Slab};
+use crate::{AlignedBuf, BufPool, Slab};
 use io_uring::{IoUring, opcode, squeue, types};
 use std::io;
 use std::os::unix::io::RawFd;
@@ -89,6 +89,12 @@ pub struct Ring {
     ring: IoUring,
     /// Operations in flight, by the user data of their entries.
     slots: Slab<Slot>,
+    /// Memory registered with the ring ([`Ring::register_pool`]): reads and writes into it
+    /// are `READ_FIXED`/`WRITE_FIXED` (no page pinning per IO). The pool is kept so the
+    /// memory outlives the registration.
+    fixed: Option<(BufPool, usize, usize)>,
+    /// Reads and writes pushed as fixed-buffer operations.
+    fixed_ios: u64,
 }
 
 impl std::fmt::Debug for Ring {
@@ -127,7 +133,45 @@ impl Ring {
         Ok(Ring {
             ring,
             slots: Slab::new(),
+            fixed: None,
+            fixed_ios: 0,
         })
+    }
+
+    /// Registers the first `max` bytes of `pool`'s memory with the ring (one fixed buffer),
+    /// so that reads and writes whose buffer lies there skip the kernel's per-IO page
+    /// pinning. Registration pins those pages (and counts against `RLIMIT_MEMLOCK` for a
+    /// process without `CAP_IPC_LOCK`); when the kernel refuses, nothing changes and the
+    /// error says why. At most one region: a second call replaces nothing and fails.
+    pub fn register_pool(&mut self, pool: &BufPool, max: usize) -> io::Result<()> {
+        if self.fixed.is_some() {
+            return Err(io::Error::other(
+                "a pool is already registered with this ring",
+            ));
+        }
+        let (base, len) = pool.front(max);
+        let iov = libc::iovec {
+            iov_base: base.as_ptr().cast(),
+            iov_len: len,
+        };
+        // SAFETY: the region is inside the pool's arena, which `self.fixed` keeps alive
+        // (a clone of the pool) for as long as the ring, and so the registration, exists.
+        unsafe { self.ring.submitter().register_buffers(&[iov]) }?;
+        self.fixed = Some((pool.clone(), base.as_ptr() as usize, len));
+        Ok(())
+    }
+
+    /// Whether `buf` lies in the registered region (its fixed-buffer index is 0); counts it.
+    fn is_fixed(&mut self, buf: &AlignedBuf) -> bool {
+        let p = buf.as_ptr() as usize;
+        let fixed = matches!(self.fixed, Some((_, start, len)) if p >= start && p + buf.len() <= start + len);
+        self.fixed_ios += fixed as u64;
+        fixed
+    }
+
+    /// Reads and writes that went as fixed-buffer operations ([`Ring::register_pool`]).
+    pub fn fixed_ios(&self) -> u64 {
+        self.fixed_ios
     }
 
     /// Operations pushed and not yet completed.
@@ -141,9 +185,16 @@ impl Ring {
     pub fn push(&mut self, op: RingOp, token: u64, out: &mut Vec<RingDone>) -> io::Result<()> {
         let (entry, buf, waits) = match op {
             RingOp::Read { fd, off, mut buf } => {
-                let e = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
-                    .offset(off)
-                    .build();
+                let (fd, len) = (types::Fd(fd), buf.len() as u32);
+                let e = if self.is_fixed(&buf) {
+                    opcode::ReadFixed::new(fd, buf.as_mut_ptr(), len, 0)
+                        .offset(off)
+                        .build()
+                } else {
+                    opcode::Read::new(fd, buf.as_mut_ptr(), len)
+                        .offset(off)
+                        .build()
+                };
                 (e, Some(buf), false)
             }
             RingOp::Write {
@@ -152,10 +203,19 @@ impl Ring {
                 buf,
                 dsync,
             } => {
-                let e = opcode::Write::new(types::Fd(fd), buf.as_ptr(), buf.len() as u32)
-                    .offset(off)
-                    .rw_flags(if dsync { libc::RWF_DSYNC } else { 0 })
-                    .build();
+                let (fd, len) = (types::Fd(fd), buf.len() as u32);
+                let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+                let e = if self.is_fixed(&buf) {
+                    opcode::WriteFixed::new(fd, buf.as_ptr(), len, 0)
+                        .offset(off)
+                        .rw_flags(flags)
+                        .build()
+                } else {
+                    opcode::Write::new(fd, buf.as_ptr(), len)
+                        .offset(off)
+                        .rw_flags(flags)
+                        .build()
+                };
                 (e, Some(buf), false)
             }
             RingOp::Recv { fd, mut buf, at } => {
@@ -287,6 +347,70 @@ mod tests {
             .unwrap();
         f.set_len(bytes as u64).unwrap();
         (f, p)
+    }
+
+    #[test]
+    fn buffers_of_a_registered_pool_go_as_fixed_ios() {
+        let (f, p) = file(1 << 20);
+        let fd = f.as_raw_fd();
+        let pool = BufPool::new(256 << 10);
+        let mut ring = Ring::new(8).unwrap();
+        ring.register_pool(&pool, 64 << 10).unwrap();
+        assert!(
+            ring.register_pool(&pool, 64 << 10).is_err(),
+            "one region only"
+        );
+        let mut out = Vec::new();
+        // 16 pages inside the registered 64 KiB, then 16 beyond it (not fixed), then one of
+        // another pool's.
+        let mut bufs: Vec<AlignedBuf> = (0..32).map(|_| pool.try_get(4096).unwrap()).collect();
+        bufs.push(AlignedBuf::new(4096));
+        for (i, mut buf) in bufs.into_iter().enumerate() {
+            buf.fill(i as u8 + 1);
+            let op = RingOp::Write {
+                fd,
+                off: i as u64 * 4096,
+                buf,
+                dsync: false,
+            };
+            ring.push(op, i as u64, &mut out).unwrap();
+        }
+        while ring.in_flight() > 0 {
+            ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+        }
+        assert!(out.iter().all(|d| d.res == 4096), "{out:?}");
+        assert_eq!(ring.fixed_ios(), 16);
+        out.clear();
+        for i in 0..33u64 {
+            let buf = pool.try_get(4096).unwrap();
+            ring.push(
+                RingOp::Read {
+                    fd,
+                    off: i * 4096,
+                    buf,
+                },
+                i,
+                &mut out,
+            )
+            .unwrap();
+            while ring.in_flight() > 0 {
+                ring.wait(1, Duration::from_secs(5), &mut out).unwrap();
+            }
+        }
+        // The read buffers are kept (in `out`): again 16 inside the region, 17 beyond it.
+        assert_eq!(ring.fixed_ios(), 16 + 16);
+        for d in &out {
+            let b = d.buf.as_ref().unwrap();
+            assert!(
+                b.iter().all(|&x| x == d.token as u8 + 1),
+                "read {}",
+                d.token
+            );
+        }
+        drop(out);
+        drop(ring);
+        drop(pool);
+        let _ = std::fs::remove_file(p);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use tiercache_core::ReqError;
 use tiercache_core::config::REQUEST_BLOCKS_MAX;
 use tiercache_engine::{EngineIo, IoTicket, ReplySink, ReplyTo, ReqOp};
-use tiercache_io::{AlignedBuf, Ring, RingDone, RingOp, Slab};
+use tiercache_io::{AlignedBuf, BufPool, Ring, RingDone, RingOp, Slab};
 
 /// Ring tokens of the reactor's socket and waker operations (IO tokens are ticket indexes,
 /// far below).
@@ -47,6 +47,16 @@ const WAKE: u64 = u64::MAX - 3;
 const READ_BUF: usize = 256 << 10;
 /// Replies gathered into one `writev`.
 const WRITEV_REPLIES: usize = 64;
+
+/// Bytes at the front of the engine's IO buffer pool registered with a connection's ring
+/// (fixed buffers: the IOs of hits and small writes skip the kernel's page pinning). Small
+/// enough to stay under the default `RLIMIT_MEMLOCK` (8 MiB) of an unprivileged daemon with
+/// one connection; where the kernel refuses, IOs go unregistered.
+const FIXED_BYTES: usize = 4 << 20;
+
+/// Bytes of a connection's pool of WRITE payload buffers (address space reserved, pages
+/// touched as used). A payload that finds no room gets a buffer of its own.
+const PAYLOAD_POOL: usize = 8 << 20;
 
 /// Wakes a reactor from another thread: an eventfd its ring polls. Waking a reactor that was
 /// woken and has not run yet costs nothing (no system call).
@@ -151,6 +161,8 @@ impl Reactor {
             return Err(io::Error::other("the reactor serves engine exports only"));
         };
         set_nonblocking(self.fd)?;
+        let mut ring = self.ring;
+        let _ = ring.register_pool(&exp.engine().io_pool(), FIXED_BYTES);
         let sink = Arc::new(Sink {
             q: Mutex::new(Vec::new()),
             waker: self.waker.clone(),
@@ -160,10 +172,11 @@ impl Reactor {
             conn,
             exp,
             fd: self.fd,
-            ring: self.ring,
+            ring,
             waker: self.waker,
             sink,
             inbuf: Some(AlignedBuf::new(READ_BUF)),
+            payloads: BufPool::new(PAYLOAD_POOL),
             lo: 0,
             hi: 0,
             payload: None,
@@ -201,6 +214,10 @@ struct State<'a> {
     hi: usize,
     /// A WRITE whose payload is arriving: the request, its buffer, bytes filled.
     payload: Option<(Request, AlignedBuf, usize)>,
+    /// Where payload buffers come from: no allocation and no zeroing per WRITE (a pool
+    /// buffer holds its last user's bytes until the payload fills all of it, and only a
+    /// whole payload goes to the engine).
+    payloads: BufPool,
     /// Payload bytes of a refused WRITE still to be read and dropped.
     skip: u64,
     /// Why reading stopped: the stream's end (`Ok`) or an error; in-flight requests still
@@ -376,8 +393,12 @@ impl State<'_> {
         let blocks = (req.len / 512) as u64;
         let whole = blocks <= REQUEST_BLOCKS_MAX as u64;
         match req.typ {
-            cmd::READ => self.submit(&req, ReqOp::Read, 0, AlignedBuf::new(bytes)),
-            cmd::WRITE => self.payload = Some((req, AlignedBuf::new(bytes), 0)),
+            // The engine gives a read its buffer (its IO buffer on a device hit: no copy).
+            cmd::READ => self.submit(&req, ReqOp::Read, (bytes / 512) as u32, AlignedBuf::new(0)),
+            cmd::WRITE => {
+                let buf = (self.payloads.try_get(bytes)).unwrap_or_else(|| AlignedBuf::new(bytes));
+                self.payload = Some((req, buf, 0));
+            }
             cmd::FLUSH => self.submit(&req, ReqOp::Flush, 0, AlignedBuf::new(0)),
             cmd::TRIM if whole && !fua => {
                 self.submit(&req, ReqOp::Trim, blocks as u32, AlignedBuf::new(0))
@@ -410,11 +431,15 @@ impl State<'_> {
 
     /// Submits a request to the engine (its reply comes to the sink).
     fn submit(&mut self, req: &Request, op: ReqOp, blocks: u32, buf: AlignedBuf) {
+        let bytes = req.data_bytes();
         if !self.conn.rmw.admit(req) {
             // Unaligned, or writing while a client sends unaligned requests (`unaligned.rs`).
+            let buf = match op {
+                ReqOp::Read => AlignedBuf::new(bytes),
+                _ => buf,
+            };
             return crate::unaligned::spawn(self.conn, *req, buf);
         }
-        let bytes = req.data_bytes();
         let lba = match EngineExport::lba(req.offset, req.len as u64) {
             Ok(l) => l,
             Err(e) => {
@@ -446,7 +471,12 @@ impl State<'_> {
 
     /// Puts the IOs the engine handed back on the ring.
     fn start_ios(&mut self) {
-        for io in std::mem::take(&mut self.ios) {
+        if self.ios.is_empty() {
+            return;
+        }
+        let fixed = self.ring.fixed_ios();
+        let mut ios = std::mem::take(&mut self.ios);
+        for io in ios.drain(..) {
             let (op, t) = io.into_ring();
             let token = self.tickets.insert(t) as u64;
             if let Err(e) = self.ring.push(op, token, &mut self.done) {
@@ -454,6 +484,11 @@ impl State<'_> {
                 eprintln!("tiercache-nbd: io_uring refused an IO: {e}");
                 std::process::abort();
             }
+        }
+        self.ios = ios; // its room, for the next wake-up
+        let fixed = self.ring.fixed_ios() - fixed;
+        if fixed > 0 {
+            (self.conn.inner.stats.fixed_ios).fetch_add(fixed, Ordering::Relaxed);
         }
     }
 

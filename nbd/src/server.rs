@@ -277,6 +277,8 @@ pub struct ServerStats {
     pub in_flight_max: u64,
     /// Connections whose TLS handshake failed (no or a wrong client certificate, not TLS).
     pub tls_refused: u64,
+    /// Device reads and writes a reactor ran with registered (fixed) buffers.
+    pub fixed_ios: u64,
 }
 
 #[derive(Default)]
@@ -289,6 +291,7 @@ pub(crate) struct Counters {
     request_errors: AtomicU64,
     pub(crate) in_flight_max: AtomicU64,
     tls_refused: AtomicU64,
+    pub(crate) fixed_ios: AtomicU64,
 }
 
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
@@ -530,6 +533,7 @@ impl Server {
             request_errors: s.request_errors.load(Ordering::Relaxed),
             in_flight_max: s.in_flight_max.load(Ordering::Relaxed),
             tls_refused: s.tls_refused.load(Ordering::Relaxed),
+            fixed_ios: s.fixed_ios.load(Ordering::Relaxed),
         }
     }
 

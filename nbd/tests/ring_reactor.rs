@@ -86,6 +86,10 @@ fn a_client_that_leaves_with_ios_on_the_ring_hurts_nothing() {
         e.stats().ring_ios > before,
         "the reactor ran them on its ring"
     );
+    assert!(
+        srv.stats().fixed_ios > 0,
+        "device IOs used the registered buffers"
+    );
     // Each block holds one of the two writes, whole; the server still serves.
     for i in 0..256u64 {
         let off = i * 65536;
