@@ -122,6 +122,9 @@ const RETRY_NS: u64 = 50_000_000;
 /// The write log. See the module docs.
 pub struct WriteLog {
     cfg: WlConfig,
+    /// Events applied (invariant-check sampling; read only in builds with the checks).
+    #[cfg_attr(not(any(test, feature = "strict-asserts")), allow(dead_code))]
+    events_applied: u64,
     inner: Cache,
     now: Nanos,
     epoch: u32,

@@ -33,6 +33,7 @@ impl WriteLog {
             .rev()
             .collect();
         Ok(WriteLog {
+            events_applied: 0,
             inner,
             now: Nanos(0),
             epoch: 1,
