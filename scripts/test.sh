@@ -122,7 +122,8 @@ step "CRC32C hardware path on aarch64 (qemu-user)" crc_aarch64
 
 section "canaries: each planted bug must be caught by its harness"
 canary() {
-    local feature=$1 test=$2
+    # $3: what the failure must show (default: one of the oracles' messages).
+    local feature=$1 test=$2 want=${3:-'STALE READ|DURABILITY|EMPTY LINE|CRASH \([A-Za-z]+\)'}
     local log
     log=$(mktemp)
     # shellcheck disable=SC2086 # CANARY_ARGS is a list of cargo flags
@@ -133,7 +134,7 @@ canary() {
         return 1
     fi
     local found
-    found=$(grep -m1 -oE 'STALE READ|DURABILITY|EMPTY LINE|CRASH \([A-Za-z]+\)' "$log" || true)
+    found=$(grep -m1 -oE "$want" "$log" || true)
     if [ -z "$found" ]; then
         echo "canary $feature made '$test' fail, but not through the oracle:"
         grep -m3 -E 'panicked|error' "$log" || tail -5 "$log"
@@ -170,6 +171,11 @@ TIERCACHE_SWEEP_VARIANTS=1 \
 # Mode wl: a flush that does not wait for earlier log entries loses flushed writes at a crash.
 step "canary: wl flush before earlier log entries are written, caught by the wl crash check" \
     canary canary-wl-flush-early wl
+
+# Mode wl: retiring an entry without taking it out of the log index. The write log's own
+# invariant checker (WriteLog::check_invariants, on with strict-asserts) must catch it.
+step "canary: wl index keeps retired entries, caught by the wl invariant checker" \
+    canary canary-wl-index-keeps-retired wl 'WL INVARIANT'
 
 # The engine's power-cut test (SPEC R2 in process) must catch device flushes that are not done.
 canary_engine() {

@@ -82,6 +82,15 @@ impl Index {
         self.blocks
     }
 
+    /// Every extent: (core, first block, extent), by core and block (for the invariant
+    /// checks).
+    pub(super) fn extents(&self) -> impl Iterator<Item = (u16, u64, &Ext)> + '_ {
+        self.cores
+            .iter()
+            .enumerate()
+            .flat_map(|(c, m)| m.iter().map(move |(&s, x)| (c as u16, s, x)))
+    }
+
     /// Removes every part of `[start, end)` from the core's map, returning the removed pieces'
     /// extents (start, ext) so a caller can filter what it puts back.
     fn cut(&mut self, core: u16, start: u64, end: u64) -> Vec<(u64, Ext)> {
