@@ -186,6 +186,9 @@ pub struct Registry {
     /// device checked as held by no one here (see [`Registry::claimable`]) is not taken by
     /// another attach before it is listed. Taken before `markers` and `caches`.
     attach: Mutex<()>,
+    /// `writeback --cancel` requests so far, by cache id: a waiting `writeback` that sees the
+    /// count change stops (see [`Registry::cancel_writeback`]).
+    wb_cancels: Mutex<BTreeMap<u16, u64>>,
 }
 
 /// Creation parameters of a cache.
@@ -1161,6 +1164,53 @@ impl Registry {
         self.writeback_for(cache_id, only, WbFor::Writeback, progress)
     }
 
+    /// `writeback --cancel` (or a `writeback` whose client went away): every `writeback`
+    /// command waiting on the cache stops and answers with what it wrote and what is still
+    /// dirty; the lines are no longer written back regardless of the cleaning policy (the
+    /// writeback jobs already running finish, and the policy cleans as it would have).
+    /// `stop-cache` and `remove-core` are not cancelled by it.
+    pub fn cancel_writeback(&self, cache_id: u16) -> Result<Value, String> {
+        let e = self.engine(cache_id)?;
+        let was = e.with_cache(|c| c.cancel_writeback());
+        *self.wb_cancels.lock().unwrap().entry(cache_id).or_default() += 1;
+        let (lines, blocks) = e.with_cache(|c| (c.dirty_lines() as u64, c.dirty_blocks()));
+        crate::log!(
+            info,
+            "writeback cancelled",
+            cache = cache_id,
+            running = was,
+            dirty_lines = lines
+        );
+        Ok(json!({"cache_id": cache_id, "was_running": was,
+            "dirty_lines": lines, "dirty_bytes": blocks * 512}))
+    }
+
+    fn wb_cancel_count(&self, cache_id: u16) -> u64 {
+        self.wb_cancels
+            .lock()
+            .unwrap()
+            .get(&cache_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The one line a cancelled `writeback` answers with.
+    fn wb_cancelled(
+        cache_id: u16,
+        written: u64,
+        left: u64,
+        unit: &str,
+        unit_bytes: u64,
+        t0: Instant,
+    ) -> String {
+        format!(
+            "writeback of cache {cache_id} cancelled after {:.1} s: {} ({written} {unit}) written back, {} ({left} {unit}) still dirty",
+            t0.elapsed().as_secs_f64(),
+            human(written * unit_bytes),
+            human(left * unit_bytes),
+        )
+    }
+
     fn writeback_for(
         &self,
         cache_id: u16,
@@ -1172,9 +1222,13 @@ impl Registry {
             Some(k) => self.check_core(cache_id, k)?,
             None => self.engine(cache_id)?,
         };
+        // Only `writeback` itself can be cancelled.
+        let cancels0 = (who == WbFor::Writeback).then(|| self.wb_cancel_count(cache_id));
+        let cancelled = || cancels0.is_some_and(|n| self.wb_cancel_count(cache_id) != n);
         if e.is_wl() {
-            return self.writeback_wl(cache_id, &e, only, who, progress);
+            return self.writeback_wl(cache_id, &e, only, who, &cancelled, progress);
         }
+        let line_bytes = e.with_cache(|c| c.config().line_size.bytes());
         let dirty = |c: &Cache| match only {
             Some(k) => c.core_lines(CoreId(k)).1 as u64,
             None => c.dirty_lines() as u64,
@@ -1200,6 +1254,12 @@ impl Registry {
             progress(total.saturating_sub(left), total.max(left), "lines");
             if left == 0 {
                 break;
+            }
+            if cancelled() {
+                let written = total.saturating_sub(left);
+                return Err(Self::wb_cancelled(
+                    cache_id, written, left, "lines", line_bytes, t0,
+                ));
             }
             if left < least {
                 (least, moved) = (left, Instant::now());
@@ -1296,6 +1356,7 @@ impl Registry {
         e: &Engine,
         only: Option<u16>,
         who: WbFor,
+        cancelled: &dyn Fn() -> bool,
         mut progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         let left = || {
@@ -1314,6 +1375,13 @@ impl Registry {
             progress(total.saturating_sub(blocks), total.max(blocks), "blocks");
             if entries == 0 {
                 break;
+            }
+            // The log goes on being written back: only the wait ends.
+            if cancelled() {
+                let written = total.saturating_sub(blocks);
+                return Err(Self::wb_cancelled(
+                    cache_id, written, blocks, "blocks", 512, t0,
+                ));
             }
             if blocks < least {
                 (least, moved) = (blocks, Instant::now());
