@@ -728,8 +728,33 @@ pub fn set_param(a: SetParam) -> Result<(), String> {
             values: a.group.values,
         },
     )?;
-    out(&a.conn, v);
+    params_out(&a.conn, v);
     Ok(())
+}
+
+/// A parameter group's values: as the daemon sent them with `--json` (numbers, the unit in
+/// the key), else `key: value` lines with the unit in the value, as `set-param` reads them.
+fn params_out(conn: &Conn, v: Value) {
+    if conn.json {
+        return print_json(&v);
+    }
+    let text = |o: &Value| -> Value {
+        Value::Object(
+            o.as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, x)| {
+                    let (k, t) = tiercache_daemon::registry::param_text(k, x);
+                    (k, Value::String(t))
+                })
+                .collect(),
+        )
+    };
+    let t = match &v {
+        Value::Array(a) => Value::Array(a.iter().map(text).collect()),
+        o => text(o),
+    };
+    print_tree(&t, 0);
 }
 
 /// `get-param` (its cache id checked by `main`).
@@ -742,7 +767,7 @@ pub fn get_param(a: GetParam) -> Result<(), String> {
             name: a.group.name,
         },
     )?;
-    out(&a.conn, v);
+    params_out(&a.conn, v);
     Ok(())
 }
 

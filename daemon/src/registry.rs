@@ -2559,6 +2559,32 @@ pub fn set_param(
 }
 
 /// `get-param`.
+/// A `get-param` JSON entry as text, as `set-param` reads it back: the unit moves from the key
+/// into the value (`wake_up_ms: 500` is `wake-up: 500ms`, `threshold_bytes: 1048576` is
+/// `threshold: 1MiB`, `trigger_pct: 80` is `trigger: 80%`) and `_` becomes `-` (`core_id`
+/// stays). Other values are printed as they are (strings without quotes).
+pub fn param_text(key: &str, v: &Value) -> (String, String) {
+    let n = v.as_u64();
+    let (name, text) = match (key, n) {
+        ("core_id", _) => return (key.into(), v.to_string()),
+        (k, Some(n)) if k.ends_with("_bytes") => (&k[..k.len() - 6], crate::device::format_size(n)),
+        (k, Some(n)) if k.ends_with("_ms") => (
+            &k[..k.len() - 3],
+            crate::device::format_time(Duration::from_millis(n)),
+        ),
+        (k, Some(n)) if k.ends_with("_s") => (
+            &k[..k.len() - 2],
+            crate::device::format_time(Duration::from_secs(n)),
+        ),
+        (k, Some(n)) if k.ends_with("_pct") => (&k[..k.len() - 4], format!("{n}%")),
+        (k, _) => (k, v.as_str().map_or_else(|| v.to_string(), str::to_string)),
+    };
+    (name.replace('_', "-"), text)
+}
+
+/// A parameter group's values (`get-param`'s answer, and `set-param`'s): JSON numbers with the
+/// unit in the key (`wake_up_ms`, `threshold_bytes`, `trigger_pct`); [`param_text`] gives the
+/// text `get-param` prints without `--json`.
 pub fn get_param(
     reg: &Registry,
     cache_id: u16,
@@ -2570,12 +2596,10 @@ pub fn get_param(
             .engine(cache_id)?
             .with_machine(|m| m.wl().map(|w| w.pacing()))
             .ok_or_else(|| not_wl(cache_id))?;
-        return Ok(
-            json!({"background-fill": format!("{}%", p.background_fill_pct),
-            "idle": crate::device::format_time(Duration::from_nanos(p.idle.0)),
-            "expire": crate::device::format_time(Duration::from_nanos(p.expire.0)),
-            "depth": p.depth}),
-        );
+        return Ok(json!({"background_fill_pct": p.background_fill_pct,
+            "idle_ms": p.idle.0 / 1_000_000,
+            "expire_s": p.expire.0 / 1_000_000_000,
+            "depth": p.depth}));
     }
     reg.with_cache(cache_id, |c| {
         let cfg = c.config();
@@ -2594,8 +2618,8 @@ pub fn get_param(
                             CutoffPolicy::Never => "never",
                         };
                         v.push(json!({"core_id": k.0, "policy": pol,
-                            "threshold": crate::device::format_size(p.threshold_bytes),
-                            "promotion-count": p.promotion_count}));
+                            "threshold_bytes": p.threshold_bytes,
+                            "promotion_count": p.promotion_count}));
                     }
                 }
                 if let Some(k) = core_id
@@ -2607,16 +2631,16 @@ pub fn get_param(
             }
             "cleaning" => json!({"policy": match cfg.cleaning {
                 CleaningPolicy::Alru => "alru", CleaningPolicy::Acp => "acp", CleaningPolicy::Nop => "nop"}}),
-            "cleaning-alru" => json!({"wake-up": show_time(SEC, cfg.alru.wake_up_s),
-                "staleness-time": show_time(SEC, cfg.alru.staleness_time_s),
-                "flush-max-buffers": cfg.alru.flush_max_buffers,
-                "activity-threshold": show_time(MS, cfg.alru.activity_threshold_ms)}),
-            "cleaning-acp" => json!({"wake-up": show_time(MS, cfg.acp.wake_up_ms),
-                "flush-max-buffers": cfg.acp.flush_max_buffers}),
+            "cleaning-alru" => json!({"wake_up_s": cfg.alru.wake_up_s,
+                "staleness_time_s": cfg.alru.staleness_time_s,
+                "flush_max_buffers": cfg.alru.flush_max_buffers,
+                "activity_threshold_ms": cfg.alru.activity_threshold_ms}),
+            "cleaning-acp" => json!({"wake_up_ms": cfg.acp.wake_up_ms,
+                "flush_max_buffers": cfg.acp.flush_max_buffers}),
             "promotion" => json!({"policy": match cfg.promotion {
                 PromotionPolicy::Always => "always", PromotionPolicy::Nhit => "nhit"}}),
             "promotion-nhit" => json!({"threshold": cfg.nhit.threshold,
-                "trigger": format!("{}%", cfg.nhit.trigger_pct)}),
+                "trigger_pct": cfg.nhit.trigger_pct}),
             _ => {
                 return Err(unknown_group(name));
             }
