@@ -32,7 +32,7 @@ use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server};
 /// Arguments of `tiercache bench` (the matrix).
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// The embedded default: file cache, emulated 10k RPM HDD cores, short runs (~2 minutes).
+    /// The embedded default: file cache, emulated 10k RPM HDD cores, short runs (about 5 minutes).
     #[arg(long)]
     pub quick: bool,
     /// Directory for the report (results.json, report.md, report.html, plots) and the
