@@ -284,8 +284,13 @@ pub struct Writeback {
     #[arg(long)]
     pub cache_id: u16,
     /// Wait only for this core's dirty data.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cancel")]
     pub core_id: Option<u16>,
+    /// Stop the `writeback` running on this cache (started from another shell): it returns
+    /// saying how much it wrote back and how much is still dirty. Ctrl-C on the running
+    /// `writeback` does the same.
+    #[arg(long)]
+    pub cancel: bool,
     #[command(flatten)]
     pub conn: Conn,
 }
@@ -334,6 +339,25 @@ struct Bar {
     tty: bool,
     last_tenth: u64,
     drawn: bool,
+    /// When, and at how many units done, the first progress line came.
+    first: Option<(std::time::Instant, u64)>,
+}
+
+/// `rate` units per second and the time left at that rate, as ` 1234 lines/s, ETA 0:42` (empty
+/// until something has moved).
+fn rate_eta(rate: Option<f64>, left: u64, unit: &str) -> String {
+    match rate {
+        Some(r) if r > 0.0 => {
+            let eta = (left as f64 / r).ceil() as u64;
+            format!(
+                ", {r:.0} {unit}/s, ETA {}:{:02}:{:02}",
+                eta / 3600,
+                eta / 60 % 60,
+                eta % 60
+            )
+        }
+        _ => String::new(),
+    }
 }
 
 impl Bar {
@@ -342,7 +366,15 @@ impl Bar {
             tty: std::io::stderr().is_terminal(),
             last_tenth: u64::MAX,
             drawn: false,
+            first: None,
         }
+    }
+
+    /// Units per second since the first progress line (after at least half a second).
+    fn rate(&mut self, done: u64) -> Option<f64> {
+        let (t0, d0) = *self.first.get_or_insert((std::time::Instant::now(), done));
+        let secs = t0.elapsed().as_secs_f64();
+        (secs >= 0.5 && done > d0).then(|| (done - d0) as f64 / secs)
     }
 
     fn show(&mut self, p: &Progress) {
@@ -351,13 +383,15 @@ impl Bar {
         } else {
             p.done as f64 / p.total as f64
         };
+        let rate = self.rate(p.done);
+        let eta = rate_eta(rate, p.total.saturating_sub(p.done), &p.unit);
         let mut e = std::io::stderr();
         if self.tty {
             let w = 30;
             let n = (frac * w as f64) as usize;
             let _ = write!(
                 e,
-                "\r{} [{}{}] {:5.1}% {}/{} {}",
+                "\r{} [{}{}] {:5.1}% {}/{} {}{eta}\x1b[K",
                 p.what,
                 "#".repeat(n),
                 ".".repeat(w - n.min(w)),
@@ -375,7 +409,7 @@ impl Bar {
                 self.last_tenth = tenth;
                 let _ = writeln!(
                     e,
-                    "{}: {:.0}% ({}/{} {})",
+                    "{}: {:.0}% ({}/{} {}{eta})",
                     p.what,
                     frac * 100.0,
                     p.done,
@@ -694,8 +728,33 @@ pub fn set_param(a: SetParam) -> Result<(), String> {
             values: a.group.values,
         },
     )?;
-    out(&a.conn, v);
+    params_out(&a.conn, v);
     Ok(())
+}
+
+/// A parameter group's values: as the daemon sent them with `--json` (numbers, the unit in
+/// the key), else `key: value` lines with the unit in the value, as `set-param` reads them.
+fn params_out(conn: &Conn, v: Value) {
+    if conn.json {
+        return print_json(&v);
+    }
+    let text = |o: &Value| -> Value {
+        Value::Object(
+            o.as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, x)| {
+                    let (k, t) = tiercache_daemon::registry::param_text(k, x);
+                    (k, Value::String(t))
+                })
+                .collect(),
+        )
+    };
+    let t = match &v {
+        Value::Array(a) => Value::Array(a.iter().map(text).collect()),
+        o => text(o),
+    };
+    print_tree(&t, 0);
 }
 
 /// `get-param` (its cache id checked by `main`).
@@ -708,7 +767,7 @@ pub fn get_param(a: GetParam) -> Result<(), String> {
             name: a.group.name,
         },
     )?;
-    out(&a.conn, v);
+    params_out(&a.conn, v);
     Ok(())
 }
 
@@ -763,8 +822,36 @@ pub fn io_class(a: IoClass) -> Result<(), String> {
     Ok(())
 }
 
-/// `writeback`.
+/// `writeback`: waits with a progress bar; Ctrl-C (SIGINT) or SIGTERM asks the daemon to
+/// cancel it (`--cancel` from another shell does the same), and the answer then says what is
+/// still dirty. A second signal quits at once and leaves the writeback running.
 pub fn writeback(a: Writeback) -> Result<(), String> {
+    let socket = a.conn.socket.clone().unwrap_or_else(default_socket);
+    if a.cancel {
+        let v = call(
+            &socket,
+            &Request::CancelWriteback {
+                cache_id: a.cache_id,
+            },
+            |_| {},
+        )?;
+        if a.conn.json {
+            print_json(&v);
+        } else {
+            println!(
+                "{} (cache {}: {} lines dirty)",
+                if v["was_running"].as_bool() == Some(true) {
+                    "writeback cancelled"
+                } else {
+                    "no writeback was running"
+                },
+                a.cache_id,
+                v["dirty_lines"]
+            );
+        }
+        return Ok(());
+    }
+    cancel_on_signal(socket, a.cache_id);
     let v = send(
         &a.conn,
         Request::Writeback {
@@ -774,6 +861,45 @@ pub fn writeback(a: Writeback) -> Result<(), String> {
     )?;
     out(&a.conn, v);
     Ok(())
+}
+
+/// Blocks SIGINT and SIGTERM in this thread (and the threads it starts later), and starts a
+/// thread that takes them: the first sends `CancelWriteback` for `cache_id` (the waiting
+/// request then answers), a second one exits with 130.
+fn cancel_on_signal(socket: PathBuf, cache_id: u16) {
+    // SAFETY: plain libc calls on a local, initialised signal set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return;
+        }
+        set
+    };
+    std::thread::spawn(move || {
+        let mut first = true;
+        loop {
+            let mut sig = 0;
+            // SAFETY: `set` is initialised; `sig` is a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                continue;
+            }
+            if !first {
+                eprintln!("\nleft the writeback running");
+                std::process::exit(130);
+            }
+            first = false;
+            eprintln!(
+                "\ncancelling the writeback of cache {cache_id} (again to quit and leave it running)"
+            );
+            if let Err(e) = call(&socket, &Request::CancelWriteback { cache_id }, |_| {}) {
+                eprintln!("{e}");
+                std::process::exit(130);
+            }
+        }
+    });
 }
 
 /// `invalidate`.

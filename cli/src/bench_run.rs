@@ -32,12 +32,15 @@ use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server};
 /// Arguments of `tiercache bench` (the matrix).
 #[derive(clap::Args, Default)]
 pub struct Args {
-    /// The embedded default: file cache, emulated 10k RPM HDD cores, short runs (~2 minutes).
+    /// The embedded default: file cache, emulated 10k RPM HDD cores, short runs (about 5 minutes).
     #[arg(long)]
     pub quick: bool,
-    /// Directory for the report (results.json, report.md, report.html, plots).
-    #[arg(long, default_value = "tiercache-bench")]
-    pub out: PathBuf,
+    /// Directory for the report (results.json, report.md, report.html, plots) and the
+    /// in-process daemon's log (daemon.log). Default: a new `tiercache-bench-report-*`
+    /// directory under the temporary directory ($TMPDIR, else /tmp), printed at the start and
+    /// the end.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Seconds per run (default 8 with --quick, 30 otherwise).
     #[arg(long)]
     pub runtime: Option<u64>,
@@ -508,7 +511,7 @@ pub(crate) fn host() -> Value {
 }
 
 /// Runs the matrix.
-pub fn run(a: Args) -> Result<(), String> {
+pub fn run(mut a: Args) -> Result<(), String> {
     let runtime = a.runtime.unwrap_or(if a.quick { 8 } else { 30 });
     if runtime == 0 || a.iodepth == 0 || a.iodepth > 1024 {
         return Err("--runtime must be at least 1 and --iodepth 1-1024".into());
@@ -558,7 +561,24 @@ pub fn run(a: Args) -> Result<(), String> {
     for n in notes {
         println!("{n}");
     }
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
+    let out = match &a.out {
+        Some(o) => {
+            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
+            o.clone()
+        }
+        None => report_dir()?,
+    };
+    a.out = Some(out.clone());
+    // The daemon's parts run in this process: their log lines go to a file, not between the
+    // results.
+    let log = out.join("daemon.log");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    tiercache_io::log::to_file(Some(f));
+    println!("report and daemon log (daemon.log) go to {}", out.display());
     let scratch = a
         .scratch
         .clone()
@@ -581,7 +601,29 @@ pub fn run(a: Args) -> Result<(), String> {
             scratch.display()
         );
     }
+    tiercache_io::log::to_file(None);
     res
+}
+
+/// A new directory for a report without `--out`: `tiercache-bench-report-SECONDS-PID` under
+/// the temporary directory (never the working directory, which may be a source tree).
+fn report_dir() -> Result<PathBuf, String> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let d = std::env::temp_dir().join(format!(
+        "tiercache-bench-report-{secs}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+    Ok(d)
+}
+
+impl Args {
+    /// The report directory (set by [`run`] before anything runs).
+    fn out_dir(&self) -> &Path {
+        self.out.as_deref().unwrap_or(Path::new("."))
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1066,7 +1108,7 @@ fn run_in(
         peers,
     };
     write_report(&info, a, runtime, &results, &table, &targets, stopped)?;
-    println!("report: {}", a.out.join("report.html").display());
+    println!("report: {}", a.out_dir().join("report.html").display());
     if stopped {
         println!("(stopped by Ctrl-C: the report holds what was measured)");
     }
@@ -1253,6 +1295,11 @@ fn table(results: &[RunResult]) -> String {
     t
 }
 
+/// How a target line starts: `PASS` when the target is met, else `FAIL`.
+pub(crate) fn verdict(met: bool) -> &'static str {
+    if met { "PASS" } else { "FAIL" }
+}
+
 /// SPEC P3 and the matrix's half of P4 from the matrix's runs: (JSON, text).
 fn p3_summary(results: &[RunResult]) -> (Value, Option<String>) {
     let get = |w: &str, c: &str| results.iter().find(|r| r.workload == w && r.config == c);
@@ -1269,7 +1316,8 @@ fn p3_summary(results: &[RunResult]) -> (Value, Option<String>) {
                 "p99_pct_of_uncached": lat, "target_p99_pct": 1.0,
                 "met": x >= want && lat <= 1.0});
             t += &format!(
-                "P3 {name}: {x:.1}x the uncached IOPS (target >= {want}x), p99 {lat:.1}% of uncached (target <= 1%)\n"
+                "{} P3 {name}: {x:.1}x the uncached IOPS (target >= {want}x), p99 {lat:.1}% of uncached (target <= 1%)\n",
+                verdict(x >= want && lat <= 1.0)
             );
         }
     }
@@ -1279,7 +1327,8 @@ fn p3_summary(results: &[RunResult]) -> (Value, Option<String>) {
             v[format!("p4_{w}")] = json!({"bandwidth_loss_pct": loss, "target_pct": 2.0,
                 "met": loss <= 2.0});
             t += &format!(
-                "P4 {w} with the cutoff: {loss:.1}% bandwidth loss vs uncached (target <= 2%)\n"
+                "{} P4 {w} with the cutoff: {loss:.1}% bandwidth loss vs uncached (target <= 2%)\n",
+                verdict(loss <= 2.0)
             );
         }
     }
@@ -1347,7 +1396,7 @@ fn write_report(
 ) -> Result<(), String> {
     let (generator, peers) = (info.generator, info.peers);
     let w = |name: &str, body: &str| -> Result<(), String> {
-        let p = a.out.join(name);
+        let p = a.out_dir().join(name);
         std::fs::write(&p, body).map_err(|e| format!("{}: {e}", p.display()))
     };
     let runs: Vec<Value> = results

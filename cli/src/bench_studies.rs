@@ -17,6 +17,7 @@
 //! They run on their own small cache (so filling it takes seconds) with two emulated cores of
 //! the same preset, served by their own NBD server, driven by tiercache's load generator.
 
+use crate::bench_run::verdict;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -307,7 +308,8 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         "met": drop_points <= 2.0 && stream_ratio >= 0.95,
     });
     text += &format!(
-        "P4 stream beside a Zipf reader: reader hits {:.1}% alone, {:.1}% beside a {} MiB 512K stream (drop {:.1} points; target <= 2); stream {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.95x)\n",
+        "{} P4 stream beside a Zipf reader: reader hits {:.1}% alone, {:.1}% beside a {} MiB 512K stream (drop {:.1} points; target <= 2); stream {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.95x)\n",
+        verdict(drop_points <= 2.0 && stream_ratio >= 0.95),
         hit_alone * 100.0,
         hit_beside * 100.0,
         stream_bytes >> 20,
@@ -354,7 +356,8 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         "target": ">= 0.8x uncached", "met": r50 >= 0.8,
     });
     text += &format!(
-        "P4 512K sequential read over a 50%-dirty {} MiB range: {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.8x)\n",
+        "{} P4 512K sequential read over a 50%-dirty {} MiB range: {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.8x)\n",
+        verdict(r50 >= 0.8),
         range >> 20,
         sc.bw_mbps,
         sb.bw_mbps,
@@ -367,7 +370,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
     let p5_ws = plan.cache_bytes * 2;
     let p5_off = plan.cache_bytes * 14;
     let head = format!(
-        "P5 dirty-full 4K random writes over {} MiB (2x the cache), cleaner alru after a nop fill; {} s bare, {} s cached per QD:\n   QD  bare IOPS  cached IOPS  ratio  worst 1-s bucket  dirty %   (target: ratio >= 0.9, worst >= 0.5)\n",
+        "P5 dirty-full 4K random writes over {} MiB (2x the cache), cleaner alru after a nop fill; {} s bare, {} s cached per QD:\n   QD  bare IOPS  cached IOPS  ratio  worst 1-s bucket  dirty %  result (target: ratio >= 0.9, worst >= 0.5)\n",
         p5_ws >> 20,
         plan.p5_baseline_s,
         plan.p5_cached_s
@@ -404,8 +407,14 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         let worst_ratio = worst / b.iops.max(1e-9);
         let dirty_end = rig.dirty_pct();
         let line = format!(
-            "  {qd:>3} {:>10.0} {:>12.0} {:>6.2} {:>10.0} ({:.2}x) {:>7.1}",
-            b.iops, r.iops, ratio, worst, worst_ratio, dirty_end
+            "  {qd:>3} {:>10.0} {:>12.0} {:>6.2} {:>10.0} ({:.2}x) {:>7.1}  {}",
+            b.iops,
+            r.iops,
+            ratio,
+            worst,
+            worst_ratio,
+            dirty_end,
+            verdict(ratio >= 0.9 && worst_ratio >= 0.5)
         );
         println!("{line}");
         text += &line;

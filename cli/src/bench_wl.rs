@@ -933,15 +933,16 @@ fn run_with(
                 name: WL_WRITEBACK.into(),
             })?;
             let w = d.wl(phase.cache_id())?;
+            let text = |k: &str| tiercache_daemon::registry::param_text(k, &pacing[k]).1;
             println!(
                 "wl cache {} ({}): {} MiB file, log {} MiB, core {dev}; writeback holds while fio writes and the log is under {} full (idle {}, expire {}), then goes with up to {} writes in flight",
                 phase.cache_id(),
                 phase.name(),
                 bytes >> 20,
                 w["log_bytes"].as_u64().unwrap_or(0) >> 20,
-                pacing["background-fill"].as_str().unwrap_or("?"),
-                pacing["idle"].as_str().unwrap_or("?"),
-                pacing["expire"].as_str().unwrap_or("?"),
+                text("background_fill_pct"),
+                text("idle_ms"),
+                text("expire_s"),
                 pacing["depth"]
             );
             caches.push(json!({"phase": phase.name(), "cache_id": phase.cache_id(),

@@ -31,7 +31,24 @@ fn bench(out: &std::path::Path, generator: &str) -> serde_json::Value {
         String::from_utf8_lossy(&o.stderr),
         String::from_utf8_lossy(&o.stdout)
     );
-    println!("{}", String::from_utf8_lossy(&o.stdout));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    println!("{stdout}");
+    // The in-process daemon logs to daemon.log in the report directory, not between results.
+    assert!(
+        !stdout.contains("level="),
+        "no log lines on stdout: {stdout}"
+    );
+    let log = std::fs::read_to_string(out.join("daemon.log")).expect("daemon.log written");
+    assert!(log.contains("level=info"), "{log}");
+    // Each target line says PASS or FAIL, with its numbers.
+    let targets: Vec<&str> = stdout.lines().filter(|l| l.contains(" P3 ")).collect();
+    assert!(!targets.is_empty(), "a P3 target line: {stdout}");
+    for l in targets {
+        assert!(
+            (l.starts_with("PASS P3 ") || l.starts_with("FAIL P3 ")) && l.contains("(target"),
+            "{l}"
+        );
+    }
     for f in ["report.md", "report.html", "iops.svg", "latency-cdf.svg"] {
         assert!(out.join(f).exists(), "{f} written");
     }
@@ -124,5 +141,45 @@ fn report_keys_and_fio_vs_own_generator() {
              apart twice"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without `--out` the report goes to a new directory under the temporary directory, printed,
+/// and nothing is written into the working directory.
+#[test]
+fn without_out_the_report_goes_to_a_temporary_directory() {
+    let dir = std::env::temp_dir().join(format!("tc-bench-noout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (cwd, tmp) = (dir.join("cwd"), dir.join("tmp"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::create_dir_all(&tmp).unwrap();
+    let o = Command::new(BIN)
+        .args(["bench", "--quick", "--runtime", "1", "--only", "randread"])
+        .args(["--working-set", "16m", "--cache-size", "64m"])
+        .args(["--load-generator", "own", "--peers", "none", "--no-studies"])
+        .current_dir(&cwd)
+        .env("TMPDIR", &tmp)
+        .output()
+        .expect("run tiercache bench");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        std::fs::read_dir(&cwd).unwrap().count(),
+        0,
+        "nothing in the working directory"
+    );
+    let report = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("report: "))
+        .unwrap_or_else(|| panic!("report path printed: {stdout}"));
+    let report = std::path::Path::new(report);
+    assert!(report.starts_with(&tmp), "{report:?} under {tmp:?}");
+    assert!(report.exists());
+    assert!(report.with_file_name("results.json").exists());
+    assert!(report.with_file_name("daemon.log").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

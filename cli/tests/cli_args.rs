@@ -471,6 +471,16 @@ fn every_parameter_round_trips_through_get_param_and_set_param() {
         .map(|(k, v)| (k.to_string(), v.to_string())),
         "{alru:?}"
     );
+    // JSON: numbers, each with its unit in the key.
+    assert_eq!(
+        dm.json(&["get-param", "--cache-id", "1", "cleaning-alru"]),
+        serde_json::json!({"activity_threshold_ms": 10_000, "flush_max_buffers": 100,
+            "staleness_time_s": 120, "wake_up_s": 20})
+    );
+    assert_eq!(
+        dm.json(&["get-param", "--cache-id", "1", "seq-cutoff"])[0]["threshold_bytes"],
+        1 << 20
+    );
     let cut = text_params(&s, "1", "seq-cutoff");
     assert!(
         cut.contains(&("threshold".into(), "1MiB".into())),
@@ -502,11 +512,12 @@ fn every_parameter_round_trips_through_get_param_and_set_param() {
                 .iter()
                 .filter(|(k, _)| *k != "core_id")
                 .map(|(k, v)| {
-                    let v = match v {
-                        Value::String(x) => x.clone(),
-                        x => x.to_string(),
-                    };
-                    (k.clone(), v)
+                    // Numbers, the unit in the key (`wake_up_s`), never strings with units.
+                    assert!(
+                        v.is_number() || k == "policy",
+                        "{g} {k}: a JSON number: {json_before}"
+                    );
+                    tiercache_daemon::registry::param_text(k, v)
                 })
                 .collect();
             set_all(&dm, id, g, &kv);

@@ -258,7 +258,11 @@ fn lifecycle_through_the_cli() {
     assert_eq!(v[0]["policy"], "never", "--json after the parameters: {v}");
     let v = dm.json(&["get-param", "--cache-id", "3", "seq-cutoff"]);
     assert_eq!(v[0]["policy"], "never");
-    assert_eq!(v[0]["threshold"], "2MiB");
+    assert_eq!(
+        v[0]["threshold_bytes"],
+        2 << 20,
+        "JSON: a number, the unit in the key"
+    );
     let csv = d.path("classes.csv");
     std::fs::write(
         &csv,
@@ -524,7 +528,7 @@ fn wl_cache_through_the_cli() {
     let p = dm.json(&["get-param", "--cache-id", "1", "wl-writeback"]);
     assert_eq!(
         p,
-        serde_json::json!({"background-fill": "50%", "idle": "500ms", "expire": "30s", "depth": 48}),
+        serde_json::json!({"background_fill_pct": 50, "idle_ms": 500, "expire_s": 30, "depth": 48}),
         "{p}"
     );
     // Writeback holds until the log is 90% full, the clients have been idle an hour or the
@@ -545,7 +549,7 @@ fn wl_cache_through_the_cli() {
     ]);
     assert_eq!(
         p,
-        serde_json::json!({"background-fill": "90%", "idle": "1h", "expire": "1h", "depth": 16}),
+        serde_json::json!({"background_fill_pct": 90, "idle_ms": 3_600_000, "expire_s": 3600, "depth": 16}),
         "{p}"
     );
     dm.fails(
@@ -585,7 +589,7 @@ fn wl_cache_through_the_cli() {
     );
     let p = dm.json(&["get-param", "--cache-id", "1", "wl-writeback"]);
     assert!(
-        p["idle"] == "1h" && p["depth"] == 16,
+        p["idle_ms"] == 3_600_000 && p["depth"] == 16,
         "a refused set-param changed something: {p}"
     );
     let e = dm.nbd("cache1-core0").unwrap();

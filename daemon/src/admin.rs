@@ -302,6 +302,12 @@ pub enum Request {
         /// Only wait for this core's dirty data.
         core_id: Option<u16>,
     },
+    /// Stop the running `writeback` commands of a cache: each answers with what it wrote back
+    /// and what is still dirty.
+    CancelWriteback {
+        /// Cache id.
+        cache_id: u16,
+    },
     /// Drop everything a core has in the cache, dirty data included.
     Invalidate {
         /// Cache id.

@@ -186,6 +186,9 @@ pub struct Registry {
     /// device checked as held by no one here (see [`Registry::claimable`]) is not taken by
     /// another attach before it is listed. Taken before `markers` and `caches`.
     attach: Mutex<()>,
+    /// `writeback --cancel` requests so far, by cache id: a waiting `writeback` that sees the
+    /// count change stops (see [`Registry::cancel_writeback`]).
+    wb_cancels: Mutex<BTreeMap<u16, u64>>,
 }
 
 /// Creation parameters of a cache.
@@ -1161,6 +1164,53 @@ impl Registry {
         self.writeback_for(cache_id, only, WbFor::Writeback, progress)
     }
 
+    /// `writeback --cancel` (or a `writeback` whose client went away): every `writeback`
+    /// command waiting on the cache stops and answers with what it wrote and what is still
+    /// dirty; the lines are no longer written back regardless of the cleaning policy (the
+    /// writeback jobs already running finish, and the policy cleans as it would have).
+    /// `stop-cache` and `remove-core` are not cancelled by it.
+    pub fn cancel_writeback(&self, cache_id: u16) -> Result<Value, String> {
+        let e = self.engine(cache_id)?;
+        let was = e.with_cache(|c| c.cancel_writeback());
+        *self.wb_cancels.lock().unwrap().entry(cache_id).or_default() += 1;
+        let (lines, blocks) = e.with_cache(|c| (c.dirty_lines() as u64, c.dirty_blocks()));
+        crate::log!(
+            info,
+            "writeback cancelled",
+            cache = cache_id,
+            running = was,
+            dirty_lines = lines
+        );
+        Ok(json!({"cache_id": cache_id, "was_running": was,
+            "dirty_lines": lines, "dirty_bytes": blocks * 512}))
+    }
+
+    fn wb_cancel_count(&self, cache_id: u16) -> u64 {
+        self.wb_cancels
+            .lock()
+            .unwrap()
+            .get(&cache_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The one line a cancelled `writeback` answers with.
+    fn wb_cancelled(
+        cache_id: u16,
+        written: u64,
+        left: u64,
+        unit: &str,
+        unit_bytes: u64,
+        t0: Instant,
+    ) -> String {
+        format!(
+            "writeback of cache {cache_id} cancelled after {:.1} s: {} ({written} {unit}) written back, {} ({left} {unit}) still dirty",
+            t0.elapsed().as_secs_f64(),
+            human(written * unit_bytes),
+            human(left * unit_bytes),
+        )
+    }
+
     fn writeback_for(
         &self,
         cache_id: u16,
@@ -1172,9 +1222,13 @@ impl Registry {
             Some(k) => self.check_core(cache_id, k)?,
             None => self.engine(cache_id)?,
         };
+        // Only `writeback` itself can be cancelled.
+        let cancels0 = (who == WbFor::Writeback).then(|| self.wb_cancel_count(cache_id));
+        let cancelled = || cancels0.is_some_and(|n| self.wb_cancel_count(cache_id) != n);
         if e.is_wl() {
-            return self.writeback_wl(cache_id, &e, only, who, progress);
+            return self.writeback_wl(cache_id, &e, only, who, &cancelled, progress);
         }
+        let line_bytes = e.with_cache(|c| c.config().line_size.bytes());
         let dirty = |c: &Cache| match only {
             Some(k) => c.core_lines(CoreId(k)).1 as u64,
             None => c.dirty_lines() as u64,
@@ -1200,6 +1254,12 @@ impl Registry {
             progress(total.saturating_sub(left), total.max(left), "lines");
             if left == 0 {
                 break;
+            }
+            if cancelled() {
+                let written = total.saturating_sub(left);
+                return Err(Self::wb_cancelled(
+                    cache_id, written, left, "lines", line_bytes, t0,
+                ));
             }
             if left < least {
                 (least, moved) = (left, Instant::now());
@@ -1296,6 +1356,7 @@ impl Registry {
         e: &Engine,
         only: Option<u16>,
         who: WbFor,
+        cancelled: &dyn Fn() -> bool,
         mut progress: impl FnMut(u64, u64, &'static str),
     ) -> Result<Value, String> {
         let left = || {
@@ -1314,6 +1375,13 @@ impl Registry {
             progress(total.saturating_sub(blocks), total.max(blocks), "blocks");
             if entries == 0 {
                 break;
+            }
+            // The log goes on being written back: only the wait ends.
+            if cancelled() {
+                let written = total.saturating_sub(blocks);
+                return Err(Self::wb_cancelled(
+                    cache_id, written, blocks, "blocks", 512, t0,
+                ));
             }
             if blocks < least {
                 (least, moved) = (blocks, Instant::now());
@@ -2491,6 +2559,32 @@ pub fn set_param(
 }
 
 /// `get-param`.
+/// A `get-param` JSON entry as text, as `set-param` reads it back: the unit moves from the key
+/// into the value (`wake_up_ms: 500` is `wake-up: 500ms`, `threshold_bytes: 1048576` is
+/// `threshold: 1MiB`, `trigger_pct: 80` is `trigger: 80%`) and `_` becomes `-` (`core_id`
+/// stays). Other values are printed as they are (strings without quotes).
+pub fn param_text(key: &str, v: &Value) -> (String, String) {
+    let n = v.as_u64();
+    let (name, text) = match (key, n) {
+        ("core_id", _) => return (key.into(), v.to_string()),
+        (k, Some(n)) if k.ends_with("_bytes") => (&k[..k.len() - 6], crate::device::format_size(n)),
+        (k, Some(n)) if k.ends_with("_ms") => (
+            &k[..k.len() - 3],
+            crate::device::format_time(Duration::from_millis(n)),
+        ),
+        (k, Some(n)) if k.ends_with("_s") => (
+            &k[..k.len() - 2],
+            crate::device::format_time(Duration::from_secs(n)),
+        ),
+        (k, Some(n)) if k.ends_with("_pct") => (&k[..k.len() - 4], format!("{n}%")),
+        (k, _) => (k, v.as_str().map_or_else(|| v.to_string(), str::to_string)),
+    };
+    (name.replace('_', "-"), text)
+}
+
+/// A parameter group's values (`get-param`'s answer, and `set-param`'s): JSON numbers with the
+/// unit in the key (`wake_up_ms`, `threshold_bytes`, `trigger_pct`); [`param_text`] gives the
+/// text `get-param` prints without `--json`.
 pub fn get_param(
     reg: &Registry,
     cache_id: u16,
@@ -2502,12 +2596,10 @@ pub fn get_param(
             .engine(cache_id)?
             .with_machine(|m| m.wl().map(|w| w.pacing()))
             .ok_or_else(|| not_wl(cache_id))?;
-        return Ok(
-            json!({"background-fill": format!("{}%", p.background_fill_pct),
-            "idle": crate::device::format_time(Duration::from_nanos(p.idle.0)),
-            "expire": crate::device::format_time(Duration::from_nanos(p.expire.0)),
-            "depth": p.depth}),
-        );
+        return Ok(json!({"background_fill_pct": p.background_fill_pct,
+            "idle_ms": p.idle.0 / 1_000_000,
+            "expire_s": p.expire.0 / 1_000_000_000,
+            "depth": p.depth}));
     }
     reg.with_cache(cache_id, |c| {
         let cfg = c.config();
@@ -2526,8 +2618,8 @@ pub fn get_param(
                             CutoffPolicy::Never => "never",
                         };
                         v.push(json!({"core_id": k.0, "policy": pol,
-                            "threshold": crate::device::format_size(p.threshold_bytes),
-                            "promotion-count": p.promotion_count}));
+                            "threshold_bytes": p.threshold_bytes,
+                            "promotion_count": p.promotion_count}));
                     }
                 }
                 if let Some(k) = core_id
@@ -2539,16 +2631,16 @@ pub fn get_param(
             }
             "cleaning" => json!({"policy": match cfg.cleaning {
                 CleaningPolicy::Alru => "alru", CleaningPolicy::Acp => "acp", CleaningPolicy::Nop => "nop"}}),
-            "cleaning-alru" => json!({"wake-up": show_time(SEC, cfg.alru.wake_up_s),
-                "staleness-time": show_time(SEC, cfg.alru.staleness_time_s),
-                "flush-max-buffers": cfg.alru.flush_max_buffers,
-                "activity-threshold": show_time(MS, cfg.alru.activity_threshold_ms)}),
-            "cleaning-acp" => json!({"wake-up": show_time(MS, cfg.acp.wake_up_ms),
-                "flush-max-buffers": cfg.acp.flush_max_buffers}),
+            "cleaning-alru" => json!({"wake_up_s": cfg.alru.wake_up_s,
+                "staleness_time_s": cfg.alru.staleness_time_s,
+                "flush_max_buffers": cfg.alru.flush_max_buffers,
+                "activity_threshold_ms": cfg.alru.activity_threshold_ms}),
+            "cleaning-acp" => json!({"wake_up_ms": cfg.acp.wake_up_ms,
+                "flush_max_buffers": cfg.acp.flush_max_buffers}),
             "promotion" => json!({"policy": match cfg.promotion {
                 PromotionPolicy::Always => "always", PromotionPolicy::Nhit => "nhit"}}),
             "promotion-nhit" => json!({"threshold": cfg.nhit.threshold,
-                "trigger": format!("{}%", cfg.nhit.trigger_pct)}),
+                "trigger_pct": cfg.nhit.trigger_pct}),
             _ => {
                 return Err(unknown_group(name));
             }

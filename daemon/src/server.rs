@@ -556,7 +556,7 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, a
     };
     let mut progress = |what: &str, done: u64, total: u64, unit: &str| {
         send(json!({"progress": Progress {
-            what: what.to_string(), done, total, unit: unit.into() }}));
+            what: what.to_string(), done, total, unit: unit.into() }}))
     };
     crate::log!(
         debug,
@@ -584,7 +584,7 @@ fn serve_admin(s: UnixStream, reg: &Registry, tx: &mpsc::Sender<&'static str>, a
 pub fn handle(
     reg: &Registry,
     req: Request,
-    progress: &mut dyn FnMut(&str, u64, u64, &str),
+    progress: &mut dyn FnMut(&str, u64, u64, &str) -> bool,
 ) -> Result<Value, String> {
     match req {
         Request::StartCache {
@@ -635,13 +635,13 @@ pub fn handle(
             core_id,
             no_writeback,
         } => reg.remove_core(cache_id, core_id, no_writeback, |d, t, u| {
-            progress("writeback", d, t, u)
+            progress("writeback", d, t, u);
         }),
         Request::StopCache {
             cache_id,
             no_writeback,
         } => reg.stop_cache(cache_id, no_writeback, |d, t, u| {
-            progress("writeback", d, t, u)
+            progress("writeback", d, t, u);
         }),
         Request::List => Ok(reg.list()),
         Request::Stats {
@@ -669,9 +669,13 @@ pub fn handle(
         Request::SetMode { cache_id, mode } => reg.set_mode(cache_id, &mode),
         Request::IoClassLoad { cache_id, csv } => reg.io_class_load(cache_id, &csv),
         Request::IoClassList { cache_id } => reg.io_class_list(cache_id),
-        Request::Writeback { cache_id, core_id } => {
-            reg.writeback(cache_id, core_id, |d, t, u| progress("writeback", d, t, u))
-        }
+        // A client that went away (Ctrl-C, killed) cancels its writeback.
+        Request::Writeback { cache_id, core_id } => reg.writeback(cache_id, core_id, |d, t, u| {
+            if !progress("writeback", d, t, u) {
+                let _ = reg.cancel_writeback(cache_id);
+            }
+        }),
+        Request::CancelWriteback { cache_id } => reg.cancel_writeback(cache_id),
         Request::Invalidate { cache_id, core_id } => reg.invalidate(cache_id, core_id),
         Request::ResetCounters { cache_id } => reg.reset_counters(cache_id),
         Request::Shutdown => Ok(json!({"stopping": true, "pid": std::process::id()})),

@@ -158,12 +158,26 @@ pub fn line(level: Level, msg: &str, kv: &[(&str, &str)]) -> String {
     l
 }
 
-/// Writes an event's line to stderr, if its level is enabled.
+/// Where lines go instead of stderr (see [`to_file`]).
+static FILE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Sends every later line to `f` instead of stderr (`None`: back to stderr). For a program
+/// that runs the daemon's parts in-process and prints results of its own (`tiercache bench`).
+pub fn to_file(f: Option<std::fs::File>) {
+    *FILE.lock().unwrap_or_else(|e| e.into_inner()) = f;
+}
+
+/// Writes an event's line to stderr (or [`to_file`]'s file), if its level is enabled.
 pub fn emit(level: Level, msg: &str, kv: &[(&str, &str)]) {
     if !enabled(level) {
         return;
     }
     let l = line(level, msg, kv);
+    if let Some(f) = FILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        use std::io::Write as _;
+        let _ = writeln!(f, "{l}");
+        return;
+    }
     if journal() {
         eprintln!("<{}>{l}", level as u8);
     } else {

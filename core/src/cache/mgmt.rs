@@ -394,6 +394,13 @@ impl Cache {
         }
     }
 
+    /// Ends what [`Cache::start_writeback`] started: the lines no longer have to be written back
+    /// regardless of the cleaning policy (jobs already running finish). Returns whether a
+    /// writeback was running.
+    pub fn cancel_writeback(&mut self) -> bool {
+        std::mem::take(&mut self.force_clean)
+    }
+
     /// A `writeback` command is running.
     pub fn writeback_running(&self) -> bool {
         self.force_clean
