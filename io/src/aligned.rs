@@ -25,8 +25,17 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Allocates `len` zeroed bytes aligned to 4096. Aborts on allocation failure like `Vec`.
+    /// An empty buffer allocates nothing.
     pub fn new(len: usize) -> Self {
-        let cap = len.div_ceil(ALIGN).max(1) * ALIGN;
+        if len == 0 {
+            return AlignedBuf {
+                ptr: NonNull::new(ALIGN as *mut u8).expect("ALIGN is not zero"),
+                len: 0,
+                cap: 0,
+                home: None,
+            };
+        }
+        let cap = len.div_ceil(ALIGN) * ALIGN;
         let layout = Layout::from_size_align(cap, ALIGN).expect("AlignedBuf: size overflow");
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
@@ -78,7 +87,8 @@ impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         // SAFETY: ptr is valid for cap >= len initialised bytes owned by self (zeroed at
-        // allocation; a pool's block holds what its last user wrote).
+        // allocation; a pool's block holds what its last user wrote), or len is 0 and ptr is
+        // non-null and aligned (an empty buffer).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 }
@@ -95,6 +105,9 @@ impl Drop for AlignedBuf {
         if let Some(home) = self.home.take() {
             home.release(self.ptr, self.cap);
             return;
+        }
+        if self.cap == 0 {
+            return; // an empty buffer: nothing was allocated
         }
         let layout = Layout::from_size_align(self.cap, ALIGN).expect("layout was valid at new");
         // SAFETY: ptr was allocated by alloc_zeroed with this same layout.
