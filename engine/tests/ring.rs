@@ -183,6 +183,10 @@ impl Driver {
 }
 
 fn file_engine(mode: CacheMode, cache: Device, core: Device) -> Engine {
+    engine_with(mode, cache, core, EngineConfig::threads(2))
+}
+
+fn engine_with(mode: CacheMode, cache: Device, core: Device, ec: EngineConfig) -> Engine {
     let cfg = persistent(cache.blocks() * 512, LineSize::K4, mode, 3);
     Engine::create(
         cfg,
@@ -192,7 +196,7 @@ fn file_engine(mode: CacheMode, cache: Device, core: Device) -> Engine {
             dev: core,
             record: record(0),
         }],
-        EngineConfig::threads(2),
+        ec,
     )
     .expect("create")
 }
@@ -299,21 +303,11 @@ fn reads_without_a_buffer_take_the_io_buffer_while_the_pool_is_mostly_free() {
     let (cp, kp) = (tmp("lc", 8 << 20), tmp("lk", 32 << 20));
     let cache: Device = Arc::new(FileBackend::open(&cp).unwrap());
     let core: Device = Arc::new(FileBackend::open(&kp).unwrap());
-    let cfg = persistent(cache.blocks() * 512, LineSize::K4, CacheMode::Wt, 3);
-    let e = Engine::create(
-        cfg,
-        cache,
-        vec![CoreSpec {
-            id: CoreId(0),
-            dev: core,
-            record: record(0),
-        }],
-        EngineConfig {
-            io_threads: 2,
-            io_buffer_bytes: 64 << 10,
-        },
-    )
-    .expect("create");
+    let ec = EngineConfig {
+        io_threads: 2,
+        io_buffer_bytes: 64 << 10,
+    };
+    let e = engine_with(CacheMode::Wt, cache, core, ec);
     let mut d = Driver::new();
     const LINES: u64 = 24;
     for l in 0..LINES {
