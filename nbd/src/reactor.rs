@@ -187,6 +187,8 @@ impl Reactor {
             ios: Vec::new(),
             done: Vec::new(),
             out: VecDeque::new(),
+            iov: Vec::with_capacity(2 * WRITEV_REPLIES),
+            got: Vec::new(),
             out_off: 0,
             out_blocked: false,
             stalled: None,
@@ -229,6 +231,10 @@ struct State<'a> {
     done: Vec<RingDone>,
     /// Replies to write, and how much of the first is written.
     out: VecDeque<Reply>,
+    /// Room for the iovecs of one `writev` (empty between calls).
+    iov: Vec<libc::iovec>,
+    /// Room for the replies taken from the sink (empty between wake-ups).
+    got: Vec<(u64, Result<(), ReqError>, AlignedBuf)>,
     out_off: usize,
     /// The last write said `EAGAIN`: wait for `POLLOUT`.
     out_blocked: bool,
@@ -523,8 +529,11 @@ impl State<'_> {
 
     /// Takes the replies other threads (and the engine) queued for this connection.
     fn collect(&mut self) {
-        let got = std::mem::take(&mut *lock(&self.sink.q));
-        for (tag, result, buf) in got {
+        // Swapped with the sink's queue, so that both keep their room (no allocation per
+        // wake-up).
+        let mut got = std::mem::take(&mut self.got);
+        std::mem::swap(&mut *lock(&self.sink.q), &mut got);
+        for (tag, result, buf) in got.drain(..) {
             let Some(s) = self.reqs.take(tag as usize) else {
                 continue;
             };
@@ -543,6 +552,7 @@ impl State<'_> {
             };
             self.out.push_back(r);
         }
+        self.got = got;
         let mut q = lock(&self.conn.replies);
         self.out.extend(q.drain(..));
     }
@@ -558,7 +568,7 @@ impl State<'_> {
                 self.out_off = 0;
                 return;
             }
-            let mut iov: Vec<libc::iovec> = Vec::with_capacity(2 * WRITEV_REPLIES);
+            self.iov.clear();
             let mut skip = self.out_off;
             for r in self.out.iter().take(WRITEV_REPLIES) {
                 for part in [&r.head[..], r.data.as_deref().unwrap_or(&[])] {
@@ -568,18 +578,20 @@ impl State<'_> {
                     }
                     let p = &part[skip..];
                     skip = 0;
-                    iov.push(libc::iovec {
+                    self.iov.push(libc::iovec {
                         iov_base: p.as_ptr() as *mut libc::c_void,
                         iov_len: p.len(),
                     });
                 }
             }
-            let n = if iov.is_empty() {
+            let n = if self.iov.is_empty() {
                 0
             } else {
+                let (v, k) = (self.iov.as_ptr(), self.iov.len() as libc::c_int);
                 // SAFETY: every iovec points into a reply held by `self.out`, unchanged during
                 // the call; the count matches the array.
-                let n = unsafe { libc::writev(self.fd, iov.as_ptr(), iov.len() as libc::c_int) };
+                let n = unsafe { libc::writev(self.fd, v, k) };
+                self.iov.clear(); // no pointer kept past the call
                 if n < 0 {
                     let e = io::Error::last_os_error();
                     match e.kind() {

@@ -1478,13 +1478,14 @@ impl Conn {
         slot: Option<usize>,
     ) -> Reply {
         let head = if self.structured {
-            let mut h = proto::structured_header(
+            let sh = proto::structured_header(
                 reply::FLAG_DONE,
                 reply::TYPE_OFFSET_DATA,
                 cookie,
                 8 + data.len() as u32,
-            )
-            .to_vec();
+            );
+            let mut h = Vec::with_capacity(sh.len() + 8);
+            h.extend_from_slice(&sh);
             h.extend_from_slice(&offset.to_be_bytes());
             h
         } else {
