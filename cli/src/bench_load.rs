@@ -39,8 +39,8 @@ pub struct Args {
     /// Random 4 KiB writes before the crash (they fill the journal).
     #[arg(long, default_value_t = 20_000)]
     writes: u64,
-    /// Journal region in MiB (default: what `start-cache` gives a device of that size, 1/256
-    /// of it from 1 to 64 MiB: 16 MiB at 1M lines, 64 MiB at 16M).
+    /// Journal region in MiB (default: what `start-cache` gives a device of that size, 1/128
+    /// of it from 1 to 64 MiB: 32 MiB at 1M lines, 64 MiB at 16M).
     #[arg(long, value_name = "MIB")]
     journal_mib: Option<u64>,
     /// Directory for the sparse device files (default: the system's temporary directory).

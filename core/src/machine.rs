@@ -47,6 +47,11 @@ impl Machine {
         }
     }
 
+    /// See [`Cache::take_deadline_moved`] (the write log's read cache's, in mode `wl`).
+    pub fn take_deadline_moved(&mut self) -> bool {
+        self.cache_mut().take_deadline_moved()
+    }
+
     /// The bytes of a metadata buffer named by an action.
     pub fn meta_buf(&self, id: u32) -> &[u8] {
         match self {

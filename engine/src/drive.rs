@@ -51,6 +51,11 @@ impl Shared {
         }
         g.events = events;
         g.actions = actions;
+        if g.m.take_deadline_moved()
+            && let Some(t) = self.ticker.get()
+        {
+            t.unpark();
+        }
         if g.waiting > 0 {
             self.done_cv.notify_all();
         }

@@ -254,6 +254,8 @@ struct Shared {
     last_now: AtomicU64,
     /// The state machine is a write log (mode `wl`; fixed for the engine's life).
     wl: bool,
+    /// The ticker thread, unparked when the core's deadline moves earlier.
+    ticker: std::sync::OnceLock<std::thread::Thread>,
 }
 
 /// The engine. Dropping it without [`Engine::stop`] is a crash: nothing more is written.

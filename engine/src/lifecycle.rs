@@ -4,7 +4,8 @@
 use super::*;
 
 impl Shared {
-    /// The ticker: `Tick` at the core's deadline, at least every 50 ms.
+    /// The ticker: `Tick` at the core's deadline, at least every 50 ms. It sleeps parked: a
+    /// drive that moved the deadline earlier (a group commit armed) unparks it.
     pub(crate) fn ticker(&self) {
         while !self.quit.load(Ordering::Acquire) {
             let wait = {
@@ -19,7 +20,7 @@ impl Shared {
                     .min(Duration::from_millis(50))
                     .max(Duration::from_micros(200))
             };
-            std::thread::sleep(wait);
+            std::thread::park_timeout(wait);
         }
     }
 }
@@ -102,6 +103,7 @@ impl Engine {
             epoch: Instant::now(),
             last_now: AtomicU64::new(0),
             wl,
+            ticker: std::sync::OnceLock::new(),
         });
         let mut threads = Vec::new();
         for i in 0..ec.io_threads.max(1) {
@@ -114,12 +116,12 @@ impl Engine {
             );
         }
         let s = sh.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("tc-tick".into())
-                .spawn(move || s.ticker())
-                .expect("spawn the ticker"),
-        );
+        let ticker = std::thread::Builder::new()
+            .name("tc-tick".into())
+            .spawn(move || s.ticker())
+            .expect("spawn the ticker");
+        let _ = sh.ticker.set(ticker.thread().clone());
+        threads.push(ticker);
         Engine { sh, threads }
     }
 
@@ -285,9 +287,25 @@ impl Engine {
         Ok(())
     }
 
+    /// Lets requests of core `id` that were answered before their record (group commit) go:
+    /// the commit is started now, and this returns once it released them. Management that
+    /// refuses a busy core calls it first, so a core quiet since its last write is not busy.
+    fn release_parked(&self, id: CoreId) {
+        {
+            let mut g = self.sh.lock();
+            if !g.m.cache().parked_on(id) {
+                return;
+            }
+            g.m.cache_mut().commit_soon();
+            self.sh.drive(&mut g, Event::Tick);
+        }
+        self.wait(|m| !m.cache().parked_on(id));
+    }
+
     /// Detaches core `id` (refused while it has dirty data or IO in flight: write it back
     /// first) and returns once the core table without it is durable.
     pub fn remove_core(&self, id: CoreId) -> Result<(), String> {
+        self.release_parked(id);
         {
             let mut g = self.sh.lock();
             g.m.remove_core(id)?;
@@ -304,6 +322,7 @@ impl Engine {
     /// records the new size (see `Cache::resize_core`: a shrink below cached data is refused,
     /// and nothing changes). Returns once the core table is durable.
     pub fn resize_core(&self, id: CoreId, dev: Device) -> Result<(), String> {
+        self.release_parked(id);
         {
             let mut g = self.sh.lock();
             g.m.resize_core(id, dev.blocks())?;

@@ -101,9 +101,12 @@ pub fn checkpoint_bytes_per_line(line_size: u32) -> u64 {
 pub const CHECKPOINT_CHUNK_BYTES: u64 = 64 << 10;
 
 /// The journal region a new cache gets on a device of `device_bytes` (`start-cache`'s plan):
-/// 1/256 of the device, from 1 MiB to 64 MiB, in whole MiB.
+/// 1/128 of the device, from 1 MiB to 64 MiB, in whole MiB. About twice a checkpoint at 4 KiB
+/// lines (16 bytes a line), so a checkpoint (every line's record) comes once per half journal
+/// of records, not more often than its own size in journal bytes. With 1/256, a 384 MiB
+/// cache under 4K random writes wrote 69 checkpoints of 1.5 MiB for 220 MiB of client data.
 pub fn journal_bytes_for(device_bytes: u64) -> u64 {
-    (device_bytes / 256).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
+    (device_bytes / 128).clamp(1 << 20, 64 << 20) & !((1 << 20) - 1)
 }
 
 /// Lines per checkpoint chunk: as many records as fit in a slot with the frame and the chunk

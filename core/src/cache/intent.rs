@@ -20,10 +20,16 @@
 //!   intent first;
 //! - `QUEUED`: an intent is queued or being written: a change waits;
 //! - `OPEN`: an intent is durable in every view that may be in force (or the views say
-//!   "unproven" anyway): changes are free.
+//!   "unproven" anyway): changes are free;
+//! - `HOT`: `OPEN`, and changed (or opened) since the last checkpoint captured it.
 //!
 //! A chunk capture records an `OPEN` region proven only if it is quiet, and the region becomes
-//! `PROVEN` at that moment: a later change's intent lands in a record at or after the
+//! `PROVEN` at that moment. A `HOT` region is recorded unproven and cools to `OPEN`: a region
+//! written in every checkpoint interval stays open, so a stream of writes spread over the
+//! cache does not pay an intent (a commit written with FUA, before the write) per region per
+//! checkpoint, which, with small records and a small journal, made checkpoints come faster
+//! and the intents with them. Such a region's clean lines are not kept after a crash (its
+//! dirty lines are, from the journal). a later change's intent lands in a record at or after the
 //! checkpoint's journal start, so it is replayed over this checkpoint as well as over the one
 //! still in force. A `QUEUED` region is recorded unproven. A `PROVEN` region is recorded proven
 //! (nothing changed since its last capture; the new checkpoint flushes the cores again).
@@ -58,6 +64,7 @@ const INTENTS_PER_COMMIT: usize = 2048;
 const PROVEN: u8 = 0;
 const QUEUED: u8 = 1;
 const OPEN: u8 = 2;
+const HOT: u8 = 3;
 
 /// Counters of the intent machinery.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -146,7 +153,11 @@ impl Intents {
     fn need(&mut self, line: u32) -> u64 {
         let r = self.region(line);
         match self.state[r] {
-            OPEN => 0,
+            OPEN => {
+                self.state[r] = HOT;
+                0
+            }
+            HOT => 0,
             QUEUED => self.queued_gen,
             _ => {
                 self.state[r] = QUEUED;
@@ -270,7 +281,7 @@ impl Cache {
         };
         let it = &mut m.intents;
         let r = it.region(line.0);
-        if it.state[r] == OPEN {
+        if it.state[r] >= OPEN {
             return false;
         }
         let g = it.queued_gen;
@@ -299,7 +310,7 @@ impl Cache {
         let it = &mut m.intents;
         it.counters.intents += regions.len() as u64;
         for &r in regions {
-            it.state[r as usize] = OPEN;
+            it.state[r as usize] = HOT;
         }
         it.durable_gen = it.durable_gen.max(upto);
         let d = it.durable_gen;
@@ -358,7 +369,7 @@ impl Cache {
     }
 
     /// Proven flags for the checkpoint chunk of lines `first..last` being captured now, and
-    /// the region states that follow (`OPEN` and quiet → `PROVEN`). `prove`: false when the
+    /// the region states that follow (`OPEN` and quiet → `PROVEN`, `HOT` → `OPEN`). `prove`: false when the
     /// checkpoint proves nothing (a core flush failed before).
     pub(crate) fn intent_capture(&mut self, first: u32, last: u32, prove: bool) -> Vec<bool> {
         let mut out = vec![false; (last - first) as usize];
@@ -379,6 +390,10 @@ impl Cache {
                     let line = LineId(x);
                     out[(x - first) as usize] = self.map.is_mapped(line) && !self.line_busy(line);
                 }
+            } else if st == HOT {
+                // Changed in this interval: recorded unproven; proven at a later capture if
+                // nothing changes it until then.
+                self.meta.as_mut().expect("persistent").intents.state[r] = OPEN;
             } else if st == OPEN && (l..end).all(|x| !self.line_busy(LineId(x))) {
                 let m = self.meta.as_mut().expect("persistent");
                 m.intents.state[r] = PROVEN;

@@ -56,6 +56,12 @@ const COMMIT_LINES_MAX: usize = 1500;
 const CHUNKS_IN_FLIGHT: u32 = 8;
 /// Wait after a failed metadata IO before trying again.
 const RETRY_NS: u64 = 100_000_000;
+/// Longest a queued line waits for its commit when nobody needs the record sooner: changes of
+/// requests answered before their record (writes that are not FUA) are group-committed, one
+/// record and one device flush for every write in this window, instead of one each.
+pub const COMMIT_DELAY_NS: u64 = 5_000_000;
+/// Queued lines that start a commit at once (a record of about 24 KiB at 4 KiB lines).
+const COMMIT_BATCH_LINES: usize = 1024;
 
 /// What a metadata IO was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,6 +203,17 @@ pub(crate) struct Meta {
     used: u64,
     pub(crate) queued: FxHashSet<u32>,
     waiters_next: Vec<Waiter>,
+    /// When the queued lines (and parked requests) are committed even if nobody needs their
+    /// record sooner: the first queued since the last commit took everything, plus
+    /// [`COMMIT_DELAY_NS`]. `u64::MAX` when nothing waits.
+    commit_due: Nanos,
+    /// `commit_due` was set since the driver last asked ([`Cache::take_deadline_moved`]).
+    due_moved: bool,
+    /// Parked requests that are not answered yet (FUA writes, flushes, failures): their
+    /// record is needed now.
+    urgent: u32,
+    /// Management waits for parked requests to be released: commit now.
+    hurry: bool,
     commit: Option<Commit>,
     retry_at: Nanos,
     last_written_seq: u64,
@@ -241,6 +258,10 @@ impl Meta {
             used: 0,
             queued: FxHashSet::default(),
             waiters_next: Vec::new(),
+            commit_due: Nanos(u64::MAX),
+            due_moved: false,
+            urgent: 0,
+            hurry: false,
             commit: None,
             retry_at: Nanos(0),
             last_written_seq: 0,
@@ -264,6 +285,16 @@ impl Meta {
             stop_cores: StopCores::Idle,
             counters: MetaCounters::default(),
             intents: super::intent::Intents::new(p.superblock.lines, p.superblock.line_size),
+        }
+    }
+
+    /// A line was queued or a request parked at `now`: the group commit is due by
+    /// [`COMMIT_DELAY_NS`] from the first of them.
+    #[inline]
+    fn arm(&mut self, now: Nanos) {
+        if self.commit_due.0 == u64::MAX {
+            self.commit_due = now.plus(Nanos(COMMIT_DELAY_NS));
+            self.due_moved = true;
         }
     }
 
@@ -413,6 +444,7 @@ impl Cache {
     /// and a durable-dirty line is queued for the next commit.
     #[inline]
     pub(crate) fn meta_note(&mut self, line: LineId) {
+        let now = self.now;
         let Some(m) = self.meta.as_mut() else { return };
         if self.state.dirty(line) != 0 {
             self.lists.set_durable_dirty(line, true);
@@ -420,6 +452,7 @@ impl Cache {
         if self.lists.durable_dirty(line) {
             m.queued.insert(line.0);
             m.touched = true;
+            m.arm(now);
         }
     }
 
@@ -437,6 +470,7 @@ impl Cache {
         m.counters.limbo_lines += 1;
         m.queued.insert(line.0);
         m.touched = true;
+        m.arm(self.now);
         true
     }
 
@@ -449,7 +483,7 @@ impl Cache {
     }
 
     /// Whether a finished request of `core` still waits for its commit (and holds its locks).
-    pub(crate) fn meta_parked_on(&self, core: crate::units::CoreId) -> bool {
+    pub(crate) fn meta_parked_on(&self, core: CoreId) -> bool {
         self.meta.as_ref().is_some_and(|m| {
             m.waiters_next
                 .iter()
@@ -468,9 +502,47 @@ impl Cache {
         })
     }
 
-    /// Parks a finished request until the next commit is written.
+    /// Parks a finished request until the next commit is written. One not answered yet (a
+    /// FUA write, a flush, a failure) makes the commit start at once; the others wait for the
+    /// group commit ([`COMMIT_DELAY_NS`]).
     pub(crate) fn meta_park(&mut self, w: Waiter) {
-        self.meta.as_mut().expect("persistent").waiters_next.push(w);
+        let now = self.now;
+        let m = self.meta.as_mut().expect("persistent");
+        if !w.replied {
+            m.urgent += 1;
+        }
+        m.arm(now);
+        m.waiters_next.push(w);
+    }
+
+    /// Whether requests of `core` that finished still wait for their commit (they hold their
+    /// line locks, and management of the core waits for them: [`Cache::commit_soon`]).
+    pub fn parked_on(&self, core: CoreId) -> bool {
+        self.meta_parked_on(core)
+    }
+
+    /// Asks for the next commit now rather than at its group-commit deadline (management
+    /// waiting for parked requests to release their locks).
+    pub fn commit_soon(&mut self) {
+        if let Some(m) = self.meta.as_mut() {
+            m.hurry = true;
+        }
+    }
+
+    /// Whether the group-commit deadline was set since the last call ([`Cache::next_deadline`]
+    /// may now be earlier than a driver's timer): a driver whose timer sleeps re-reads it.
+    pub fn take_deadline_moved(&mut self) -> bool {
+        self.meta
+            .as_mut()
+            .is_some_and(|m| std::mem::take(&mut m.due_moved))
+    }
+
+    /// The group-commit deadline, if a commit is waiting for it.
+    pub(crate) fn commit_deadline(&self) -> Option<Nanos> {
+        self.meta
+            .as_ref()
+            .filter(|m| m.ready && m.commit.is_none() && m.commit_due.0 != u64::MAX)
+            .map(|m| m.commit_due.max(m.retry_at))
     }
 
     /// Releases parked requests: unlock, reply.
@@ -504,8 +576,24 @@ impl Cache {
         let Some(m) = self.meta.as_mut() else { return };
         m.touched = false;
         if m.ready && m.commit.is_none() && self.now >= m.retry_at {
-            if !m.queued.is_empty() || !m.waiters_next.is_empty() || m.intents.has_queued() {
+            let pending =
+                !m.queued.is_empty() || !m.waiters_next.is_empty() || m.intents.has_queued();
+            // A commit starts when someone needs its record: a FUA write or a flush parked, an
+            // intent (its write waits), a request waiting for a lock a parked request holds (any
+            // lock wait: cheap to check, rarely wrong), limbo lines (their slots), a stop or
+            // management; or when the batch is full or its deadline has come.
+            let due = m.urgent > 0
+                || m.intents.has_queued()
+                || m.hurry
+                || m.stopping
+                || m.limbo_len > 0
+                || m.queued.len() >= COMMIT_BATCH_LINES
+                || self.now >= m.commit_due
+                || !self.waits.is_empty();
+            if pending && due {
                 self.start_commit(actions);
+            } else if !pending && m.commit_due.0 != u64::MAX {
+                m.commit_due = Nanos(u64::MAX);
             } else if !m.dd_queue.is_empty() && !m.flush_in_flight {
                 let m = self.meta.as_mut().expect("persistent");
                 m.flush_in_flight = true;
@@ -681,8 +769,14 @@ impl Cache {
         // not all fit in this one (a large request, or many), and its reply (a FUA write, a
         // flush) or its locks must wait for all of them.
         let waiters = if m.queued.is_empty() {
+            // Everything waiting goes in this record: the next group starts afresh.
+            m.urgent = 0;
+            m.hurry = false;
+            m.commit_due = Nanos(u64::MAX);
             std::mem::take(&mut m.waiters_next)
         } else {
+            // A full record: the rest follows at once.
+            m.commit_due = m.commit_due.min(self.now);
             Vec::new()
         };
         let buf = m.new_buf(rec);
@@ -944,6 +1038,8 @@ impl Cache {
         m.intents.commit_failed(&c.intents, c.intent_gen);
         m.free_buf(c.buf);
         m.retry_at = self.now.plus(Nanos(RETRY_NS));
+        // Its lines are queued again, to be retried as soon as `retry_at` allows.
+        m.commit_due = m.commit_due.min(self.now);
         self.release_waiters(c.waiters, Some(e), actions);
         if !c.intents.is_empty() {
             self.intents_failed(c.intent_gen, e, actions);

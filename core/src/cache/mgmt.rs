@@ -139,11 +139,14 @@ impl Cache {
             .sum()
     }
 
-    /// Whether `core` has requests or writeback in flight.
-    fn core_busy(&self, core: CoreId) -> bool {
-        self.reqs.values().any(|r| r.core == core)
-            || !self.jobs.is_empty()
-            || self.meta_parked_on(core)
+    /// Whether `core` has requests or writeback in flight. Requests parked for their group
+    /// commit count, and the commit is asked for now (they are released within one commit).
+    fn core_busy(&mut self, core: CoreId) -> bool {
+        let parked = self.meta_parked_on(core);
+        if parked {
+            self.commit_soon();
+        }
+        self.reqs.values().any(|r| r.core == core) || !self.jobs.is_empty() || parked
     }
 
     /// Lines mapped to `core`: (lines, dirty lines).

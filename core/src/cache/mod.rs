@@ -51,7 +51,7 @@ pub use health::{
 pub use intent::IntentCounters;
 pub use load::{LoadReport, journal_needed, open, read_superblock, read_tables, scan_journal};
 pub use meta::journal_half;
-pub use meta::{MetaCounters, RECORD_ALIGN};
+pub use meta::{COMMIT_DELAY_NS, MetaCounters, RECORD_ALIGN};
 pub use mgmt::MgmtError;
 pub use request::Request;
 
@@ -402,7 +402,9 @@ impl Cache {
     }
 
     /// The earliest time at which the cache wants an [`Event::Tick`] even if nothing else
-    /// happens (cleaner wake-up, throttled writes). `None`: only when something happens.
+    /// happens (cleaner wake-up, throttled writes, a group commit). `None`: only when
+    /// something happens. When [`Cache::take_deadline_moved`] says so, it may have moved
+    /// earlier than the driver's last reading.
     pub fn next_deadline(&self) -> Option<Nanos> {
         let mut t: Option<Nanos> = self.throttled.iter().map(|&(t, _)| t).min();
         // When the cleaner cannot start a job until a running one frees slots, that is an
@@ -415,6 +417,9 @@ impl Cache {
         }
         if let Some(p) = self.faults_deadline() {
             t = Some(t.map_or(p, |x| x.min(p)));
+        }
+        if let Some(c) = self.commit_deadline() {
+            t = Some(t.map_or(c, |x| x.min(c)));
         }
         t
     }
