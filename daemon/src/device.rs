@@ -202,7 +202,7 @@ impl DeviceSpec {
             | DeviceSpec::Emu(_, p)
             | DeviceSpec::PowerCut(p)
             | DeviceSpec::Faulty(p) => {
-                tiercache_engine::identity::of_path(p).map_err(|e| format!("{shown}: {e}"))
+                tiercache_io::identity::of_path(p).map_err(|e| format!("{shown}: {e}"))
             }
             DeviceSpec::Nbd(uri) => Ok(CoreIdentity::Nbd { uri: uri.clone() }),
             DeviceSpec::Ram(_) => Ok(CoreIdentity::Nbd { uri: "ram:".into() }),

@@ -34,7 +34,7 @@
 //! `completion.rs` runs them on the IO threads or an asynchronous device and applies their
 //! results; `ring.rs` is the same for callers with an io_uring of their own, and `work.rs`
 //! the IO threads' queue (writeback behind client IOs); `lifecycle.rs` starts, loads, manages
-//! and stops an engine; `identity.rs` tells devices apart for the core table.
+//! and stops an engine. How devices are told apart for the core table is `tiercache_io::identity`.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,7 +52,8 @@ mod buffers;
 mod completion;
 mod drive;
 mod extents;
-pub mod identity;
+/// Device identity moved to `tiercache-io`; re-exported for callers that name it here.
+pub use tiercache_io::identity;
 mod lifecycle;
 pub mod readahead;
 mod ring;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tiercache_core::units::Nanos;
-use tiercache_sim::device::{self, DevIo, Device, DeviceSpec, IoKind};
+use tiercache_devmodel::{self as device, DevIo, Device, DeviceSpec, IoKind};
 
 /// Bounds of the spin margin, the time before a completion is due at which the leader stops
 /// sleeping and spins on the clock (ns).
@@ -158,7 +158,7 @@ impl Drop for FineTimer {
 }
 
 /// A backend whose data lives on `inner` and whose timing follows a simulator device model
-/// ([`tiercache_sim::device`]) applied in real time: the `emu:PRESET:PATH` device.
+/// ([`tiercache_devmodel`]) applied in real time: the `emu:PRESET:PATH` device.
 ///
 /// Each request is submitted to the model at the current real time (a monotonic clock started
 /// when the backend was created, as [`Nanos`]), the data operation runs on the inner backend

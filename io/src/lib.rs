@@ -14,6 +14,8 @@
 //!   and keeps late writes from being overtaken.
 //!
 //! [`BufPool`] is a bounded, preallocated pool of aligned IO buffers (the engine's).
+//! [`identity`] tells devices apart for the core table (a block device's WWN or serial, a
+//! file's file system id and inode).
 //!
 //! The API is synchronous: the engine calls it from its worker threads. A backend with an
 //! asynchronous path of its own ([`RbdBackend`]: librbd's aio with completion callbacks) also
@@ -29,6 +31,7 @@ mod error;
 mod fault;
 mod file;
 mod forward;
+pub mod identity;
 pub mod log;
 mod nbd;
 mod overlay;

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tiercache_core::units::Nanos;
+use tiercache_devmodel::{self as device, DevIo, Device, IoKind};
 use tiercache_io::conformance;
 use tiercache_io::{BLOCK, Backend, EmuBackend, FileBackend, RamBackend, Req, open_emu, parse_emu};
-use tiercache_sim::device::{self, DevIo, Device, IoKind};
 
 /// Tests in this file measure wall-clock time: under `cargo test` (one process, tests on
 /// threads) they take turns; under nextest each has its own process anyway.

@@ -3,7 +3,7 @@
 //!
 //! | module | what it is |
 //! |---|---|
-//! | [`device`] | device models (HDD, flash, RAM) with shipped presets |
+//! | [`device`] | device models (HDD, flash, RAM) with shipped presets: the `tiercache-devmodel` crate, re-exported |
 //! | [`engine`] | the discrete-event engine: clients, servers, caches, devices |
 //! | [`mrc`] | miss-ratio curves: LRU stack distances (exact or SHARDS) and the real core per size |
 //! | [`scenario`] | scenario files: topology, cache, configs, workloads |
@@ -12,7 +12,6 @@
 //! | [`trace`] | block trace readers: the formats people have, per device, sorted |
 //! | [`workload`] | client workloads: patterns, distributions, trace replay |
 
-pub mod device;
 pub mod engine;
 pub mod mrc;
 pub mod rng;
@@ -20,3 +19,5 @@ pub mod scenario;
 pub mod stats;
 pub mod trace;
 pub mod workload;
+
+pub use tiercache_devmodel as device;

@@ -35,14 +35,14 @@ use std::collections::BinaryHeap;
 use serde::{Deserialize, Serialize};
 use tiercache_core::units::Nanos;
 
-use super::{BLOCK, DevIo, Device, IoKind};
+use crate::{BLOCK, DevIo, Device, IoKind};
 
 fn default_name() -> String {
     "flash".to_string()
 }
 
 /// A flash or RAM device's description (the `model = "flash"` variant of
-/// [`super::DeviceSpec`]).
+/// [`crate::DeviceSpec`]).
 ///
 /// Rates are in decimal MB/s (10^6 bytes per second) and capacities in decimal GB (10^9 bytes),
 /// as datasheets give them.

@@ -60,7 +60,7 @@ use std::collections::{BTreeSet, BinaryHeap, VecDeque};
 use serde::{Deserialize, Serialize};
 use tiercache_core::units::Nanos;
 
-use super::{BLOCK, DevIo, Device, IoKind};
+use crate::{BLOCK, DevIo, Device, IoKind};
 
 fn default_name() -> String {
     "hdd".to_string()
@@ -78,7 +78,7 @@ fn default_write_cache_mb() -> f64 {
     16.0
 }
 
-/// A hard disk's description (the `model = "hdd"` variant of [`super::DeviceSpec`]).
+/// A hard disk's description (the `model = "hdd"` variant of [`crate::DeviceSpec`]).
 ///
 /// Rates are in decimal MB/s (10^6 bytes per second) and capacities in decimal GB (10^9 bytes),
 /// as datasheets give them.

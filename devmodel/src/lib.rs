@@ -1,5 +1,9 @@
 //! Device models: what a submitted IO costs in simulated time.
 //!
+//! Two users share these models: the simulator (`tiercache-sim`, which re-exports this crate as
+//! `tiercache_sim::device`) runs them on its simulated clock, and the `io` crate's `emu:PRESET:PATH`
+//! backend applies them in real time. The crate depends only on the core's units.
+//!
 //! A model is a deterministic state machine over simulated time. The simulator submits IOs with
 //! [`Device::submit`], asks when the next one completes with [`Device::next_completion`], and
 //! collects completions with [`Device::complete_until`]. A model never reads a clock and never
@@ -95,27 +99,27 @@ pub struct Preset {
 pub const PRESETS: &[Preset] = &[
     Preset {
         name: "hdd-10k-sas",
-        toml: include_str!("presets/hdd-10k-sas.toml"),
+        toml: include_str!("../presets/hdd-10k-sas.toml"),
     },
     Preset {
         name: "hdd-7k2-sata",
-        toml: include_str!("presets/hdd-7k2-sata.toml"),
+        toml: include_str!("../presets/hdd-7k2-sata.toml"),
     },
     Preset {
         name: "nvme-p4510",
-        toml: include_str!("presets/nvme-p4510.toml"),
+        toml: include_str!("../presets/nvme-p4510.toml"),
     },
     Preset {
         name: "optane-p4800x",
-        toml: include_str!("presets/optane-p4800x.toml"),
+        toml: include_str!("../presets/optane-p4800x.toml"),
     },
     Preset {
         name: "sata-ssd",
-        toml: include_str!("presets/sata-ssd.toml"),
+        toml: include_str!("../presets/sata-ssd.toml"),
     },
     Preset {
         name: "ram",
-        toml: include_str!("presets/ram.toml"),
+        toml: include_str!("../presets/ram.toml"),
     },
 ];
 
