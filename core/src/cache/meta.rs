@@ -214,6 +214,9 @@ pub(crate) struct Meta {
     urgent: u32,
     /// Management waits for parked requests to be released: commit now.
     hurry: bool,
+    /// The last commit found no room in the journal: it waits for a checkpoint, not for a
+    /// deadline (so the deadline is not offered to the driver's timer meanwhile).
+    no_room: bool,
     commit: Option<Commit>,
     retry_at: Nanos,
     last_written_seq: u64,
@@ -262,6 +265,7 @@ impl Meta {
             due_moved: false,
             urgent: 0,
             hurry: false,
+            no_room: false,
             commit: None,
             retry_at: Nanos(0),
             last_written_seq: 0,
@@ -541,7 +545,7 @@ impl Cache {
     pub(crate) fn commit_deadline(&self) -> Option<Nanos> {
         self.meta
             .as_ref()
-            .filter(|m| m.ready && m.commit.is_none() && m.commit_due.0 != u64::MAX)
+            .filter(|m| m.ready && m.commit.is_none() && !m.no_room && m.commit_due.0 != u64::MAX)
             .map(|m| m.commit_due.max(m.retry_at))
     }
 
@@ -745,6 +749,7 @@ impl Cache {
             (m.head, 0)
         };
         if m.used + skipped + len > jb {
+            m.no_room = true;
             m.intents.commit_failed(&intents, intent_gen);
             // No room until a checkpoint moves the journal's start: ask for one and wait.
             if m.run.is_none() && !m.tasks.iter().any(|t| matches!(t, Task::Checkpoint { .. })) {
@@ -754,6 +759,7 @@ impl Cache {
             }
             return;
         }
+        m.no_room = false;
         for &l in &lines {
             m.queued.remove(&l);
             // An older record's durability must not release a line this commit re-captures.
@@ -1298,6 +1304,8 @@ impl Cache {
                         let (_, b) = m.live.pop_front().expect("non-empty");
                         m.used -= b;
                     }
+                    // The journal has room again: a waiting commit may start.
+                    m.no_room = false;
                 }
                 m.sb = run.sb;
                 m.sb_copy = run.copy;
