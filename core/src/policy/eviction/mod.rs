@@ -68,7 +68,8 @@ pub fn build(which: EvictionPolicy, lists: &mut ListArena, lines: u32) -> Box<dy
     }
 }
 
-/// The bit of [`TAG_EVICTION`] every policy keeps for "off its list": parked.
+/// The bit of [`TAG_EVICTION`] every policy keeps for "off its list": parked (a clean line) or,
+/// for S3-FIFO, dirty with its bits kept for its return.
 pub(crate) const OFF: u8 = 0b1000;
 
 /// The parked list: held lines an eviction walk took off their lists (one list for every class

@@ -16,9 +16,12 @@
 //!
 //! A held line the walk meets is parked (see [`crate::policy::eviction`]) and comes back at the
 //! back of its queue when released, to be judged by its counter at the next eviction, as it
-//! would have been had it stayed there.
+//! would have been had it stayed there. A line that becomes dirty leaves its queue with its
+//! counter and queue bit kept (a write hit counting as an access), and a writeback that makes
+//! it clean again puts it back at the front of that queue with them: being dirty for a while
+//! does not make a hot line look new (it used to come back on probation with a zero count).
 //!
-//! Memory: four bits per line (counter, queue bit, parked bit), kept in the line's tag beside its list
+//! Memory: four bits per line (counter, queue bit, off-queue bit), kept in the line's tag beside its list
 //! links ([`TAG_EVICTION`]: no array of its own, and no extra cache miss on a hit), plus the ghost filter, a direct-mapped table
 //! of 8-bit key fingerprints with one slot per two cache lines (half a byte per line; the paper's
 //! ghost queue remembers about as many keys as the main queue holds). The ghost filter is
@@ -27,7 +30,7 @@
 //! a new line straight to main — a performance effect only, never a correctness one.
 
 use crate::lists::{ListArena, ListId, TAG_EVICTION};
-use crate::policy::eviction::{Eviction, Parked};
+use crate::policy::eviction::{Eviction, OFF, Parked};
 use crate::policy::{IO_CLASSES_MAX, LineView};
 use crate::units::LineId;
 
@@ -155,6 +158,14 @@ impl Eviction for S3Fifo {
 
     fn insert(&mut self, lists: &mut ListArena, line: LineId, class: u8, key: u64) {
         let c = class as usize;
+        let m = meta(lists, line.0);
+        if m & OFF != 0 {
+            // Clean again after being dirty: back on its queue with its counter.
+            set_meta(lists, line.0, m & !OFF);
+            lists.push_front(self.queue(lists, line.0, class), line.0);
+            self.count(lists, line.0, class, true);
+            return;
+        }
         if self.ghost_take(key) {
             set_meta(lists, line.0, 0);
             lists.push_front(self.main[c], line.0);
@@ -176,6 +187,13 @@ impl Eviction for S3Fifo {
     fn remove(&mut self, lists: &mut ListArena, line: LineId, class: u8) {
         self.unlink(lists, line.0, class);
         set_meta(lists, line.0, 0);
+    }
+
+    fn dirtied(&mut self, lists: &mut ListArena, line: LineId, class: u8, hit: bool) {
+        self.unlink(lists, line.0, class);
+        let m = meta(lists, line.0);
+        let bump = (hit && m & FREQ_MASK < FREQ_MAX) as u8;
+        set_meta(lists, line.0, (m + bump) | OFF);
     }
 
     fn release(&mut self, lists: &mut ListArena, line: LineId, class: u8) {
@@ -385,5 +403,41 @@ mod tests {
             std::iter::from_fn(|| p.evict(&mut a, 0, &v).map(|l| l.0)).collect();
         got.sort_unstable();
         assert_eq!(got, [0, 1, 2, 3, 6, 7, 8, 9]);
+    }
+
+    #[test]
+    fn a_line_keeps_its_count_and_queue_while_dirty() {
+        let mut a = ListArena::new(32);
+        let mut p = S3Fifo::new(&mut a, 32);
+        let v = view(32);
+        for l in 0..10 {
+            p.insert(&mut a, LineId(l), 0, l as u64 * 7919);
+        }
+        // Line 0 (the oldest, on probation) is read once, then a write hit dirties it.
+        p.touch(&mut a, LineId(0), 0);
+        p.dirtied(&mut a, LineId(0), 0, true);
+        assert_eq!((p.len(0), p.small_len(0)), (9, 9));
+        assert_eq!(meta(&a, 0) & FREQ_MASK, 2, "the write hit counted");
+        // Written back: clean again, on probation with its count, at the front.
+        p.insert(&mut a, LineId(0), 0, 0);
+        assert_eq!((p.len(0), p.small_len(0)), (10, 10));
+        for l in 10..15 {
+            p.insert(&mut a, LineId(l), 0, l as u64 * 7919);
+        }
+        // Lines 1..9 go first; line 0 proves itself and moves to main, line 10 goes.
+        for l in 1..=10 {
+            assert_eq!(p.evict(&mut a, 0, &v), Some(LineId(l)));
+        }
+        assert_eq!((p.len(0), p.small_len(0)), (5, 4));
+        // A main line dirtied by a write that is not a hit comes back to main.
+        p.dirtied(&mut a, LineId(0), 0, false);
+        assert_eq!(p.len(0), 4);
+        p.insert(&mut a, LineId(0), 0, 0);
+        assert_eq!((p.len(0), p.small_len(0)), (5, 4));
+        assert_eq!(meta(&a, 0), 0, "main, count 0, on its queue");
+        // `remove` forgets: the line's next life starts on probation.
+        p.remove(&mut a, LineId(0), 0);
+        p.insert(&mut a, LineId(0), 0, position_key(CoreId(0), 100));
+        assert_eq!((p.len(0), p.small_len(0)), (5, 5));
     }
 }
