@@ -110,9 +110,17 @@ pub struct Args {
     /// Eviction: lru or s3fifo.
     #[arg(long, default_value = "lru", value_parser = crate::choices::words::<crate::choices::Eviction>())]
     eviction: String,
-    /// Promotion: always or nhit (threshold 3, trigger 80%).
+    /// Promotion: always or nhit (threshold and trigger below).
     #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::PromotionPolicy>())]
     promotion: String,
+    /// nhit: misses a core line needs to be inserted (2-1000, as `set-param promotion-nhit
+    /// --threshold`).
+    #[arg(long, value_name = "N", default_value_t = NhitParams::default().threshold, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    nhit_threshold: u32,
+    /// nhit: occupancy in percent below which every miss is inserted (0-100, as `set-param
+    /// promotion-nhit --trigger`).
+    #[arg(long, value_name = "PCT", default_value_t = NhitParams::default().trigger_pct, value_parser = clap::value_parser!(u32).range(0..=100))]
+    nhit_trigger: u32,
     /// Sequential cutoff: always, full or never (threshold 1 MiB).
     #[arg(long, default_value = "never", value_parser = crate::choices::words::<crate::choices::CutoffPolicy>())]
     cutoff: String,
@@ -328,7 +336,10 @@ pub fn run(args: Args) -> Result<(), String> {
                 mode,
                 eviction,
                 promotion,
-                nhit: NhitParams::default(),
+                nhit: NhitParams {
+                    threshold: args.nhit_threshold,
+                    trigger_pct: args.nhit_trigger,
+                },
                 cutoff,
             };
             policy::run(&t.requests, &policy, &lines, threads)?
@@ -341,8 +352,16 @@ pub fn run(args: Args) -> Result<(), String> {
         points.len(),
         fp.line_accesses
     );
+    let nhit = if promotion == PromotionPolicy::Nhit {
+        format!(
+            " (threshold {}, trigger {}%)",
+            args.nhit_threshold, args.nhit_trigger
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "  policy: eviction {}, promotion {}, mode {}, cutoff {}, line {}",
+        "  policy: eviction {}, promotion {}{nhit}, mode {}, cutoff {}, line {}",
         args.eviction, args.promotion, args.mode, args.cutoff, line
     );
     if let Some((err, n)) = shards_check {
@@ -518,7 +537,7 @@ fn to_json(
     shards_check: Option<(f64, usize)>,
 ) -> serde_json::Value {
     let m = &fp.mix;
-    json!({
+    let mut v = json!({
         "trace": {
             "file": name,
             "format": t.format.name(),
@@ -569,5 +588,10 @@ fn to_json(
             "core_write_bytes": p.core_write_bytes,
             "writeback_bytes": p.writeback_bytes,
         })).collect::<Vec<_>>(),
-    })
+    });
+    if args.promotion == "nhit" {
+        v["policy"]["nhit"] =
+            json!({"threshold": args.nhit_threshold, "trigger_pct": args.nhit_trigger});
+    }
+    v
 }

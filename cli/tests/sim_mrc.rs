@@ -144,6 +144,59 @@ fn the_core_method_runs_s3fifo_and_nhit() {
     }
 }
 
+/// The miss ratio and policy of `sim mrc --method core --sizes 100%` with `extra` options.
+fn full_size_core_run(
+    d: &std::path::Path,
+    trace: &str,
+    tag: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let j = d.join(format!("{tag}.json"));
+    let mut args = vec![
+        "sim", "mrc", "--trace", trace, "--method", "core", "--sizes", "100%",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--json", j.to_str().unwrap()]);
+    run_ok(&args);
+    json(&j)
+}
+
+#[test]
+fn nhit_takes_its_trigger_and_fills_the_footprint_at_100_percent() {
+    let d = tmp("nhit");
+    let trace = trace_file(&d);
+    let always = full_size_core_run(&d, &trace, "always", &[]);
+    let nhit80 = full_size_core_run(&d, &trace, "n80", &["--promotion", "nhit"]);
+    let nhit100 = full_size_core_run(
+        &d,
+        &trace,
+        "n100",
+        &[
+            "--promotion",
+            "nhit",
+            "--nhit-trigger",
+            "100",
+            "--nhit-threshold",
+            "3",
+        ],
+    );
+    let miss = |v: &serde_json::Value| v["sizes"][0]["miss_ratio"].as_f64().unwrap();
+    assert_eq!(nhit80["policy"]["nhit"]["trigger_pct"], 80);
+    assert_eq!(nhit100["policy"]["nhit"]["trigger_pct"], 100);
+    assert_eq!(nhit100["policy"]["nhit"]["threshold"], 3);
+    assert!(always["policy"].get("nhit").is_none());
+    // Open CAS's rule (trigger 80%): past 80% occupancy a line needs 3 misses to get in, so
+    // lines touched fewer times never do, even with free lines left.
+    assert!(
+        miss(&nhit80) > miss(&always),
+        "{} vs {}",
+        miss(&nhit80),
+        miss(&always)
+    );
+    // Trigger 100%: every miss gets in while a line is free: the cache fills like `always`.
+    assert_eq!(miss(&nhit100), miss(&always));
+}
+
 #[test]
 fn devices_are_listed_as_json() {
     let out = run_ok(&[

@@ -31,7 +31,7 @@ pub const NIL: u32 = u32::MAX;
 pub const EXTRA_NODES_RESERVED: usize = 8192;
 
 /// Bits of tag per node (the sum of the fields below).
-pub const TAG_BITS: u32 = 11;
+pub const TAG_BITS: u32 = 12;
 
 /// A bit field of a node's tag.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -42,8 +42,9 @@ pub struct TagField {
 
 /// The line's class byte: IO class and flags (owned by `state.rs`).
 pub const TAG_STATE: TagField = TagField { shift: 0, bits: 8 };
-/// Per-line bits of the eviction policy (S3-FIFO's access counter and queue bit).
-pub const TAG_EVICTION: TagField = TagField { shift: 8, bits: 3 };
+/// Per-line bits of the eviction policy (S3-FIFO's access counter and queue bit, and the
+/// "off its list" bit of every policy: see `policy/eviction/mod.rs`).
+pub const TAG_EVICTION: TagField = TagField { shift: 8, bits: 4 };
 
 /// Names a list (its sentinel node id).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

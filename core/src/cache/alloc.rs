@@ -7,7 +7,9 @@
 //! Only clean lines are ever evicted (dirty lines are not on eviction lists), and lines locked by
 //! a request or being written back are skipped.
 
+use super::lock::{LockKind, lock_key};
 use super::{Cache, View};
+use crate::lists::TAG_EVICTION;
 use crate::policy::{IO_CLASSES_MAX, position_key};
 use crate::units::{CoreId, LineId};
 
@@ -165,6 +167,34 @@ impl Cache {
         self.class_lines[class as usize] -= 1;
         self.map.remove(line);
         self.state.reset(&mut self.lists, line);
+        self.lists.set_field(line.0, TAG_EVICTION, 0);
+    }
+
+    /// Releases core lines `first..=last` of `core` taken as `kind`, and gives the eviction
+    /// policy back any of their lines it parked while they were held.
+    pub(crate) fn unlock_lines(&mut self, core: CoreId, first: u64, last: u64, kind: LockKind) {
+        self.locks.unlock(core, first, last, kind);
+        self.unpark(core, first, last);
+    }
+
+    /// Core lines `first..=last` of `core` were released (a lock or a writeback): each clean
+    /// line of them that nothing holds any more goes back on its eviction list if it was
+    /// parked (see `policy/eviction/mod.rs`). Costs nothing while no line is parked.
+    pub(crate) fn unpark(&mut self, core: CoreId, first: u64, last: u64) {
+        if self.eviction.parked() == 0 {
+            return;
+        }
+        for cl in first..=last {
+            if self.locks.busy(lock_key(core, cl)) {
+                continue;
+            }
+            if let Some(l) = self.map.lookup(core, cl)
+                && self.state.dirty(l) == 0
+            {
+                let class = self.lists.class(l);
+                self.eviction.release(&mut self.lists, l, class);
+            }
+        }
     }
 
     /// Frees a mapped, clean line the caller holds: off its eviction list, unmapped, onto the

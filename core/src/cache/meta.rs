@@ -558,7 +558,7 @@ impl Cache {
     ) {
         for w in waiters {
             if let Some((core, first, last, kind)) = w.lock {
-                self.locks.unlock(core, first, last, kind);
+                self.unlock_lines(core, first, last, kind);
                 self.wake_waiters = true;
             }
             if w.replied {

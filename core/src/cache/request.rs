@@ -1054,7 +1054,7 @@ impl Cache {
             // This write must reach the core, and a writeback of its lines is in flight:
             // wait for it, so the older writeback cannot land after us.
             self.unmap_new(&mut r);
-            self.locks.unlock(r.core, r.first, r.last, r.lock);
+            self.unlock_lines(r.core, r.first, r.last, r.lock);
             r.locked = false;
             r.lock = LockKind::ExclusiveNoWb;
             let id = r.id;
@@ -1192,6 +1192,7 @@ impl Cache {
                     let p = r.parts[i];
                     let l = p.line.expect("write-back lines are mapped");
                     let old_d = self.state.dirty(l);
+                    let hit = !p.new && self.state.valid(l) & p.mask != 0;
                     #[allow(unused_mut)]
                     let mut v = self.state.valid(l) | p.mask;
                     #[cfg(feature = "canary-stale-partial")]
@@ -1202,7 +1203,7 @@ impl Cache {
                     self.meta_note(l);
                     if old_d == 0 {
                         let class = self.lists.class(l);
-                        self.eviction.remove(&mut self.lists, l, class);
+                        self.eviction.dirtied(&mut self.lists, l, class, hit);
                         self.count_dirty(l, true);
                     }
                     let view = super::View {
@@ -1303,7 +1304,7 @@ impl Cache {
     fn fallback_to_core(&mut self, mut r: Box<Request>) {
         self.faults.counters.lazy_write_fallbacks += 1;
         if r.locked {
-            self.locks.unlock(r.core, r.first, r.last, r.lock);
+            self.unlock_lines(r.core, r.first, r.last, r.lock);
             r.locked = false;
             self.wake_waiters = true;
         }
@@ -1553,7 +1554,7 @@ impl Cache {
             });
         } else {
             if r.locked {
-                self.locks.unlock(r.core, r.first, r.last, r.lock);
+                self.unlock_lines(r.core, r.first, r.last, r.lock);
                 self.wake_waiters = true;
             }
             Self::reply(actions, r.id, result);

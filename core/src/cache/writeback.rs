@@ -433,6 +433,7 @@ impl Cache {
         let mut per_core: Vec<(CoreId, bool, bool)> = Vec::new();
         for &(l, c, cl) in &job.lines {
             let mask = self.locks.end_wb(lock_key(c, cl));
+            self.unpark(c, cl, cl);
             if !self.map.is_mapped(l) || self.map.position(l) != (c, cl) {
                 continue; // only under the broken-eviction canary
             }

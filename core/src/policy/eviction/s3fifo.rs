@@ -14,7 +14,14 @@
 //! A one-time scan therefore flows through the small queue and out again without disturbing
 //! the main queue, where the hot set lives. LRU, by contrast, lets a scan push out everything.
 //!
-//! Memory: three bits per line (counter and queue bit), kept in the line's tag beside its list
+//! A held line the walk meets is parked (see [`crate::policy::eviction`]) and comes back at the
+//! back of its queue when released, to be judged by its counter at the next eviction, as it
+//! would have been had it stayed there. A line that becomes dirty leaves its queue with its
+//! counter and queue bit kept (a write hit counting as an access), and a writeback that makes
+//! it clean again puts it back at the front of that queue with them: being dirty for a while
+//! does not make a hot line look new (it used to come back on probation with a zero count).
+//!
+//! Memory: four bits per line (counter, queue bit, off-queue bit), kept in the line's tag beside its list
 //! links ([`TAG_EVICTION`]: no array of its own, and no extra cache miss on a hit), plus the ghost filter, a direct-mapped table
 //! of 8-bit key fingerprints with one slot per two cache lines (half a byte per line; the paper's
 //! ghost queue remembers about as many keys as the main queue holds). The ghost filter is
@@ -23,7 +30,7 @@
 //! a new line straight to main — a performance effect only, never a correctness one.
 
 use crate::lists::{ListArena, ListId, TAG_EVICTION};
-use crate::policy::eviction::Eviction;
+use crate::policy::eviction::{Eviction, OFF, Parked};
 use crate::policy::{IO_CLASSES_MAX, LineView};
 use crate::units::LineId;
 
@@ -47,6 +54,7 @@ pub struct S3Fifo {
     /// Slots of `ghost` in use: while none is (a new or just loaded cache, before its first
     /// eviction), an insert does not look (a cache miss per line saved: 16M at a load).
     ghost_used: u32,
+    parked: Parked,
 }
 
 impl S3Fifo {
@@ -61,6 +69,7 @@ impl S3Fifo {
             main_len: vec![0; IO_CLASSES_MAX],
             ghost: vec![0; (lines as usize / 2).max(64)],
             ghost_used: 0,
+            parked: Parked::new(lists),
         }
     }
 
@@ -97,6 +106,38 @@ impl S3Fifo {
     pub fn small_len(&self, class: u8) -> u32 {
         self.small_len[class as usize]
     }
+
+    /// The queue `line` belongs on, by its tag's queue bit.
+    fn queue(&self, lists: &ListArena, line: u32, class: u8) -> ListId {
+        if meta(lists, line) & IN_SMALL != 0 {
+            self.small[class as usize]
+        } else {
+            self.main[class as usize]
+        }
+    }
+
+    /// Counts `line` on the queue its tag names (or uncounts it).
+    fn count(&mut self, lists: &ListArena, line: u32, class: u8, up: bool) {
+        let c = class as usize;
+        let n = if meta(lists, line) & IN_SMALL != 0 {
+            &mut self.small_len[c]
+        } else {
+            &mut self.main_len[c]
+        };
+        if up {
+            *n += 1;
+        } else {
+            *n -= 1;
+        }
+    }
+
+    /// Unlinks `line` (a line this policy holds, maybe parked) and uncounts it.
+    fn unlink(&mut self, lists: &mut ListArena, line: u32, class: u8) {
+        debug_assert!(lists.is_linked(line));
+        self.parked.take(lists, line);
+        lists.unlink(line);
+        self.count(lists, line, class, false);
+    }
 }
 
 /// A line's bits: 0–1 access counter, 2 "on the small queue" (in its list tag).
@@ -117,6 +158,14 @@ impl Eviction for S3Fifo {
 
     fn insert(&mut self, lists: &mut ListArena, line: LineId, class: u8, key: u64) {
         let c = class as usize;
+        let m = meta(lists, line.0);
+        if m & OFF != 0 {
+            // Clean again after being dirty: back on its queue with its counter.
+            set_meta(lists, line.0, m & !OFF);
+            lists.push_front(self.queue(lists, line.0, class), line.0);
+            self.count(lists, line.0, class, true);
+            return;
+        }
         if self.ghost_take(key) {
             set_meta(lists, line.0, 0);
             lists.push_front(self.main[c], line.0);
@@ -136,15 +185,26 @@ impl Eviction for S3Fifo {
     }
 
     fn remove(&mut self, lists: &mut ListArena, line: LineId, class: u8) {
-        debug_assert!(lists.is_linked(line.0));
-        lists.unlink(line.0);
-        let c = class as usize;
-        if meta(lists, line.0) & IN_SMALL != 0 {
-            self.small_len[c] -= 1;
-        } else {
-            self.main_len[c] -= 1;
-        }
+        self.unlink(lists, line.0, class);
         set_meta(lists, line.0, 0);
+    }
+
+    fn dirtied(&mut self, lists: &mut ListArena, line: LineId, class: u8, hit: bool) {
+        self.unlink(lists, line.0, class);
+        let m = meta(lists, line.0);
+        let bump = (hit && m & FREQ_MASK < FREQ_MAX) as u8;
+        set_meta(lists, line.0, (m + bump) | OFF);
+    }
+
+    fn release(&mut self, lists: &mut ListArena, line: LineId, class: u8) {
+        if self.parked.take(lists, line.0) {
+            // Still counted on its queue while parked.
+            lists.push_back(self.queue(lists, line.0, class), line.0);
+        }
+    }
+
+    fn parked(&self) -> u32 {
+        self.parked.len()
     }
 
     fn evict(&mut self, lists: &mut ListArena, class: u8, view: &dyn LineView) -> Option<LineId> {
@@ -159,6 +219,9 @@ impl Eviction for S3Fifo {
             if let Some(n) = cs.filter(|_| small_over || cm.is_none()) {
                 cs = lists.next_towards_back(small, n);
                 if !view.evictable(lists, LineId(n)) {
+                    if view.busy(LineId(n)) {
+                        self.parked.park(lists, n);
+                    }
                     continue;
                 }
                 lists.unlink(n);
@@ -188,6 +251,8 @@ impl Eviction for S3Fifo {
                 }
                 set_meta(lists, n, m - 1);
                 lists.move_to_front(main, n);
+            } else if view.busy(LineId(n)) {
+                self.parked.park(lists, n);
             }
             if cm.is_none() && main_passes < MAIN_PASSES_MAX {
                 main_passes += 1;
@@ -282,5 +347,97 @@ mod tests {
         assert_eq!(got.len(), 15, "every even line but the busy one");
         assert_eq!(p.len(0), 1);
         assert_eq!(p.len(1), 16);
+    }
+
+    fn view(n: usize) -> View {
+        View {
+            busy: vec![false; n],
+            pos: (0..n as u64).collect(),
+        }
+    }
+
+    #[test]
+    fn held_lines_are_parked_once_and_judged_by_their_count_when_released() {
+        let mut a = ListArena::new(32);
+        let mut p = S3Fifo::new(&mut a, 32);
+        let mut v = view(32);
+        for l in 0..20 {
+            p.insert(&mut a, LineId(l), 0, l as u64 * 7919);
+        }
+        (0..10).for_each(|l| v.busy[l] = true);
+        p.touch(&mut a, LineId(2), 0);
+        assert_eq!(p.evict(&mut a, 0, &v), Some(LineId(10)));
+        assert_eq!(p.parked(), 10);
+        assert_eq!(
+            (p.len(0), p.small_len(0)),
+            (19, 19),
+            "parked lines stay counted"
+        );
+        // Released lines go to the back of the small queue, the last released last in.
+        for l in [2, 4] {
+            v.busy[l] = false;
+            p.release(&mut a, LineId(l as u32), 0);
+        }
+        assert_eq!(p.parked(), 8);
+        assert_eq!(p.evict(&mut a, 0, &v), Some(LineId(4)));
+        // Line 2 was hit while held: to main, and the walk goes on to line 11.
+        assert_eq!(p.evict(&mut a, 0, &v), Some(LineId(11)));
+        assert_eq!((p.len(0), p.small_len(0)), (17, 16));
+        // A parked line that becomes dirty leaves the parked list.
+        p.dirtied(&mut a, LineId(5), 0, true);
+        assert_eq!((p.parked(), p.len(0)), (7, 16));
+        // Held lines in main are parked too.
+        v.busy[2] = true;
+        while p.small_len(0) > p.parked() {
+            p.evict(&mut a, 0, &v).unwrap();
+        }
+        assert_eq!(p.evict(&mut a, 0, &v), None, "every line left is held");
+        assert_eq!(p.parked(), 8);
+        v.busy.iter_mut().for_each(|b| *b = false);
+        for l in [0, 1, 2, 3, 6, 7, 8, 9] {
+            p.release(&mut a, LineId(l), 0);
+        }
+        assert_eq!(p.parked(), 0);
+        assert_eq!(p.len(0), 8);
+        let mut got: Vec<u32> =
+            std::iter::from_fn(|| p.evict(&mut a, 0, &v).map(|l| l.0)).collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3, 6, 7, 8, 9]);
+    }
+
+    #[test]
+    fn a_line_keeps_its_count_and_queue_while_dirty() {
+        let mut a = ListArena::new(32);
+        let mut p = S3Fifo::new(&mut a, 32);
+        let v = view(32);
+        for l in 0..10 {
+            p.insert(&mut a, LineId(l), 0, l as u64 * 7919);
+        }
+        // Line 0 (the oldest, on probation) is read once, then a write hit dirties it.
+        p.touch(&mut a, LineId(0), 0);
+        p.dirtied(&mut a, LineId(0), 0, true);
+        assert_eq!((p.len(0), p.small_len(0)), (9, 9));
+        assert_eq!(meta(&a, 0) & FREQ_MASK, 2, "the write hit counted");
+        // Written back: clean again, on probation with its count, at the front.
+        p.insert(&mut a, LineId(0), 0, 0);
+        assert_eq!((p.len(0), p.small_len(0)), (10, 10));
+        for l in 10..15 {
+            p.insert(&mut a, LineId(l), 0, l as u64 * 7919);
+        }
+        // Lines 1..9 go first; line 0 proves itself and moves to main, line 10 goes.
+        for l in 1..=10 {
+            assert_eq!(p.evict(&mut a, 0, &v), Some(LineId(l)));
+        }
+        assert_eq!((p.len(0), p.small_len(0)), (5, 4));
+        // A main line dirtied by a write that is not a hit comes back to main.
+        p.dirtied(&mut a, LineId(0), 0, false);
+        assert_eq!(p.len(0), 4);
+        p.insert(&mut a, LineId(0), 0, 0);
+        assert_eq!((p.len(0), p.small_len(0)), (5, 4));
+        assert_eq!(meta(&a, 0), 0, "main, count 0, on its queue");
+        // `remove` forgets: the line's next life starts on probation.
+        p.remove(&mut a, LineId(0), 0);
+        p.insert(&mut a, LineId(0), 0, position_key(CoreId(0), 100));
+        assert_eq!((p.len(0), p.small_len(0)), (5, 5));
     }
 }
