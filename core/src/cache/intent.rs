@@ -24,17 +24,18 @@
 //! - `HOT`: `OPEN`, and changed (or opened) since the last checkpoint captured it.
 //!
 //! A chunk capture records an `OPEN` region proven only if it is quiet, and the region becomes
-//! `PROVEN` at that moment. A `HOT` region is recorded unproven and cools to `OPEN`: a region
-//! written in every checkpoint interval stays open, so a stream of writes spread over the
-//! cache does not pay an intent (a commit written with FUA, before the write) per region per
-//! checkpoint, which, with small records and a small journal, made checkpoints come faster
-//! and the intents with them. Such a region's clean lines are not kept after a crash (its
-//! dirty lines are, from the journal). a later change's intent lands in a record at or after the
+//! `PROVEN` at that moment: a later change's intent lands in a record at or after the
 //! checkpoint's journal start, so it is replayed over this checkpoint as well as over the one
-//! still in force. A `QUEUED` region is recorded unproven. A `PROVEN` region is recorded proven
-//! (nothing changed since its last capture; the new checkpoint flushes the cores again).
+//! still in force. A `HOT` region is recorded unproven and cools to `OPEN`: a region written
+//! in every checkpoint interval stays open, so a stream of writes spread over the cache does
+//! not pay an intent (a commit written with FUA, before the write) per region per checkpoint,
+//! which, with small records and a small journal, made checkpoints come faster and the
+//! intents with them. Such a region's clean lines are not kept after a crash (its dirty lines
+//! are, from the journal). A `QUEUED` region is recorded unproven. A `PROVEN` region is
+//! recorded proven (nothing changed since its last capture; the new checkpoint flushes the
+//! cores again).
 //!
-//! Lines unmapped while their region is not `OPEN` wait (in limbo, [`Meta::limbo`]) until the
+//! Lines unmapped while their region is not open (`OPEN` or `HOT`) wait (in limbo, [`Meta::limbo`]) until the
 //! intent is durable before they are reused, and their core lines are *ghosts* until then: a
 //! write to a ghost waits too. An eviction that finds its victim in such a region gives the
 //! victim to limbo and fails the allocation (the request goes pass-through, as when nothing
@@ -369,8 +370,8 @@ impl Cache {
     }
 
     /// Proven flags for the checkpoint chunk of lines `first..last` being captured now, and
-    /// the region states that follow (`OPEN` and quiet → `PROVEN`, `HOT` → `OPEN`). `prove`: false when the
-    /// checkpoint proves nothing (a core flush failed before).
+    /// the region states that follow (`OPEN` and quiet → `PROVEN`, `HOT` → `OPEN`). `prove`:
+    /// false when the checkpoint proves nothing (a core flush failed before).
     pub(crate) fn intent_capture(&mut self, first: u32, last: u32, prove: bool) -> Vec<bool> {
         let mut out = vec![false; (last - first) as usize];
         if !prove {

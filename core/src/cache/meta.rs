@@ -486,8 +486,9 @@ impl Cache {
             .is_some_and(|m| std::mem::take(&mut m.touched))
     }
 
-    /// Whether a finished request of `core` still waits for its commit (and holds its locks).
-    pub(crate) fn meta_parked_on(&self, core: CoreId) -> bool {
+    /// Whether requests of `core` that finished still wait for their commit (they hold their
+    /// line locks, and management of the core waits for them: [`Cache::commit_soon`]).
+    pub fn parked_on(&self, core: CoreId) -> bool {
         self.meta.as_ref().is_some_and(|m| {
             m.waiters_next
                 .iter()
@@ -517,12 +518,6 @@ impl Cache {
         }
         m.arm(now);
         m.waiters_next.push(w);
-    }
-
-    /// Whether requests of `core` that finished still wait for their commit (they hold their
-    /// line locks, and management of the core waits for them: [`Cache::commit_soon`]).
-    pub fn parked_on(&self, core: CoreId) -> bool {
-        self.meta_parked_on(core)
     }
 
     /// Asks for the next commit now rather than at its group-commit deadline (management
@@ -594,10 +589,12 @@ impl Cache {
                 || m.queued.len() >= COMMIT_BATCH_LINES
                 || self.now >= m.commit_due
                 || !self.waits.is_empty();
+            if !pending {
+                // Nothing waits: no deadline to offer the driver's timer.
+                m.commit_due = Nanos(u64::MAX);
+            }
             if pending && due {
                 self.start_commit(actions);
-            } else if !pending && m.commit_due.0 != u64::MAX {
-                m.commit_due = Nanos(u64::MAX);
             } else if !m.dd_queue.is_empty() && !m.flush_in_flight {
                 let m = self.meta.as_mut().expect("persistent");
                 m.flush_in_flight = true;

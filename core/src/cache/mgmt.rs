@@ -142,7 +142,7 @@ impl Cache {
     /// Whether `core` has requests or writeback in flight. Requests parked for their group
     /// commit count, and the commit is asked for now (they are released within one commit).
     fn core_busy(&mut self, core: CoreId) -> bool {
-        let parked = self.meta_parked_on(core);
+        let parked = self.parked_on(core);
         if parked {
             self.commit_soon();
         }
