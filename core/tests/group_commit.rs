@@ -5,6 +5,9 @@
 //!   holds them all;
 //! - a FUA write, a client flush, and a write to a line a parked write still holds each start
 //!   the commit at once;
+//! - a rewrite of blocks already dirty in a line whose record is written changes no record:
+//!   it starts no commit and is not parked, and a crash at any point after it leaves every
+//!   block legal;
 //! - a region written since the last checkpoint is recorded unproven by the next one and needs
 //!   no new write intent; a region left alone for a whole checkpoint interval is proven again
 //!   and its next write waits for an intent.
@@ -12,7 +15,7 @@
 mod harness;
 
 use harness::workload::persistent;
-use harness::{Env, Knobs, ReqOp, Rng};
+use harness::{CrashPattern, Env, Knobs, ReqOp, Rng};
 use tiercache_core::Config;
 use tiercache_core::cache::COMMIT_DELAY_NS;
 use tiercache_core::mode::CacheMode;
@@ -115,6 +118,51 @@ fn fua_flush_and_a_conflicting_write_commit_at_once() {
             "case {case}: the commit started at once"
         );
         env.verify_all();
+    }
+}
+
+#[test]
+fn a_rewrite_of_recorded_dirty_blocks_needs_no_commit() {
+    for pattern in [
+        CrashPattern::Kept,
+        CrashPattern::Dropped,
+        CrashPattern::Torn,
+        CrashPattern::Reordered,
+    ] {
+        let mut env = wb_env(31);
+        for i in 0..8 {
+            write(&mut env, spread(i), false);
+            run_ios(&mut env);
+        }
+        later(&mut env, COMMIT_DELAY_NS);
+        let c0 = env.cache.meta_counters().commits;
+        for _ in 0..3 {
+            for i in 0..8 {
+                write(&mut env, spread(i), false);
+                run_ios(&mut env);
+            }
+        }
+        // Half a line: the blocks are dirty already, so no state changes either.
+        env.submit(ReqOp::Write { fua: false }, 0, spread(2) * BPL + 2, 3);
+        run_ios(&mut env);
+        assert_eq!(env.in_flight(), 0, "every rewrite answered");
+        later(&mut env, COMMIT_DELAY_NS);
+        assert_eq!(
+            env.cache.meta_counters().commits,
+            c0,
+            "rewrites of recorded dirty blocks changed no record"
+        );
+        // A write that dirties a new line still commits.
+        write(&mut env, spread(9), false);
+        run_ios(&mut env);
+        later(&mut env, COMMIT_DELAY_NS);
+        assert_eq!(env.cache.meta_counters().commits, c0 + 1);
+        for i in 0..8 {
+            write(&mut env, spread(i), false);
+            run_ios(&mut env);
+        }
+        env.verify_all();
+        env.crash_check(pattern);
     }
 }
 

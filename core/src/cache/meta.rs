@@ -444,6 +444,18 @@ impl Cache {
         }
     }
 
+    /// Whether `line`'s state is the one its last record (written or being written) holds:
+    /// it is durable-dirty and not queued. Called by a write that holds the line's lock and
+    /// changed neither its valid nor its dirty blocks: any request that changed the line
+    /// earlier kept the lock until its record's commit ended, so the journal (or the commit
+    /// in flight, which a later flush waits for) already has this state.
+    #[inline]
+    pub(crate) fn meta_recorded(&self, line: LineId) -> bool {
+        self.meta
+            .as_ref()
+            .is_some_and(|m| self.lists.durable_dirty(line) && !m.queued.contains(&line.0))
+    }
+
     /// Called after a line's state changed: a line with dirty blocks becomes durable-dirty,
     /// and a durable-dirty line is queued for the next commit.
     #[inline]

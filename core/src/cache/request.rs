@@ -1192,15 +1192,21 @@ impl Cache {
                     let p = r.parts[i];
                     let l = p.line.expect("write-back lines are mapped");
                     let old_d = self.state.dirty(l);
-                    let hit = !p.new && self.state.valid(l) & p.mask != 0;
+                    let old_v = self.state.valid(l);
+                    let hit = !p.new && old_v & p.mask != 0;
                     #[allow(unused_mut)]
-                    let mut v = self.state.valid(l) | p.mask;
+                    let mut v = old_v | p.mask;
                     #[cfg(feature = "canary-stale-partial")]
                     {
                         v = crate::units::full_mask(self.bpl);
                     }
                     self.state.set(&mut self.lists, l, v, old_d | p.mask);
-                    self.meta_note(l);
+                    // A rewrite of blocks already dirty in a recorded line changes no record:
+                    // nothing to commit, and the write need not wait for a commit.
+                    let same = !p.new && v == old_v && old_d | p.mask == old_d;
+                    if !(same && !fua && self.meta_recorded(l)) {
+                        self.meta_note(l);
+                    }
                     if old_d == 0 {
                         let class = self.lists.class(l);
                         self.eviction.dirtied(&mut self.lists, l, class, hit);
