@@ -315,6 +315,8 @@ pub(crate) enum FioTarget {
     },
     /// fio's nbd engine.
     Nbd { uri: String },
+    /// fio's io_uring engine with `O_DIRECT` on a file (the cache device's own ceiling).
+    File { path: PathBuf },
 }
 
 impl FioTarget {
@@ -335,6 +337,11 @@ impl FioTarget {
             }
             FioTarget::Nbd { uri } => {
                 cmd.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
+            }
+            FioTarget::File { path } => {
+                cmd.arg("--ioengine=io_uring")
+                    .arg("--direct=1")
+                    .arg(format!("--filename={}", path.display()));
             }
         }
     }

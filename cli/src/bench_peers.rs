@@ -43,6 +43,9 @@ use tiercache_daemon::admin::{Request, call};
 use tiercache_daemon::device::parse_size;
 
 const NBDKIT: &str = "nbdkit";
+/// The pass-through cache P1 measures as the structure's floor (1 and 2 are P1's caches, 3
+/// is P2's).
+const PT_CACHE: u16 = 4;
 
 /// Arguments of `tiercache bench peers`.
 #[derive(clap::Args)]
@@ -1079,16 +1082,23 @@ fn p1_and_conns(
     let t = Instant::now();
     let core_ram = scratch.join("p1-core-ram.img");
     let core_file = scratch.join("p1-core-file.img");
+    let core_pt = scratch.join("p1-core-pt.img");
     let cache_file = scratch.join("p1-cache.img");
     let cache_file_bytes = ws + ws / 2;
     fill_file(&core_ram, ws, Some(0x9e37_79b9_7f4a_7c15))?;
     fill_file(&core_file, ws, Some(0x9e37_79b9_7f4a_7c15))?;
+    fill_file(&core_pt, ws, Some(0x9e37_79b9_7f4a_7c15))?;
     fill_file(&cache_file, cache_file_bytes, None)?;
     let ram_dev = format!("ram:{}m", (ws + ws / 4) >> 20);
     let c1 = d.start_cache(1, &ram_dev, "wt")?;
     d.add_core(1, &core_ram.display().to_string(), "p1-ram")?;
     let c2 = d.start_cache(2, &cache_file.display().to_string(), "wt")?;
     d.add_core(2, &core_file.display().to_string(), "p1-file")?;
+    // The structure's floor: a pass-through cache over a file of the same data on the same
+    // disk. Every read goes to the device through the same reactor, engine and ring, with no
+    // lookup, lock or copy of a hit: what this server costs with the cache logic taken away.
+    d.start_cache(PT_CACHE, "ram:16m", "pt")?;
+    d.add_core(PT_CACHE, &core_pt.display().to_string(), "p1-pt")?;
     let direct = opened_direct(d.pid, &cache_file);
     // nbdkit memory with the same bytes.
     let mem_sock = scratch.join("nbdkit-memory.sock");
@@ -1162,6 +1172,14 @@ fn p1_and_conns(
             file: None,
             server: vec![d.pid],
             tc_cache: Some(2),
+            nbdkit_log: None,
+        },
+        Cfg {
+            name: "tiercache-pt-file".into(),
+            target: d.uri("p1-pt"),
+            file: None,
+            server: vec![d.pid],
+            tc_cache: None,
             nbdkit_log: None,
         },
         Cfg {
@@ -1558,6 +1576,7 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
     let p1_cfgs = [
         "tiercache-ram",
         "tiercache-file",
+        "tiercache-pt-file",
         "nbdkit-memory",
         "fio-io_uring-device",
     ];
@@ -1644,6 +1663,20 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
                 "floor_iops": floor, "target": 0.9, "cpu_us_per_io": c, "cpu_target_us": cmax,
                 "met": met});
             targets.push(json!({"id": "P1-file", "ratio": x, "target": 0.9, "met": met}));
+        }
+        let pt = measured(rep, "P1", "tiercache-pt-file", 1);
+        if !file.is_empty() && !pt.is_empty() {
+            let x = med(&file) / med(&pt).max(1e-9);
+            let per = round_ratios(&file, &pt, &|a, b| a.iops / b.iops.max(1e-9));
+            let (_, lo, hi) = mmm(&per);
+            let _ = writeln!(
+                t,
+                "P1 file, the structure's floor: tiercache file hits / tiercache pt on a file (every read to the device, no cache logic) = {x:.2}x (per round {lo:.2}-{hi:.2}); server {} vs {} CPU-us per IO",
+                fmt_opt(cpu(&file, false)),
+                fmt_opt(cpu(&pt, false)),
+            );
+            ratios["file_over_pt_file"] = json!({"ratio": x, "per_round": per,
+                "cpu_us_per_io": cpu(&file, false), "pt_cpu_us_per_io": cpu(&pt, false)});
         }
         let low_hits = rep
             .runs
