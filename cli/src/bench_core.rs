@@ -360,8 +360,24 @@ pub fn run(args: Args) -> Result<(), String> {
         "  read requests: {} full hits, {} partial hits, {} misses",
         counters.read.full_hit, counters.read.partial_hit, counters.read.miss
     );
+    // The targets (docs/TARGETS.md): P6's decision against the DRAM floor measured above.
+    let decision_max = 2.5 * floor.load_ns;
+    let p6_core = read_hit.p50 <= decision_max;
+    let p6_engine = en.hit_p50 <= 1000.0;
+    let p7 = bytes_per_line <= 20.0;
     println!(
-        "  targets (SPEC P6/P7): decision p50 <= 300 ns; engine hit <= 1000 ns; <= 20 bytes per line"
+        "  {} P6 core decision: 4K read full hit p50 {:.0} ns (target <= 2.5x one dependent DRAM read = {decision_max:.0} ns)",
+        crate::bench_run::verdict(p6_core),
+        read_hit.p50
+    );
+    println!(
+        "  {} P6 engine: 4K read hit, ram:, QD1 p50 {:.0} ns (target <= 1000 ns)",
+        crate::bench_run::verdict(p6_engine),
+        en.hit_p50
+    );
+    println!(
+        "  {} P7 metadata RAM: {bytes_per_line:.3} bytes per 4 KiB line (target <= 20)",
+        crate::bench_run::verdict(p7)
     );
 
     if let Some(path) = args.json {
@@ -370,6 +386,11 @@ pub fn run(args: Args) -> Result<(), String> {
             "ops": args.ops,
             "eviction": args.eviction,
             "promotion": args.promotion,
+            "targets": {
+                "p6_core": {"decision_p50_ns": read_hit.p50, "target_ns": decision_max, "met": p6_core},
+                "p6_engine": {"hit_p50_ns": en.hit_p50, "target_ns": 1000.0, "met": p6_engine},
+                "p7": {"bytes_per_line": bytes_per_line, "target": 20.0, "met": p7},
+            },
             "read_hit_ns": read_hit.p50,
             "read_hit_ns_p99": read_hit.p99,
             "read_hit_scattered_ns": read_scattered.p50,

@@ -271,7 +271,7 @@ pub fn run(a: Args) -> Result<(), String> {
         return Err(format!("--dir {}: not a directory", dir.display()));
     }
     println!(
-        "tiercache bench load: SPEC P9 (cold page cache), 4 KiB lines, wb, {}% dirty",
+        "tiercache bench load: target P9 (cold page cache), 4 KiB lines, wb, {}% dirty",
         a.dirty_pct
     );
     println!(

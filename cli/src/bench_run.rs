@@ -1068,7 +1068,7 @@ fn run_in(
     }
     if rbd && !a.no_studies {
         println!(
-            "(SPEC P3-P5 are defined on the emulated HDD: run without --core rbd for their procedures)"
+            "(targets P3-P5 are defined on the emulated HDD: run without --core rbd for their procedures)"
         );
     }
     if !rbd && a.only.is_none() && !a.no_studies && !STOP.load(Ordering::Relaxed) {
@@ -1092,7 +1092,7 @@ fn run_in(
                 targets.1 = Some(targets.1.unwrap_or_default() + &t);
             }
             Err(e) => {
-                eprintln!("the SPEC P4/P5 procedures failed: {e}");
+                eprintln!("the P4/P5 procedures failed: {e}");
                 targets.0["p4_p5_error"] = json!(e);
             }
         }
@@ -1395,7 +1395,10 @@ fn p3_summary(results: &[RunResult], ceiling: &[(String, f64)]) -> (Value, Optio
             );
         }
     }
-    (v, (!t.is_empty()).then(|| format!("\nSPEC targets\n{t}")))
+    (
+        v,
+        (!t.is_empty()).then(|| format!("\nTargets (docs/TARGETS.md says what each id asks)\n{t}")),
+    )
 }
 
 /// On an RBD core: how tiercache and librbd's writeback cache compare with the bare image and

@@ -221,7 +221,7 @@ pub fn run(plan: &Plan, scratch: &Path, ui: &Ui) -> Result<(Value, String), Stri
     server.listen(&ListenAddr::Unix(sock.clone()))?;
     let rig = Rig { reg, server, sock };
     println!(
-        "\nSPEC P4/P5 procedures: their own {} MiB cache ({} MiB of data lines), wb, emulated {} cores",
+        "\nP4/P5 procedures: their own {} MiB cache ({} MiB of data lines), wb, emulated {} cores",
         c >> 20,
         lines_bytes >> 20,
         plan.preset

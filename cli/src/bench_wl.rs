@@ -313,7 +313,7 @@ pub fn run(a: Args) -> Result<(), String> {
     let (text, summary, targets) = summarize(&plan, &rep, &fio);
     println!("\n{text}");
     if cpus < 2 || plan.server_cpu == plan.client_cpu {
-        println!("note: the daemon and fio share a CPU here; SPEC wants them pinned apart");
+        println!("note: the daemon and fio share a CPU here; the targets want them pinned apart");
     }
     println!("total time: {total_s:.1} s");
     if stopped {
@@ -363,7 +363,7 @@ pub fn run(a: Args) -> Result<(), String> {
         w(
             "report.md",
             &format!(
-                "# tiercache bench wl (SPEC P8)\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
+                "# tiercache bench wl (target P8)\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
                 git_commit(),
                 host()["cpu"].as_str().unwrap_or("")
             ),
@@ -1273,13 +1273,13 @@ fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value, Value) {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "tiercache bench wl (SPEC P8): fio 4K randwrite, {fio}, {} s runs (+{}/{} s ramp not-full/full), {} round(s){}, images {} MiB",
+        "tiercache bench wl (target P8): fio 4K randwrite, {fio}, {} s runs (+{}/{} s ramp not-full/full), {} round(s){}, images {} MiB",
         plan.runtime,
         plan.ramp(Phase::NotFull),
         plan.ramp(Phase::Full),
         plan.rounds,
         if plan.rounds < 5 {
-            " (SPEC asks for at least 5)"
+            " (P8 asks for at least 5)"
         } else {
             ""
         },
@@ -1434,7 +1434,10 @@ fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value, Value) {
         }
     }
     if !targets.is_empty() {
-        let _ = writeln!(t, "\nSPEC P8 targets (wl / plain librbd, medians):");
+        let _ = writeln!(
+            t,
+            "\nP8 targets (wl / plain librbd, medians; docs/TARGETS.md):"
+        );
         let (mut pass, mut miss) = (0, 0);
         for x in &targets {
             let ok = x["pass"] == true;

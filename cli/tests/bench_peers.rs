@@ -109,7 +109,8 @@ fn bench_peers_quick_json() {
                 pos(r, "server_cpu_utilization");
             }
         }
-        if part == "P1" && cfg.starts_with("tiercache") {
+        // The pass-through floor reads the device every time: it has no hits.
+        if part == "P1" && cfg.starts_with("tiercache") && cfg != "tiercache-pt-file" {
             let h = r["read_hit_ratio"].as_f64().unwrap();
             assert!(h >= 0.99, "P1 {cfg} read hit ratio {h}");
         }
@@ -123,6 +124,7 @@ fn bench_peers_quick_json() {
     for want in [
         "P1/tiercache-ram/1",
         "P1/tiercache-file/1",
+        "P1/tiercache-pt-file/1",
         "P1/nbdkit-memory/1",
         "P1/fio-io_uring-device/1",
         "P2/tiercache/1",
@@ -153,5 +155,5 @@ fn bench_peers_quick_json() {
         pos(t, "ratio");
         assert!(t["met"].is_boolean(), "{t}");
     }
-    assert!(stdout.contains("SPEC targets met:"), "{stdout}");
+    assert!(stdout.contains("targets met:"), "{stdout}");
 }
