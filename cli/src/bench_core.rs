@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tiercache_core::event::{Action, Event};
 use tiercache_core::mode::CacheMode;
-use tiercache_core::policy::{CleaningPolicy, EvictionPolicy, PromotionPolicy, RateParams};
+use tiercache_core::policy::{CleaningPolicy, EvictionPolicy, Named, PromotionPolicy, RateParams};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
 use tiercache_sim::rng::{Rng, Zipf};
@@ -136,15 +136,13 @@ fn run_request(cache: &mut Cache, ev: Event, actions: &mut Vec<Action>, now: Nan
 
 /// Runs the benchmark.
 pub fn run(args: Args) -> Result<(), String> {
-    let eviction = match args.eviction.as_str() {
-        "lru" => EvictionPolicy::Lru,
-        "s3fifo" => EvictionPolicy::S3Fifo,
-        other => {
-            return Err(format!(
-                "unknown eviction policy '{other}'; use lru or s3fifo"
-            ));
-        }
-    };
+    let eviction = EvictionPolicy::parse(&args.eviction).ok_or_else(|| {
+        format!(
+            "unknown eviction policy '{}'; use {}",
+            args.eviction,
+            EvictionPolicy::one_of()
+        )
+    })?;
     let promotion = match args.promotion.as_str() {
         "always" => PromotionPolicy::Always,
         "nhit" => PromotionPolicy::Nhit,

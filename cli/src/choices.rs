@@ -168,3 +168,49 @@ pub enum MrcMethod {
     /// The real cache core, one run per size.
     Core,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tiercache_core::mode::CacheMode;
+    use tiercache_core::policy;
+    use tiercache_core::policy::Named;
+
+    fn cli_words<T: ValueEnum>() -> Vec<String> {
+        T::value_variants().iter().map(word).collect()
+    }
+
+    fn core_names<T: Named>() -> Vec<String> {
+        T::names().iter().map(|(n, _)| n.to_string()).collect()
+    }
+
+    /// The command line lists the core's names, in the core's order: a policy or mode added,
+    /// renamed or dropped in the core fails here until the CLI says the same.
+    #[test]
+    fn the_cli_offers_exactly_the_cores_names() {
+        assert_eq!(
+            cli_words::<CutoffPolicy>(),
+            core_names::<policy::CutoffPolicy>()
+        );
+        assert_eq!(
+            cli_words::<CleaningPolicy>(),
+            core_names::<policy::CleaningPolicy>()
+        );
+        assert_eq!(
+            cli_words::<PromotionPolicy>(),
+            core_names::<policy::PromotionPolicy>()
+        );
+        assert_eq!(
+            cli_words::<Eviction>(),
+            core_names::<policy::EvictionPolicy>()
+        );
+        // The modes of the cache core, then the write log (a mode of its own engine).
+        let mut modes: Vec<String> = CacheMode::ALL.iter().map(|m| m.to_string()).collect();
+        modes.push("wl".into());
+        assert_eq!(cli_words::<Mode>(), modes);
+        for s in cli_words::<LineSize>() {
+            assert!(tiercache_core::units::LineSize::parse(&s).is_some(), "{s}");
+        }
+        assert_eq!(cli_words::<LineSize>().len(), 5);
+    }
+}

@@ -52,6 +52,71 @@ pub fn position_key(core: CoreId, core_line: u64) -> u64 {
 /// IO classes per cache (ids `0..IO_CLASSES_MAX`), as in Open CAS (class 0 is `unclassified`).
 pub const IO_CLASSES_MAX: usize = 34;
 
+/// A policy choice with the one name it has everywhere: the CLI, the daemon's parameters, the
+/// config file, JSON and the simulator's scenarios (`names` is the only list of them).
+pub trait Named: Copy + PartialEq + 'static {
+    /// Every choice with its name.
+    fn names() -> &'static [(&'static str, Self)];
+    /// The choice's name.
+    fn name(self) -> &'static str {
+        Self::names()
+            .iter()
+            .find(|(_, v)| *v == self)
+            .map(|(n, _)| *n)
+            .expect("every choice is named")
+    }
+    /// The choice named `s`.
+    fn parse(s: &str) -> Option<Self> {
+        Self::names().iter().find(|(n, _)| *n == s).map(|(_, v)| *v)
+    }
+    /// The names for an error message: "a, b or c".
+    fn one_of() -> String {
+        let n: Vec<&str> = Self::names().iter().map(|(n, _)| *n).collect();
+        match n.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => n.join(""),
+        }
+    }
+}
+
+impl Named for CleaningPolicy {
+    fn names() -> &'static [(&'static str, Self)] {
+        &[
+            ("alru", CleaningPolicy::Alru),
+            ("acp", CleaningPolicy::Acp),
+            ("nop", CleaningPolicy::Nop),
+        ]
+    }
+}
+
+impl Named for PromotionPolicy {
+    fn names() -> &'static [(&'static str, Self)] {
+        &[
+            ("always", PromotionPolicy::Always),
+            ("nhit", PromotionPolicy::Nhit),
+        ]
+    }
+}
+
+impl Named for CutoffPolicy {
+    fn names() -> &'static [(&'static str, Self)] {
+        &[
+            ("always", CutoffPolicy::Always),
+            ("full", CutoffPolicy::Full),
+            ("never", CutoffPolicy::Never),
+        ]
+    }
+}
+
+impl Named for EvictionPolicy {
+    fn names() -> &'static [(&'static str, Self)] {
+        &[
+            ("lru", EvictionPolicy::Lru),
+            ("s3fifo", EvictionPolicy::S3Fifo),
+        ]
+    }
+}
+
 /// Cleaning policy choice.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum CleaningPolicy {

@@ -54,7 +54,7 @@ use tiercache_core::cache::{Cache, CoreRecord, LoadReport, Problem, WritebackFai
 use tiercache_core::event::IoError;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::IoClassTable;
-use tiercache_core::policy::{CleaningPolicy, CutoffParams, CutoffPolicy, PromotionPolicy};
+use tiercache_core::policy::{CutoffParams, CutoffPolicy, Named};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::wl::pace::Pacing;

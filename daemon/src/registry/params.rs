@@ -10,16 +10,9 @@ pub fn apply_cutoff(
     for (k, v) in values {
         match k.as_str() {
             "policy" => {
-                p.policy = match v.as_str() {
-                    "always" => CutoffPolicy::Always,
-                    "full" => CutoffPolicy::Full,
-                    "never" => CutoffPolicy::Never,
-                    _ => {
-                        return Err(format!(
-                            "seq-cutoff policy '{v}' (want always, full or never)"
-                        ));
-                    }
-                }
+                p.policy = CutoffPolicy::parse(v).ok_or_else(|| {
+                    format!("seq-cutoff policy '{v}' (want {})", CutoffPolicy::one_of())
+                })?
             }
             // A bare number is KiB, as casadm's `-t`; a suffix says the unit.
             "threshold" if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => {
@@ -112,21 +105,17 @@ pub(super) fn not_wl(cache_id: u16) -> String {
 
 /// The policy a `cleaning` or `promotion` group's values choose (`policy=NAME`, the last one
 /// given), starting from `current`; `want` lists the names for the error.
-fn pick_policy<T: Copy>(
+fn pick_policy<T: Named>(
     group: &str,
     values: &[(String, String)],
     current: T,
-    choices: &[(&str, T)],
-    want: &str,
 ) -> Result<T, String> {
     let mut pol = current;
     for (k, v) in values {
         match k.as_str() {
             "policy" => {
-                pol = match choices.iter().find(|(n, _)| n == v) {
-                    Some((_, p)) => *p,
-                    None => return Err(format!("{group} policy '{v}' (want {want})")),
-                }
+                pol = T::parse(v)
+                    .ok_or_else(|| format!("{group} policy '{v}' (want {})", T::one_of()))?
             }
             _ => return Err(unknown(k, group, "policy")),
         }
@@ -188,12 +177,7 @@ pub fn set_param(
                 }
             }
             "cleaning" => {
-                let choices = [
-                    ("alru", CleaningPolicy::Alru),
-                    ("acp", CleaningPolicy::Acp),
-                    ("nop", CleaningPolicy::Nop),
-                ];
-                let pol = pick_policy(name, values, cfg.cleaning, &choices, "alru, acp or nop")?;
+                let pol = pick_policy(name, values, cfg.cleaning)?;
                 c.set_cleaning(pol, cfg.alru, cfg.acp);
             }
             "cleaning-alru" => {
@@ -229,11 +213,7 @@ pub fn set_param(
                 c.set_cleaning(cfg.cleaning, cfg.alru, a);
             }
             "promotion" => {
-                let choices = [
-                    ("always", PromotionPolicy::Always),
-                    ("nhit", PromotionPolicy::Nhit),
-                ];
-                let pol = pick_policy(name, values, cfg.promotion, &choices, "always or nhit")?;
+                let pol = pick_policy(name, values, cfg.promotion)?;
                 c.set_promotion(pol, cfg.nhit);
             }
             "promotion-nhit" => {
@@ -311,11 +291,7 @@ pub fn get_param(
                     }
                     if let Some(s) = c.core(k) {
                         let p = s.cutoff.params();
-                        let pol = match p.policy {
-                            CutoffPolicy::Always => "always",
-                            CutoffPolicy::Full => "full",
-                            CutoffPolicy::Never => "never",
-                        };
+                        let pol = p.policy.name();
                         v.push(json!({"core_id": k.0, "policy": pol,
                             "threshold_bytes": p.threshold_bytes,
                             "promotion_count": p.promotion_count}));
@@ -328,16 +304,14 @@ pub fn get_param(
                 }
                 json!(v)
             }
-            "cleaning" => json!({"policy": match cfg.cleaning {
-                CleaningPolicy::Alru => "alru", CleaningPolicy::Acp => "acp", CleaningPolicy::Nop => "nop"}}),
+            "cleaning" => json!({"policy": cfg.cleaning.name()}),
             "cleaning-alru" => json!({"wake_up_s": cfg.alru.wake_up_s,
                 "staleness_time_s": cfg.alru.staleness_time_s,
                 "flush_max_buffers": cfg.alru.flush_max_buffers,
                 "activity_threshold_ms": cfg.alru.activity_threshold_ms}),
             "cleaning-acp" => json!({"wake_up_ms": cfg.acp.wake_up_ms,
                 "flush_max_buffers": cfg.acp.flush_max_buffers}),
-            "promotion" => json!({"policy": match cfg.promotion {
-                PromotionPolicy::Always => "always", PromotionPolicy::Nhit => "nhit"}}),
+            "promotion" => json!({"policy": cfg.promotion.name()}),
             "promotion-nhit" => json!({"threshold": cfg.nhit.threshold,
                 "trigger_pct": cfg.nhit.trigger_pct}),
             _ => {
