@@ -5,14 +5,21 @@ oldest overwritten; nothing counted below the trigger; a request is admitted whe
 as large as the trace's footprint (no eviction): how many lines get in. docs/SIZING.md compares
 it with `tiercache sim mrc --method core --promotion nhit --sizes 100%`.
 
-usage: nhit_model.py TRACE.csv   (tiercache's CSV: time_us,op,offset,length; 4 KiB lines)
+With --free-lines it models tiercache's rule instead: the same, except that a request that fits
+in the free lines evicts nothing and is admitted (core/src/policy/promotion/nhit.rs), so a cache
+as large as the footprint fills.
+
+usage: nhit_model.py [--free-lines] TRACE.csv   (tiercache's CSV: time_us,op,offset,length; 4 KiB lines)
 """
 import sys
 from collections import OrderedDict
 LINE = 4096
 reqs = []
 lines_seen = set()
-with open(sys.argv[1]) as f:
+args = sys.argv[1:]
+free_lines = '--free-lines' in args
+args = [a for a in args if a != '--free-lines']
+with open(args[0]) as f:
     next(f)
     for l in f:
         t, op, off, ln = l.split(',')
@@ -30,7 +37,8 @@ for a, b in reqs:
     ls = range(a, b + 1)
     if all(x in mapped for x in ls):
         continue
-    if any(x in mapped for x in ls) or len(mapped) < trig:
+    if any(x in mapped for x in ls) or len(mapped) < trig or (
+            free_lines and len(mapped) + len(ls) <= total):
         admit = True
     else:
         admit = True
@@ -45,4 +53,5 @@ for a, b in reqs:
         for x in ls:
             mapped.add(x)
             counts.pop(x, None)
-print(f"footprint {total} lines, trigger at {trig}; Open CAS nhit maps {len(mapped)} ({100*len(mapped)/total:.1f}%)")
+rule = "tiercache (free lines filled)" if free_lines else "Open CAS"
+print(f"footprint {total} lines, trigger at {trig}; {rule} nhit maps {len(mapped)} ({100*len(mapped)/total:.1f}%)")

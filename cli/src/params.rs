@@ -175,7 +175,7 @@ pub const GROUPS: &[Group] = &[
                 name: "trigger",
                 aliases: &["trigger-threshold"],
                 kind: Kind::Percent,
-                help: "Occupancy at which nhit engages; below it every miss is inserted (0% to 100%, default 80%)",
+                help: "Occupancy at which nhit engages; below it every miss is inserted, and a miss that fits in the free lines always is (0% to 100%, default 80%)",
             },
         ],
     },

@@ -118,7 +118,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = NhitParams::default().threshold, value_parser = clap::value_parser!(u32).range(2..=1000))]
     nhit_threshold: u32,
     /// nhit: occupancy in percent below which every miss is inserted (0-100, as `set-param
-    /// promotion-nhit --trigger`).
+    /// promotion-nhit --trigger`); a miss that fits in the free lines always is.
     #[arg(long, value_name = "PCT", default_value_t = NhitParams::default().trigger_pct, value_parser = clap::value_parser!(u32).range(0..=100))]
     nhit_trigger: u32,
     /// Sequential cutoff: always, full or never (threshold 1 MiB).

@@ -162,7 +162,7 @@ fn full_size_core_run(
 }
 
 #[test]
-fn nhit_takes_its_trigger_and_fills_the_footprint_at_100_percent() {
+fn nhit_takes_its_trigger_and_fills_the_footprint() {
     let d = tmp("nhit");
     let trace = trace_file(&d);
     let always = full_size_core_run(&d, &trace, "always", &[]);
@@ -185,15 +185,10 @@ fn nhit_takes_its_trigger_and_fills_the_footprint_at_100_percent() {
     assert_eq!(nhit100["policy"]["nhit"]["trigger_pct"], 100);
     assert_eq!(nhit100["policy"]["nhit"]["threshold"], 3);
     assert!(always["policy"].get("nhit").is_none());
-    // Open CAS's rule (trigger 80%): past 80% occupancy a line needs 3 misses to get in, so
-    // lines touched fewer times never do, even with free lines left.
-    assert!(
-        miss(&nhit80) > miss(&always),
-        "{} vs {}",
-        miss(&nhit80),
-        miss(&always)
-    );
-    // Trigger 100%: every miss gets in while a line is free: the cache fills like `always`.
+    // Past the trigger a line needs 3 misses only when admitting it would evict: a free line
+    // is always filled (the one deviation from Open CAS, whose rule left 20% of such a cache
+    // empty), so at the footprint's size both triggers fill the cache like `always`.
+    assert_eq!(miss(&nhit80), miss(&always));
     assert_eq!(miss(&nhit100), miss(&always));
 }
 
