@@ -95,6 +95,21 @@ pub struct Args {
     /// cutoff procedure's reader: always, full or never (the warm-up runs with it off).
     #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::CutoffPolicy>())]
     pub seq_cutoff: String,
+    /// Run a study instead of the matrix: `ceph-osd` (BlueStore OSDs whose data device is a
+    /// bare emulated HDD, the same with DB/WAL on a fast file, or tiercache over the HDD;
+    /// docs/CEPH.md "tiercache under an OSD").
+    #[arg(long, value_parser = ["ceph-osd"])]
+    pub study: Option<String>,
+    /// With --study ceph-osd: OSDs per layout, 1-3 (replica min(OSDs, 2)).
+    #[arg(long, default_value_t = 2)]
+    pub osds: u32,
+    /// With --study ceph-osd: the layouts, comma separated, from hdd, hdd+db, tiercache.
+    #[arg(long, default_value = "hdd,hdd+db,tiercache")]
+    pub layouts: String,
+    /// With --study ceph-osd: the RBD image fio runs on (k/m/g; default: half of --cache-size
+    /// per OSD's share of the data, as in the study, where the working set fits the cache).
+    #[arg(long)]
+    pub image_size: Option<String>,
 }
 
 /// The peer: nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as our cache)
@@ -175,15 +190,15 @@ fn choose_peers(
 }
 
 /// One workload of the matrix.
-struct Workload {
-    name: &'static str,
-    rw: &'static str,
-    bs: &'static str,
-    mix: Option<u32>,
-    random: bool,
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) rw: &'static str,
+    pub(crate) bs: &'static str,
+    pub(crate) mix: Option<u32>,
+    pub(crate) random: bool,
 }
 
-const MATRIX: [Workload; 5] = [
+pub(crate) const MATRIX: [Workload; 5] = [
     Workload {
         name: "randread-4k",
         rw: "randread",
@@ -267,7 +282,7 @@ pub(crate) const STUCK: &str = "IO does not complete";
 pub(crate) const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
 
 /// Runs fio against `uri`; returns its JSON.
-fn run_fio(
+pub(crate) fn run_fio(
     target: &FioTarget,
     w: &Workload,
     region: u64,
@@ -413,12 +428,12 @@ pub(crate) fn parse_fio(v: &Value) -> Result<FioNumbers, String> {
     Ok((iops, bw / 1e6, mean, p99 / 1000.0, p999 / 1000.0, cdf))
 }
 
-fn pct(a: u64, b: u64) -> f64 {
+pub(crate) fn pct(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
 /// Sets cache `id`'s sequential cutoff policy (the warm-ups run with it off).
-fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
+pub(crate) fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
     set_param(
         reg,
         id,
@@ -430,7 +445,7 @@ fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
 }
 
 /// Server counters for the cached configuration: (requests, hits, dirty %).
-fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
+pub(crate) fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
     match tiercache_daemon::stats::cache_stats(reg, cache, None, None) {
         Ok(s) => {
             let r = &s["requests"];
@@ -512,6 +527,9 @@ pub(crate) fn host() -> Value {
 
 /// Runs the matrix.
 pub fn run(mut a: Args) -> Result<(), String> {
+    if a.study.is_some() {
+        return crate::bench_osd::run(a);
+    }
     let runtime = a.runtime.unwrap_or(if a.quick { 8 } else { 30 });
     if runtime == 0 || a.iodepth == 0 || a.iodepth > 1024 {
         return Err("--runtime must be at least 1 and --iodepth 1-1024".into());
@@ -607,7 +625,7 @@ pub fn run(mut a: Args) -> Result<(), String> {
 
 /// A new directory for a report without `--out`: `tiercache-bench-report-SECONDS-PID` under
 /// the temporary directory (never the working directory, which may be a source tree).
-fn report_dir() -> Result<PathBuf, String> {
+pub(crate) fn report_dir() -> Result<PathBuf, String> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -1195,7 +1213,7 @@ pub(crate) fn warm_own(uri: &str, size: u64) -> Result<(), String> {
 }
 
 /// A sequential pass over `size` bytes, at most `max_secs`.
-fn run_fio_size(
+pub(crate) fn run_fio_size(
     target: &FioTarget,
     w: &Workload,
     size: u64,
