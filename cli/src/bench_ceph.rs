@@ -198,7 +198,9 @@ impl Cluster {
             return Err(format!(
                 "ceph-cluster.sh {verb} {}: {}",
                 args.join(" "),
-                String::from_utf8_lossy(&o.stderr).trim().replace('\n', "; ")
+                String::from_utf8_lossy(&o.stderr)
+                    .trim()
+                    .replace('\n', "; ")
             ));
         }
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())

@@ -17,7 +17,7 @@
 use crate::bench_ceph::{Cluster, FioTarget};
 use crate::bench_peers::Procs;
 use crate::bench_run::{
-    Args, Bar, MATRIX, STOP, Workload, counters, fio_version, git_commit, host, install_sigint,
+    Args, Bar, MATRIX, STOP, Workload, fio_version, git_commit, hits_dirty, host, install_sigint,
     parse_fio, pct, report_dir, run_fio, run_fio_size, seq_cutoff,
 };
 use serde_json::{Value, json};
@@ -25,7 +25,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tiercache_core::units::CoreId;
 use tiercache_daemon::registry::{NewCache, Registry, set_param};
@@ -256,7 +256,8 @@ pub fn run(a: Args) -> Result<(), String> {
             ));
         }
     }
-    let fio = fio_version().ok_or("--study ceph-osd: fio is not installed (apt-get install fio)")?;
+    let fio =
+        fio_version().ok_or("--study ceph-osd: fio is not installed (apt-get install fio)")?;
     let base = a.scratch.clone().unwrap_or_else(std::env::temp_dir);
     let free = free_bytes(&base)?;
     if free < plan.need_bytes {
@@ -310,6 +311,70 @@ struct Measured {
     /// tiercache layout: hit ratio and dirty % (its own counters, all its caches).
     hits: Option<f64>,
     dirty_pct: Option<f64>,
+    /// tiercache layout: the caches' view each second (as the Open CAS study's figures 8-11).
+    per_second: Vec<Sample>,
+}
+
+/// One second of the caches under the OSDs (sums over them; dirty % their mean).
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    t: f64,
+    requests: f64,
+    hits: f64,
+    pass_through: f64,
+    writeback_mbps: f64,
+    dirty_pct: f64,
+}
+
+/// Cumulative (requests, hits, pass-through, written-back bytes) and the mean dirty %.
+fn snapshot(reg: &Registry, caches: &[u16]) -> (u64, u64, u64, u64, f64) {
+    let mut v = (0, 0, 0, 0, 0.0);
+    for &c in caches {
+        let Ok(s) = tiercache_daemon::stats::cache_stats(reg, c, None, None) else {
+            continue;
+        };
+        let r = &s["requests"];
+        let n = |k: &str| r[k].as_u64().unwrap_or(0);
+        v.0 += n("total");
+        v.1 += n("read_full_hits")
+            + n("read_partial_hits")
+            + n("write_full_hits")
+            + n("write_partial_hits");
+        v.2 += n("read_pass_through") + n("write_pass_through");
+        v.3 += s["writeback"]["bytes"].as_u64().unwrap_or(0);
+        v.4 += s["usage"]["dirty_pct"].as_f64().unwrap_or(0.0) / caches.len() as f64;
+    }
+    v
+}
+
+/// Samples the caches once a second until `stop`.
+fn sample(reg: &Registry, caches: &[u16], stop: &AtomicBool) -> Vec<Sample> {
+    let mut out = Vec::new();
+    if caches.is_empty() {
+        return out;
+    }
+    let t0 = Instant::now();
+    let mut last = snapshot(reg, caches);
+    let mut next = 1.0;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+        let el = t0.elapsed().as_secs_f64();
+        if el < next {
+            continue;
+        }
+        let now = snapshot(reg, caches);
+        out.push(Sample {
+            t: next,
+            requests: now.0.saturating_sub(last.0) as f64,
+            hits: now.1.saturating_sub(last.1) as f64,
+            pass_through: now.2.saturating_sub(last.2) as f64,
+            writeback_mbps: now.3.saturating_sub(last.3) as f64 / 1e6,
+            dirty_pct: now.4,
+        });
+        last = now;
+        next += 1.0;
+    }
+    out
 }
 
 fn study(
@@ -330,26 +395,10 @@ fn study(
         &["--osds", "0", "--set", "mon_allow_pool_delete=true"],
         &mut setup,
     )?;
+    let what = describe(plan, a.iodepth, fio, attach);
     println!(
-        "ceph-osd study{}: layouts {}, {} OSD(s) each (replica {}), image {} MiB ({} MiB per OSD), HDD {} ({} MiB files), tiercache cache {} MiB per OSD, DB/WAL files {} MiB; {} x {} s, QD {}, 1 job (fio rbd, {fio}); data devices attached with {}",
-        if a.quick { " --quick" } else { "" },
-        plan.layouts.join(", "),
-        plan.osds,
-        plan.replicas,
-        plan.image_bytes >> 20,
-        plan.per_osd >> 20,
-        PRESET,
-        plan.hdd_bytes >> 20,
-        plan.cache_bytes >> 20,
-        DB_BYTES >> 20,
-        plan.workloads
-            .iter()
-            .map(|w| w.name)
-            .collect::<Vec<_>>()
-            .join(", "),
-        plan.runtime,
-        a.iodepth,
-        attach.name()
+        "ceph-osd study{}: {what}",
+        if a.quick { " --quick" } else { "" }
     );
     let mut runs = Vec::new();
     let mut layouts_doc = Vec::new();
@@ -400,6 +449,11 @@ fn study(
             "layout": r.layout, "workload": r.workload, "iops": r.iops, "bw_mbps": r.mbps,
             "lat_mean_us": r.mean_us, "lat_p99_us": r.p99_us, "hit_ratio": r.hits,
             "dirty_pct": r.dirty_pct,
+            "cache_per_second": r.per_second.iter().map(|p| json!({
+                "t": p.t, "requests": p.requests, "hits": p.hits,
+                "pass_through": p.pass_through, "writeback_mbps": p.writeback_mbps,
+                "dirty_pct": p.dirty_pct,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "ratios": ratios,
         "wall_s": t0.elapsed().as_secs_f64(),
@@ -413,23 +467,48 @@ fn study(
         &serde_json::to_string_pretty(&doc).unwrap_or_default(),
     )?;
     let md = format!(
-        "# tiercache bench --study ceph-osd\n\ncommit {}, {} OSD(s) per layout (replica {}), RBD image {} MiB ({} MiB per OSD), {} HDD on {} MiB files, tiercache `wb` cache of {} MiB per OSD (4 KiB lines, cutoff `always` 16 KiB, requests up to 128 KiB cached), DB/WAL on fast files; fio rbd engine, {} s per run, QD {}, 1 job.{}\n\n{attach_text}\n\n```\n{table}```\n\n## Ratios (IOPS, and p99 latency where named), with the seed studies' figures\n\n```\n{ratios_text}```\n\nThe seed figures: Open CAS study (tiercache's role; baseline = hdd+db), 12 OSDs on 2 nodes, replica 2, 20 jobs x QD 16; Micron (DB/WAL on NVMe vs all on HDD). Raw numbers: results.json.\n",
+        "# tiercache bench --study ceph-osd\n\ncommit {}{}: {what}.{}\n\n{attach_text}\n\n```\n{table}```\n\n## Ratios (IOPS, and p99 latency where named), with the seed studies' figures\n\n```\n{ratios_text}```\n\nThe seed figures: Open CAS study (tiercache's role; baseline = hdd+db), 12 OSDs on 2 nodes, replica 2, 20 jobs x QD 16; Micron (DB/WAL on NVMe vs all on HDD). Raw numbers: results.json.\n",
         git_commit(),
-        plan.osds,
-        plan.replicas,
-        plan.image_bytes >> 20,
-        plan.per_osd >> 20,
-        PRESET,
-        plan.hdd_bytes >> 20,
-        plan.cache_bytes >> 20,
-        plan.runtime,
-        a.iodepth,
+        if a.quick { ", --quick" } else { "" },
         if stopped {
             " Stopped early (Ctrl-C): partial results."
         } else {
             ""
         }
     );
+    let mut plots = Vec::new();
+    for r in runs.iter().filter(|r| !r.per_second.is_empty()) {
+        let pts = |f: &dyn Fn(&Sample) -> f64| -> Vec<(f64, f64)> {
+            r.per_second.iter().map(|p| (p.t, f(p))).collect()
+        };
+        let svg = crate::svg::lines(
+            &format!(
+                "{} on the tiercache layout: the caches under the OSDs, per second",
+                r.workload
+            ),
+            "seconds",
+            "requests/s, MB/s x100, dirty % x100",
+            &[
+                ("requests/s", pts(&|p| p.requests)),
+                ("hits/s", pts(&|p| p.hits)),
+                ("pass-through/s", pts(&|p| p.pass_through)),
+                ("writeback MB/s x100", pts(&|p| p.writeback_mbps * 100.0)),
+                ("dirty % x100", pts(&|p| p.dirty_pct * 100.0)),
+            ],
+            false,
+        );
+        let name = format!("tiercache-{}-over-time.svg", r.workload);
+        w(&name, &svg)?;
+        plots.push(name);
+    }
+    let md = if plots.is_empty() {
+        md
+    } else {
+        format!(
+            "{md}\nThe caches under the OSDs over each tiercache run (requests, hits, pass-through by the cutoff or the IO classes, writeback, dirty %; `cache_per_second` in results.json): {}.\n",
+            plots.join(", ")
+        )
+    };
     w("report.md", &md)?;
     println!(
         "study done in {:.0} s; report: {}",
@@ -437,6 +516,28 @@ fn study(
         out.join("report.md").display()
     );
     Ok(())
+}
+
+/// What the study runs on, in one sentence (the banner and the report's first line).
+fn describe(plan: &Plan, iodepth: u32, fio: &str, attach: &Attach) -> String {
+    format!(
+        "layouts {}, {} OSD(s) each (replica {}), RBD image {} MiB ({} MiB per OSD), {PRESET} HDD on {} MiB files, tiercache wb cache of {} MiB per OSD (4 KiB lines, cutoff always 16 KiB, requests up to 128 KiB cached), DB/WAL files of {} MiB; {} x {} s, QD {iodepth}, 1 job (fio rbd engine, {fio}); data devices attached with {}",
+        plan.layouts.join(", "),
+        plan.osds,
+        plan.replicas,
+        plan.image_bytes >> 20,
+        plan.per_osd >> 20,
+        plan.hdd_bytes >> 20,
+        plan.cache_bytes >> 20,
+        DB_BYTES >> 20,
+        plan.workloads
+            .iter()
+            .map(|w| w.name)
+            .collect::<Vec<_>>()
+            .join(", "),
+        plan.runtime,
+        attach.name()
+    )
 }
 
 /// The text table of the runs, the ratios' text and their JSON.
@@ -542,9 +643,14 @@ impl Drop for Rig<'_> {
     fn drop(&mut self) {
         let t = Instant::now();
         if let Some(p) = self.pool.take()
-            && let Err(e) =
-                self.cluster
-                    .ceph(&["osd", "pool", "delete", &p, &p, "--yes-i-really-really-mean-it"])
+            && let Err(e) = self.cluster.ceph(&[
+                "osd",
+                "pool",
+                "delete",
+                &p,
+                &p,
+                "--yes-i-really-really-mean-it",
+            ])
         {
             eprintln!("could not delete pool {p}: {e}");
         }
@@ -637,18 +743,6 @@ fn param(reg: &Registry, id: u16, group: &str, kv: &[(&str, &str)]) -> Result<()
     set_param(reg, id, None, group, &v).map(|_| ())
 }
 
-/// Hits, requests and the mean dirty % over the caches.
-fn cache_counters(reg: &Registry, caches: &[u16]) -> (u64, u64, f64) {
-    let mut sum = (0, 0, 0.0);
-    for &c in caches {
-        let (n, h, d) = counters(reg, c);
-        sum.0 += n;
-        sum.1 += h;
-        sum.2 += d / caches.len() as f64;
-    }
-    sum
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_layout(
     cluster: &Cluster,
@@ -705,12 +799,7 @@ fn run_layout(
                 &[("policy", "always"), ("threshold", "16k")],
             )?;
             param(&reg, id, "cleaning", &[("policy", "alru")])?;
-            param(
-                &reg,
-                id,
-                "cleaning-alru",
-                &[("activity-threshold", "1000")],
-            )?;
+            param(&reg, id, "cleaning-alru", &[("activity-threshold", "1000")])?;
             reg.io_class_load(id, STUDY_CSV)?;
             exports.insert(
                 &export,
@@ -891,10 +980,16 @@ fn run_layout(
         }
         let label = format!("{layout} {}", w.name);
         let region = plan.image_bytes;
-        let v = run_fio(&target, w, region, iodepth, plan.runtime, &|f| {
-            bar.show(&label, f)
-        })
-        .and_then(|v| parse_fio(&v));
+        let stop = AtomicBool::new(false);
+        let (v, per_second) = std::thread::scope(|s| {
+            let sampler = s.spawn(|| sample(&reg, &rig.caches, &stop));
+            let v = run_fio(&target, w, region, iodepth, plan.runtime, &|f| {
+                bar.show(&label, f)
+            })
+            .and_then(|v| parse_fio(&v));
+            stop.store(true, Ordering::Relaxed);
+            (v, sampler.join().unwrap_or_default())
+        });
         bar.end();
         let (iops, mbps, mean_us, p99_us, _, _) = match v {
             Ok(v) => v,
@@ -905,7 +1000,7 @@ fn run_layout(
             Err(e) => return Err(format!("{label}: {e}")),
         };
         let (hits, dirty_pct) = if cached {
-            let (n, h, d) = cache_counters(&reg, &rig.caches);
+            let (n, h, _, _, d) = snapshot(&reg, &rig.caches);
             (Some(pct(h, n)), Some(d))
         } else {
             (None, None)
@@ -919,6 +1014,7 @@ fn run_layout(
             p99_us,
             hits,
             dirty_pct,
+            per_second,
         };
         println!(
             "  {:<14} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}",
@@ -927,13 +1023,7 @@ fn run_layout(
             m.mbps,
             m.mean_us,
             m.p99_us,
-            m.hits
-                .map(|h| format!(
-                    "  hits {:.1}%  dirty {:.1}%",
-                    h * 100.0,
-                    m.dirty_pct.unwrap_or(0.0)
-                ))
-                .unwrap_or_default()
+            hits_dirty(m.hits, m.dirty_pct)
         );
         out.push(m);
     }
@@ -972,10 +1062,20 @@ mod tests {
             let e = plan(&args(v)).err().expect("refused");
             assert!(e.contains(says) && !e.contains('\n'), "{v:?}: {e}");
         }
-        let p = plan(&args(&["--quick", "--osds", "1", "--layouts", "tiercache,hdd"])).unwrap();
+        let p = plan(&args(&[
+            "--quick",
+            "--osds",
+            "1",
+            "--layouts",
+            "tiercache,hdd",
+        ]))
+        .unwrap();
         assert_eq!(p.layouts, ["hdd", "tiercache"]);
         assert_eq!(p.workloads.len(), 2);
-        assert_eq!((p.replicas, p.per_osd, p.image_bytes), (1, 512 << 20, 512 << 20));
+        assert_eq!(
+            (p.replicas, p.per_osd, p.image_bytes),
+            (1, 512 << 20, 512 << 20)
+        );
         let p = plan(&args(&["--osds", "3"])).unwrap();
         assert_eq!(p.replicas, 2);
         assert_eq!(p.workloads.len(), 5);

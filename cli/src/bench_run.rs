@@ -1049,13 +1049,7 @@ fn run_in(
                 r.bw_mbps,
                 r.lat_mean_us,
                 r.lat_p99_us,
-                r.hit_ratio
-                    .map(|h| format!(
-                        "  hits {:.1}%  dirty {:.1}%",
-                        h * 100.0,
-                        r.dirty_pct.unwrap_or(0.0)
-                    ))
-                    .unwrap_or_default()
+                hits_dirty(r.hit_ratio, r.dirty_pct)
             );
             results.push(r);
         }
@@ -1311,6 +1305,18 @@ fn table(results: &[RunResult]) -> String {
         ));
     }
     t
+}
+
+/// `  hits H%  dirty D%` of a run line, empty for a run without a cache.
+pub(crate) fn hits_dirty(hits: Option<f64>, dirty_pct: Option<f64>) -> String {
+    hits.map(|h| {
+        format!(
+            "  hits {:.1}%  dirty {:.1}%",
+            h * 100.0,
+            dirty_pct.unwrap_or(0.0)
+        )
+    })
+    .unwrap_or_default()
 }
 
 /// How a target line starts: `PASS` when the target is met, else `FAIL`.
