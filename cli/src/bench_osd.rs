@@ -439,7 +439,7 @@ fn study(
             "jobs": 1, "load_generator": fio, "fio_engine": "rbd",
             "tiercache": {"mode": "wb", "line_size": "4k", "seq_cutoff": "always 16 KiB",
                 "io_classes": STUDY_CSV, "cleaning": "alru (activity threshold 1 s)",
-                "warm_up": "fio 64K sequential reads over the image, cutoff off"},
+                "warm_up": "fio 64K sequential reads over the image (at most 6 x the runtime, at least 30 s), cutoff off"},
             "osd_options": OSD_OPTS, "attach": attach.name(), "attach_statement": attach_text,
             "cluster": setup,
         },
@@ -955,7 +955,9 @@ fn run_layout(
         mix: None,
         random: false,
     };
-    run_fio_size(&target, &warm, plan.image_bytes, 900, &|f| {
+    // Bounded, so that a slow build (the tests' strict asserts) does not spend minutes here.
+    let warm_cap = (plan.runtime * 6).max(30);
+    run_fio_size(&target, &warm, plan.image_bytes, warm_cap, &|f| {
         bar.show(&format!("{layout}: warm-up"), f)
     })
     .map_err(|e| format!("warm-up: {e}"))?;
@@ -969,7 +971,9 @@ fn run_layout(
             &[("policy", "always"), ("threshold", "16k")],
         )?;
     }
-    println!("  image written in {write_s:.1} s, read (warm-up) in {warm_s:.1} s");
+    println!(
+        "  image written in {write_s:.1} s, read (warm-up, at most {warm_cap} s) in {warm_s:.1} s"
+    );
     let mut out = Vec::new();
     for w in &plan.workloads {
         if STOP.load(Ordering::Relaxed) {
@@ -1030,6 +1034,7 @@ fn run_layout(
     let doc = json!({
         "layout": layout, "osds": meta, "devices": devices,
         "osd_up_s": osd_up_s, "image_write_s": write_s, "warm_up_s": warm_s,
+        "warm_up_cap_s": warm_cap,
         "setup_s": t0.elapsed().as_secs_f64(),
     });
     drop(rig);

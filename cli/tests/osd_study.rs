@@ -2,7 +2,7 @@
 //! emulated HDD, the same with DB/WAL on a fast file, or tiercache over the HDD, each attached
 //! through NBD (nbd-client where /dev/nbd0 exists, else nbdfuse).
 //!
-//! - the smallest study end to end (1 OSD, a 128 MiB image, 3 s runs): every layout measured,
+//! - the smallest study end to end (1 OSD, a 64 MiB image, 2 s runs, warm-up at most 30 s): every layout measured,
 //!   the report written, and afterwards no mount, no process and no file of the study left;
 //! - bad input: one line, nothing created.
 //!
@@ -133,11 +133,11 @@ fn study_smallest_end_to_end() {
             "--osds",
             "1",
             "--image-size",
-            "128m",
+            "64m",
             "--cache-size",
             "256m",
             "--runtime",
-            "3",
+            "2",
         ],
         None,
     );
