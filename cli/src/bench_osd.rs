@@ -228,9 +228,12 @@ fn plan(a: &Args) -> Result<Plan, String> {
 fn free_bytes(dir: &Path) -> Result<u64, String> {
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .map_err(|_| format!("{}: a path with a NUL byte", dir.display()))?;
-    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
+    // SAFETY: statvfs is plain old data, for which all-zero bytes are a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+    // SAFETY: `c` is a valid NUL-terminated string and `st` a struct we own, which statvfs
+    // only writes into.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
         return Err(format!(
             "{}: {}",
             dir.display(),
