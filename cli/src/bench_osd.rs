@@ -18,7 +18,7 @@ use crate::bench_ceph::{Cluster, FioTarget};
 use crate::bench_peers::Procs;
 use crate::bench_run::{
     Args, Bar, MATRIX, STOP, Workload, fio_version, git_commit, hits_dirty, host, install_sigint,
-    parse_fio, pct, report_dir, run_fio, run_fio_size, seq_cutoff,
+    open_report, parse_fio, pct, run_fio, run_fio_size, seq_cutoff,
 };
 use serde_json::{Value, json};
 use std::io::IsTerminal;
@@ -274,21 +274,7 @@ pub fn run(a: Args) -> Result<(), String> {
             plan.per_osd >> 20
         ));
     }
-    let out = match &a.out {
-        Some(o) => {
-            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
-            o.clone()
-        }
-        None => report_dir()?,
-    };
-    let log = out.join("daemon.log");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    tiercache_io::log::to_file(Some(f));
-    println!("report and daemon log (daemon.log) go to {}", out.display());
+    let out = open_report(a.out.as_deref())?;
     let scratch = base.join(format!("tiercache-osd-study-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     install_sigint();

@@ -579,24 +579,8 @@ pub fn run(mut a: Args) -> Result<(), String> {
     for n in notes {
         println!("{n}");
     }
-    let out = match &a.out {
-        Some(o) => {
-            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
-            o.clone()
-        }
-        None => report_dir()?,
-    };
+    let out = open_report(a.out.as_deref())?;
     a.out = Some(out.clone());
-    // The daemon's parts run in this process: their log lines go to a file, not between the
-    // results.
-    let log = out.join("daemon.log");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    tiercache_io::log::to_file(Some(f));
-    println!("report and daemon log (daemon.log) go to {}", out.display());
     let scratch = a
         .scratch
         .clone()
@@ -623,9 +607,31 @@ pub fn run(mut a: Args) -> Result<(), String> {
     res
 }
 
+/// The report directory (`--out`, else a new one from [`report_dir`]), created, with the log
+/// of the daemon's parts (which run in this process) going to its `daemon.log`, not between
+/// the results.
+pub(crate) fn open_report(out: Option<&Path>) -> Result<PathBuf, String> {
+    let out = match out {
+        Some(o) => {
+            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
+            o.to_path_buf()
+        }
+        None => report_dir()?,
+    };
+    let log = out.join("daemon.log");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    tiercache_io::log::to_file(Some(f));
+    println!("report and daemon log (daemon.log) go to {}", out.display());
+    Ok(out)
+}
+
 /// A new directory for a report without `--out`: `tiercache-bench-report-SECONDS-PID` under
 /// the temporary directory (never the working directory, which may be a source tree).
-pub(crate) fn report_dir() -> Result<PathBuf, String> {
+fn report_dir() -> Result<PathBuf, String> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
