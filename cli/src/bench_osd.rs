@@ -17,8 +17,8 @@
 use crate::bench_ceph::{Cluster, FioTarget};
 use crate::bench_peers::Procs;
 use crate::bench_run::{
-    Args, Bar, MATRIX, STOP, Workload, fio_version, git_commit, hits_dirty, host, install_sigint,
-    open_report, parse_fio, pct, run_fio, run_fio_size, seq_cutoff,
+    Args, Bar, MATRIX, STOP, Workload, close_run, fio_version, git_commit, hits_dirty, host,
+    install_sigint, open_report, parse_fio, pct, run_fio, run_fio_size, seq_cutoff,
 };
 use serde_json::{Value, json};
 use std::io::IsTerminal;
@@ -279,13 +279,7 @@ pub fn run(a: Args) -> Result<(), String> {
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
     install_sigint();
     let res = study(&a, &plan, &attach, &fio, &scratch, &out);
-    if let Err(e) = std::fs::remove_dir_all(&scratch) {
-        eprintln!(
-            "could not remove the scratch directory {}: {e}",
-            scratch.display()
-        );
-    }
-    tiercache_io::log::to_file(None);
+    close_run(&scratch);
     res
 }
 

@@ -597,14 +597,20 @@ pub fn run(mut a: Args) -> Result<(), String> {
         &selected,
         &peers,
     );
-    if let Err(e) = std::fs::remove_dir_all(&scratch) {
+    close_run(&scratch);
+    res
+}
+
+/// The end of a run: its scratch directory removed (saying so when it cannot be), the
+/// daemon's log back to stderr.
+pub(crate) fn close_run(scratch: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(scratch) {
         eprintln!(
             "could not remove the scratch directory {}: {e}",
             scratch.display()
         );
     }
     tiercache_io::log::to_file(None);
-    res
 }
 
 /// The report directory (`--out`, else a new one from [`report_dir`]), created, with the log
