@@ -4,13 +4,21 @@
 #   ceph-cluster.sh start DIR [--osds N] [--mgr] [--memstore] [--image NAME:SIZE]...
 #                             [--port-base P] [--osd-size SIZE] [--set KEY=VALUE]...
 #                             [--watch-pid PID]
+#   ceph-cluster.sh add-osd DIR --block PATH [--db PATH --db-size SIZE] [--opt KEY=VALUE]...
+#   ceph-cluster.sh remove-osd DIR ID
 #   ceph-cluster.sh stop DIR
 #   ceph-cluster.sh env DIR      # prints `export CEPH_CONF=...` lines (eval them)
 #   ceph-cluster.sh status DIR   # the processes it started, and whether each is alive
 #
 # One mon (and optionally one mgr) plus N OSDs (1-3, default 1; BlueStore on sparse files in
 # DIR, or MemStore with --memstore), every listener on 127.0.0.1, cephx on, pool `rbd`
-# (size 1) created and initialised, then the images asked for. Plain background processes: no
+# (size 1) created and initialised, then the images asked for. With --osds 0 only the mon (and
+# mgr) start: no pool, no image; OSDs on devices of the caller's are then added one at a time
+# with `add-osd` (BlueStore on an existing file or device PATH, not created or resized; its
+# RocksDB and WAL on PATH too, or on a file --db of --db-size created by mkfs; --opt adds a
+# `--KEY=VALUE` ceph option to this OSD's command lines only). It prints the new OSD's id as the
+# last line once the OSD is up. `remove-osd` stops that OSD (TERM, then KILL) and purges it from
+# the cluster (its id can be reused); its devices are left to the caller. Plain background processes: no
 # systemd, no containers; works as root. The PIDs it starts are recorded in DIR/pids and `stop`
 # signals exactly those (checking each still runs with DIR's config), OSDs first, then the mgr
 # and the mon: TERM, then KILL after a timeout. It never uses pkill or killall.
@@ -41,7 +49,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -332,7 +340,8 @@ cmd_start() {
         *) die "start: unknown option '$1' (see the top of $SELF)" ;;
         esac
     done
-    [[ $osds =~ ^[1-3]$ ]] || die "--osds must be 1, 2 or 3 (got '$osds')"
+    [[ $osds =~ ^[0-3]$ ]] || die "--osds must be 0, 1, 2 or 3 (got '$osds')"
+    [ "$osds" -gt 0 ] || [ ${#images[@]} -eq 0 ] || die "--image needs at least one OSD (got --osds 0)"
     local osd_bytes
     osd_bytes=$(to_bytes "$osd_size") || die "--osd-size '$osd_size' is not a size"
     local img
@@ -444,14 +453,15 @@ cmd_start() {
     for id in "${ids[@]}"; do
         spawn "osd.$id" ceph-osd -f -c "$CONF" -i "$id"
     done
-    wait_until 60 "$osds OSD(s) to come up" osds_up "$osds"
-
-    local out
-    out=$(ceph_ osd pool create rbd 8 8 2>&1) || die "ceph osd pool create rbd failed: $out"
-    rbd_ pool init rbd
-    for img in "${images[@]}"; do
-        rbd_ create --size "${img#*:}" "rbd/${img%%:*}"
-    done
+    if [ "$osds" -gt 0 ]; then
+        wait_until 60 "$osds OSD(s) to come up" osds_up "$osds"
+        local out
+        out=$(ceph_ osd pool create rbd 8 8 2>&1) || die "ceph osd pool create rbd failed: $out"
+        rbd_ pool init rbd
+        for img in "${images[@]}"; do
+            rbd_ create --size "${img#*:}" "rbd/${img%%:*}"
+        done
+    fi
 
     if [ -n "$watch_pid" ]; then
         CEPH_CLUSTER_FROM_WATCHER=1 setsid bash -c \
@@ -463,8 +473,92 @@ cmd_start() {
     local t1
     t1=$(now_ms)
     local ms=$((t1 - t0))
-    echo "ceph-cluster: up in $((ms / 1000)).$(printf %03d $((ms % 1000)))s: $osds OSD(s) ($store), mon on 127.0.0.1:$port_base, pool rbd${images:+, images ${images[*]}}"
+    local pool=", pool rbd"
+    [ "$osds" -gt 0 ] || pool=", no pool"
+    echo "ceph-cluster: up in $((ms / 1000)).$(printf %03d $((ms % 1000)))s: $osds OSD(s) ($store), mon on 127.0.0.1:$port_base$pool${images:+, images ${images[*]}}"
     echo "ceph-cluster: eval \"\$($SELF env $DIR)\" to use it; $SELF stop $DIR to stop it"
+}
+
+osd_is_up() {
+    local out
+    out=$(timeout -k 2 10 ceph -c "$CONF" osd dump -f json 2>/dev/null) || return 1
+    echo "$out" | tr -d ' \n' | grep -qE "\"osd\":$1,\"uuid\":\"[^\"]*\",\"up\":1"
+}
+
+# Removes OSD $1 from the maps and its key (`ceph osd purge` goes through the mgr, which these
+# clusters may not run: it would wait for ever).
+purge_osd() {
+    ceph_ osd crush remove "osd.$1" >/dev/null 2>&1 || true
+    ceph_ auth del "osd.$1" >/dev/null 2>&1 || true
+    ceph_ osd rm "$1" >/dev/null 2>&1
+}
+
+cmd_add_osd() {
+    local block="" db="" db_size="" opts=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+        --block)
+            block=${2:?--block needs a path}
+            shift 2
+            ;;
+        --db)
+            db=${2:?--db needs a path}
+            shift 2
+            ;;
+        --db-size)
+            db_size=${2:?--db-size needs a size}
+            shift 2
+            ;;
+        --opt)
+            [[ ${2:-} =~ ^[A-Za-z0-9_]+=.+$ ]] || die "--opt wants KEY=VALUE (got '${2:-}')"
+            opts+=("--$2")
+            shift 2
+            ;;
+        *) die "add-osd: unknown option '$1' (see the top of $SELF)" ;;
+        esac
+    done
+    [ -f "$DIR/pids" ] && [ ! -f "$DIR/stopped" ] || die "$DIR: no running cluster here (start one first)"
+    [ -n "$block" ] || die "add-osd needs --block PATH"
+    [ -e "$block" ] || die "add-osd --block $block: no such file or device"
+    opts+=("--bluestore_block_path=$block" "--bluestore_block_create=false")
+    if [ -n "$db" ]; then
+        local db_bytes
+        db_bytes=$(to_bytes "${db_size:-}") || die "add-osd --db needs --db-size SIZE (got '${db_size:-}')"
+        opts+=("--bluestore_block_db_path=$db" "--bluestore_block_db_create=true"
+            "--bluestore_block_db_size=$db_bytes")
+    fi
+    local uuid secret id
+    uuid=$(cat /proc/sys/kernel/random/uuid)
+    secret=$(ceph-authtool --gen-print-key)
+    id=$(echo "{\"cephx_secret\": \"$secret\"}" | ceph_ osd new "$uuid" -i -)
+    [[ $id =~ ^[0-9]+$ ]] || die "ceph osd new gave '$id'"
+    rm -rf "$DIR/osd/ceph-$id"
+    mkdir -p "$DIR/osd/ceph-$id"
+    ceph-authtool --create-keyring "$DIR/osd/ceph-$id/keyring" --name "osd.$id" --add-key "$secret" >/dev/null
+    timeout -k 5 "$CALL_TIMEOUT" ceph-osd -c "$CONF" -i "$id" "${opts[@]}" --mkfs --osd-uuid "$uuid" \
+        >>"$DIR/log/osd.$id.mkfs.out" 2>&1 || {
+        tail -n 5 "$DIR/log/osd.$id.mkfs.out" >&2
+        purge_osd "$id" || true
+        die "ceph-osd --mkfs of osd.$id on $block failed (see $DIR/log/osd.$id.mkfs.out)"
+    }
+    spawn "osd.$id" ceph-osd -f -c "$CONF" -i "$id" "${opts[@]}"
+    wait_until 60 "osd.$id to come up" osd_is_up "$id" || {
+        tail -n 15 "$DIR/log/osd.$id.log" >&2 || true
+        stop_group "^osd\.$id\$"
+        purge_osd "$id" || true
+        die "osd.$id did not come up"
+    }
+    echo "$id"
+}
+
+cmd_remove_osd() {
+    local id=${1:-}
+    [[ $id =~ ^[0-9]+$ ]] || die "remove-osd wants an OSD id (got '$id')"
+    [ -f "$DIR/pids" ] || die "$DIR: no cluster was started here"
+    stop_group "^osd\.$id\$"
+    ceph_ osd down "$id" >/dev/null 2>&1 || true
+    purge_osd "$id" || die "could not remove osd.$id from the cluster"
+    rm -rf "$DIR/osd/ceph-$id"
 }
 
 [ $# -ge 2 ] || usage
@@ -473,6 +567,12 @@ DIR=$2
 shift 2
 case $VERB in
 start) cmd_start "$@" ;;
+add-osd | remove-osd)
+    [ -d "$DIR" ] || die "$DIR: no such directory"
+    DIR=$(cd "$DIR" && pwd)
+    CONF=$DIR/ceph.conf
+    if [ "$VERB" = add-osd ]; then cmd_add_osd "$@"; else cmd_remove_osd "$@"; fi
+    ;;
 stop | env | status)
     [ $# -eq 0 ] || die "$VERB takes only DIR"
     [ -d "$DIR" ] || { [ "$VERB" = stop ] && exit 0; } || die "$DIR: no such directory"

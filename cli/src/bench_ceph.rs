@@ -68,6 +68,19 @@ impl Cluster {
         osd_bytes: u64,
         setup: &mut Value,
     ) -> Result<Cluster, String> {
+        let size = format!("{}M", osd_bytes >> 20);
+        let c = Self::start_with(scratch, &["--osd-size", &size], setup)?;
+        setup["cluster"]["osd_bytes"] = json!(osd_bytes);
+        Ok(c)
+    }
+
+    /// A single-node cluster started in `scratch` with `scripts/ceph-cluster.sh start` and
+    /// `args` (stopped on drop).
+    pub(crate) fn start_with(
+        scratch: &Path,
+        args: &[&str],
+        setup: &mut Value,
+    ) -> Result<Cluster, String> {
         let script = cluster_script().ok_or(
             "scripts/ceph-cluster.sh not found (run from the repository, or pass --ceph-conf)",
         )?;
@@ -89,7 +102,7 @@ impl Cluster {
             .arg("start")
             .arg(&dir)
             .args(["--watch-pid", &std::process::id().to_string()])
-            .args(["--osd-size", &format!("{}M", osd_bytes >> 20)])
+            .args(args)
             .stdin(Stdio::null())
             .process_group(0)
             .output()
@@ -113,7 +126,7 @@ impl Cluster {
         let line = said.lines().next().unwrap_or("").to_string();
         println!("{line}");
         setup["cluster"] = json!({"started_by_bench": true, "script_says": line,
-            "start_s": t.elapsed().as_secs_f64(), "osd_bytes": osd_bytes, "conf": c.conf});
+            "start_s": t.elapsed().as_secs_f64(), "args": args, "conf": c.conf});
         Ok(c)
     }
 
@@ -140,17 +153,26 @@ impl Cluster {
 
     /// `rbd ARGS` against the cluster (bounded in time); its stdout.
     pub(crate) fn rbd(&self, args: &[&str]) -> Result<String, String> {
+        self.cli("rbd", args)
+    }
+
+    /// `ceph ARGS` against the cluster (bounded in time); its stdout.
+    pub(crate) fn ceph(&self, args: &[&str]) -> Result<String, String> {
+        self.cli("ceph", args)
+    }
+
+    fn cli(&self, tool: &str, args: &[&str]) -> Result<String, String> {
         let o = Command::new("timeout")
-            .args(["-k", "5", "600", "rbd", "-c"])
+            .args(["-k", "5", "600", tool, "-c"])
             .arg(&self.conf)
             .args(["--id", &self.id])
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| format!("rbd: {e}"))?;
+            .map_err(|e| format!("{tool}: {e}"))?;
         if !o.status.success() {
             return Err(format!(
-                "rbd {}: {}",
+                "{tool} {}: {}",
                 args.join(" "),
                 String::from_utf8_lossy(&o.stderr).trim()
             ));
@@ -158,11 +180,55 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     }
 
+    /// `ceph-cluster.sh VERB DIR ARGS` on a cluster this run started; its stdout.
+    fn script(&self, verb: &str, args: &[&str]) -> Result<String, String> {
+        let (dir, script) = self
+            .own
+            .as_ref()
+            .ok_or("only a cluster the bench started can add or remove OSDs")?;
+        let o = Command::new(script)
+            .arg(verb)
+            .arg(dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .process_group(0)
+            .output()
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        if !o.status.success() {
+            return Err(format!(
+                "ceph-cluster.sh {verb} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr)
+                    .trim()
+                    .replace('\n', "; ")
+            ));
+        }
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    }
+
+    /// Adds a BlueStore OSD (`ceph-cluster.sh add-osd`, ARGS its options); its id, once up.
+    pub(crate) fn add_osd(&self, args: &[&str]) -> Result<u32, String> {
+        let out = self.script("add-osd", args)?;
+        let last = out.lines().last().unwrap_or("").trim();
+        last.parse()
+            .map_err(|_| format!("ceph-cluster.sh add-osd said '{last}', not an OSD id"))
+    }
+
+    /// Stops OSD `id` and removes it from the cluster (`ceph-cluster.sh remove-osd`).
+    pub(crate) fn remove_osd(&self, id: u32) -> Result<(), String> {
+        self.script("remove-osd", &[&id.to_string()]).map(|_| ())
+    }
+
     /// Creates POOL/NAME and writes it end to end (4 MiB sequential writes).
     pub(crate) fn image(&mut self, name: &str, bytes: u64) -> Result<f64, String> {
         let spec = format!("{}/{name}", self.pool);
         self.rbd(&["create", "--size", &format!("{}M", bytes >> 20), &spec])?;
         self.images.push(name.to_string());
+        self.write_image(&spec, bytes)
+    }
+
+    /// Writes POOL/NAME (`spec`) end to end with 4 MiB sequential writes; the seconds it took.
+    pub(crate) fn write_image(&self, spec: &str, bytes: u64) -> Result<f64, String> {
         let t = Instant::now();
         self.rbd(&[
             "bench",
@@ -176,7 +242,7 @@ impl Cluster {
             "16",
             "--io-total",
             &format!("{}M", bytes >> 20),
-            &spec,
+            spec,
         ])?;
         Ok(t.elapsed().as_secs_f64())
     }

@@ -383,7 +383,7 @@ impl Procs {
     }
 
     /// Stops one child: SIGTERM, up to `grace`, then SIGKILL.
-    fn stop(&mut self, pid: u32, grace: Duration) {
+    pub(crate) fn stop(&mut self, pid: u32, grace: Duration) {
         if let Some(i) = self.list.iter().position(|(_, c, _)| c.id() == pid) {
             let (_, mut c, _) = self.list.remove(i);
             terminate(&mut c, grace);

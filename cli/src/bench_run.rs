@@ -95,6 +95,21 @@ pub struct Args {
     /// cutoff procedure's reader: always, full or never (the warm-up runs with it off).
     #[arg(long, default_value = "always", value_parser = crate::choices::words::<crate::choices::CutoffPolicy>())]
     pub seq_cutoff: String,
+    /// Run a study instead of the matrix: `ceph-osd` (BlueStore OSDs whose data device is a
+    /// bare emulated HDD, the same with DB/WAL on a fast file, or tiercache over the HDD;
+    /// docs/CEPH.md "tiercache under an OSD").
+    #[arg(long, value_parser = ["ceph-osd"])]
+    pub study: Option<String>,
+    /// With --study ceph-osd: OSDs per layout, 1-3 (replica min(OSDs, 2)).
+    #[arg(long, default_value_t = 2)]
+    pub osds: u32,
+    /// With --study ceph-osd: the layouts, comma separated, from hdd, hdd+db, tiercache.
+    #[arg(long, default_value = "hdd,hdd+db,tiercache")]
+    pub layouts: String,
+    /// With --study ceph-osd: the RBD image fio runs on (k/m/g; default: half of --cache-size
+    /// per OSD's share of the data, as in the study, where the working set fits the cache).
+    #[arg(long)]
+    pub image_size: Option<String>,
 }
 
 /// The peer: nbdkit's cache filter (writeback, 4K blocks, cache-on-read, as big as our cache)
@@ -175,15 +190,15 @@ fn choose_peers(
 }
 
 /// One workload of the matrix.
-struct Workload {
-    name: &'static str,
-    rw: &'static str,
-    bs: &'static str,
-    mix: Option<u32>,
-    random: bool,
+pub(crate) struct Workload {
+    pub(crate) name: &'static str,
+    pub(crate) rw: &'static str,
+    pub(crate) bs: &'static str,
+    pub(crate) mix: Option<u32>,
+    pub(crate) random: bool,
 }
 
-const MATRIX: [Workload; 5] = [
+pub(crate) const MATRIX: [Workload; 5] = [
     Workload {
         name: "randread-4k",
         rw: "randread",
@@ -267,7 +282,7 @@ pub(crate) const STUCK: &str = "IO does not complete";
 pub(crate) const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
 
 /// Runs fio against `uri`; returns its JSON.
-fn run_fio(
+pub(crate) fn run_fio(
     target: &FioTarget,
     w: &Workload,
     region: u64,
@@ -413,12 +428,12 @@ pub(crate) fn parse_fio(v: &Value) -> Result<FioNumbers, String> {
     Ok((iops, bw / 1e6, mean, p99 / 1000.0, p999 / 1000.0, cdf))
 }
 
-fn pct(a: u64, b: u64) -> f64 {
+pub(crate) fn pct(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
 /// Sets cache `id`'s sequential cutoff policy (the warm-ups run with it off).
-fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
+pub(crate) fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
     set_param(
         reg,
         id,
@@ -430,7 +445,7 @@ fn seq_cutoff(reg: &Registry, id: u16, policy: &str) -> Result<(), String> {
 }
 
 /// Server counters for the cached configuration: (requests, hits, dirty %).
-fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
+pub(crate) fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
     match tiercache_daemon::stats::cache_stats(reg, cache, None, None) {
         Ok(s) => {
             let r = &s["requests"];
@@ -512,6 +527,9 @@ pub(crate) fn host() -> Value {
 
 /// Runs the matrix.
 pub fn run(mut a: Args) -> Result<(), String> {
+    if a.study.is_some() {
+        return crate::bench_osd::run(a);
+    }
     let runtime = a.runtime.unwrap_or(if a.quick { 8 } else { 30 });
     if runtime == 0 || a.iodepth == 0 || a.iodepth > 1024 {
         return Err("--runtime must be at least 1 and --iodepth 1-1024".into());
@@ -561,24 +579,8 @@ pub fn run(mut a: Args) -> Result<(), String> {
     for n in notes {
         println!("{n}");
     }
-    let out = match &a.out {
-        Some(o) => {
-            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
-            o.clone()
-        }
-        None => report_dir()?,
-    };
+    let out = open_report(a.out.as_deref())?;
     a.out = Some(out.clone());
-    // The daemon's parts run in this process: their log lines go to a file, not between the
-    // results.
-    let log = out.join("daemon.log");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    tiercache_io::log::to_file(Some(f));
-    println!("report and daemon log (daemon.log) go to {}", out.display());
     let scratch = a
         .scratch
         .clone()
@@ -595,14 +597,42 @@ pub fn run(mut a: Args) -> Result<(), String> {
         &selected,
         &peers,
     );
-    if let Err(e) = std::fs::remove_dir_all(&scratch) {
+    close_run(&scratch);
+    res
+}
+
+/// The end of a run: its scratch directory removed (saying so when it cannot be), the
+/// daemon's log back to stderr.
+pub(crate) fn close_run(scratch: &Path) {
+    if let Err(e) = std::fs::remove_dir_all(scratch) {
         eprintln!(
             "could not remove the scratch directory {}: {e}",
             scratch.display()
         );
     }
     tiercache_io::log::to_file(None);
-    res
+}
+
+/// The report directory (`--out`, else a new one from [`report_dir`]), created, with the log
+/// of the daemon's parts (which run in this process) going to its `daemon.log`, not between
+/// the results.
+pub(crate) fn open_report(out: Option<&Path>) -> Result<PathBuf, String> {
+    let out = match out {
+        Some(o) => {
+            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
+            o.to_path_buf()
+        }
+        None => report_dir()?,
+    };
+    let log = out.join("daemon.log");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    tiercache_io::log::to_file(Some(f));
+    println!("report and daemon log (daemon.log) go to {}", out.display());
+    Ok(out)
 }
 
 /// A new directory for a report without `--out`: `tiercache-bench-report-SECONDS-PID` under
@@ -1031,13 +1061,7 @@ fn run_in(
                 r.bw_mbps,
                 r.lat_mean_us,
                 r.lat_p99_us,
-                r.hit_ratio
-                    .map(|h| format!(
-                        "  hits {:.1}%  dirty {:.1}%",
-                        h * 100.0,
-                        r.dirty_pct.unwrap_or(0.0)
-                    ))
-                    .unwrap_or_default()
+                hits_dirty(r.hit_ratio, r.dirty_pct)
             );
             results.push(r);
         }
@@ -1202,7 +1226,7 @@ pub(crate) fn warm_own(uri: &str, size: u64) -> Result<(), String> {
 }
 
 /// A sequential pass over `size` bytes, at most `max_secs`.
-fn run_fio_size(
+pub(crate) fn run_fio_size(
     target: &FioTarget,
     w: &Workload,
     size: u64,
@@ -1300,6 +1324,18 @@ fn table(results: &[RunResult]) -> String {
         ));
     }
     t
+}
+
+/// `  hits H%  dirty D%` of a run line, empty for a run without a cache.
+pub(crate) fn hits_dirty(hits: Option<f64>, dirty_pct: Option<f64>) -> String {
+    hits.map(|h| {
+        format!(
+            "  hits {:.1}%  dirty {:.1}%",
+            h * 100.0,
+            dirty_pct.unwrap_or(0.0)
+        )
+    })
+    .unwrap_or_default()
 }
 
 /// How a target line starts: `PASS` when the target is met, else `FAIL`.

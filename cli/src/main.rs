@@ -10,6 +10,7 @@ mod bench_ceph;
 mod bench_core;
 mod bench_engine;
 mod bench_load;
+mod bench_osd;
 mod bench_peers;
 mod bench_run;
 mod bench_studies;
