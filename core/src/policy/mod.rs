@@ -52,10 +52,10 @@ pub fn position_key(core: CoreId, core_line: u64) -> u64 {
 /// IO classes per cache (ids `0..IO_CLASSES_MAX`), as in Open CAS (class 0 is `unclassified`).
 pub const IO_CLASSES_MAX: usize = 34;
 
-/// A policy choice and its name: the daemon's `set-param`/`get-param` parse and print it with
-/// this list, `bench core` parses with it, and a CLI unit test checks the command line's
-/// choices against it (the config file and the simulator's scenarios still have their own
-/// serde names).
+/// A policy choice and its name: the daemon's `set-param`/`get-param` (and so its config
+/// file's `[cache.params]`) parse and print it with this list, `bench core` parses with it,
+/// and a CLI unit test checks the command line's choices against it (the simulator's
+/// scenarios and `sim mrc` still match their own names).
 pub trait Named: Copy + PartialEq + 'static {
     /// Every choice with its name.
     fn names() -> &'static [(&'static str, Self)];
