@@ -1670,14 +1670,15 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
             let x = med(&file) / med(&pt).max(1e-9);
             let per = round_ratios(&file, &pt, &|a, b| a.iops / b.iops.max(1e-9));
             let (_, lo, hi) = mmm(&per);
+            let (cf, cp) = (cpu(&file, false), cpu(&pt, false));
             let _ = writeln!(
                 t,
                 "P1 file, the structure's floor: tiercache file hits / tiercache pt on a file (every read to the device, no cache logic) = {x:.2}x (per round {lo:.2}-{hi:.2}); server {} vs {} CPU-us per IO",
-                fmt_opt(cpu(&file, false)),
-                fmt_opt(cpu(&pt, false)),
+                fmt_opt(cf),
+                fmt_opt(cp),
             );
             ratios["file_over_pt_file"] = json!({"ratio": x, "per_round": per,
-                "cpu_us_per_io": cpu(&file, false), "pt_cpu_us_per_io": cpu(&pt, false)});
+                "cpu_us_per_io": cf, "pt_cpu_us_per_io": cp});
         }
         let low_hits = rep
             .runs

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde_json::json;
 use tiercache_core::mode::CacheMode;
-use tiercache_core::policy::{CutoffPolicy, EvictionPolicy, NhitParams, PromotionPolicy};
+use tiercache_core::policy::{CutoffPolicy, EvictionPolicy, Named, NhitParams, PromotionPolicy};
 use tiercache_core::units::LineSize;
 use tiercache_daemon::device::parse_size;
 use tiercache_daemon::health::human;
@@ -223,31 +223,10 @@ pub fn run(args: Args) -> Result<(), String> {
             args.mode
         )
     })?;
-    let eviction = parse_choice(
-        "eviction",
-        &args.eviction,
-        &[
-            ("lru", EvictionPolicy::Lru),
-            ("s3fifo", EvictionPolicy::S3Fifo),
-        ],
-    )?;
-    let promotion = parse_choice(
-        "promotion",
-        &args.promotion,
-        &[
-            ("always", PromotionPolicy::Always),
-            ("nhit", PromotionPolicy::Nhit),
-        ],
-    )?;
-    let cutoff = parse_choice(
-        "cutoff",
-        &args.cutoff,
-        &[
-            ("always", CutoffPolicy::Always),
-            ("full", CutoffPolicy::Full),
-            ("never", CutoffPolicy::Never),
-        ],
-    )?;
+    // The core's names (`policy::Named`), the lists the CLI's choices are checked against.
+    let eviction = parse_choice("eviction", &args.eviction, EvictionPolicy::names())?;
+    let promotion = parse_choice("promotion", &args.promotion, PromotionPolicy::names())?;
+    let cutoff = parse_choice("cutoff", &args.cutoff, CutoffPolicy::names())?;
     if !(args.sample > 0.0 && args.sample < 1.0) {
         return Err(format!("--sample {}: give a rate in (0, 1)", args.sample));
     }

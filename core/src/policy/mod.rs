@@ -54,8 +54,8 @@ pub const IO_CLASSES_MAX: usize = 34;
 
 /// A policy choice and its name: the daemon's `set-param`/`get-param` (and so its config
 /// file's `[cache.params]`) parse and print it with this list, `bench core` parses with it,
-/// and a CLI unit test checks the command line's choices against it (the simulator's
-/// scenarios and `sim mrc` still match their own names).
+/// `sim mrc` parses with it, and a CLI unit test checks the command line's choices against it
+/// (the simulator's scenario files still match their own names).
 pub trait Named: Copy + PartialEq + 'static {
     /// Every choice with its name.
     fn names() -> &'static [(&'static str, Self)];
