@@ -279,6 +279,16 @@ impl Ring {
         Ok(())
     }
 
+    /// Hands what is queued to the kernel without waiting for anything (completions are
+    /// taken by the next [`Ring::wait`]).
+    pub fn submit(&mut self) -> io::Result<()> {
+        match self.ring.submit() {
+            Ok(_) => Ok(()),
+            Err(e) if transient(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Takes every completion the kernel has posted.
     fn reap(&mut self, out: &mut Vec<RingDone>) {
         let mut cq = self.ring.completion();

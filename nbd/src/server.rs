@@ -279,6 +279,9 @@ pub struct ServerStats {
     pub tls_refused: u64,
     /// Device reads and writes a reactor ran with registered (fixed) buffers.
     pub fixed_ios: u64,
+    /// Writes of replies to sockets by reactors (`writev` calls, each carrying one or more
+    /// replies).
+    pub reply_writes: u64,
 }
 
 #[derive(Default)]
@@ -292,6 +295,7 @@ pub(crate) struct Counters {
     pub(crate) in_flight_max: AtomicU64,
     tls_refused: AtomicU64,
     pub(crate) fixed_ios: AtomicU64,
+    pub(crate) reply_writes: AtomicU64,
 }
 
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
@@ -534,6 +538,7 @@ impl Server {
             in_flight_max: s.in_flight_max.load(Ordering::Relaxed),
             tls_refused: s.tls_refused.load(Ordering::Relaxed),
             fixed_ios: s.fixed_ios.load(Ordering::Relaxed),
+            reply_writes: s.reply_writes.load(Ordering::Relaxed),
         }
     }
 

@@ -20,6 +20,17 @@ pub struct Client<S: Stream> {
     pub structured: bool,
 }
 
+/// A request header.
+pub fn request(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
+    m.extend_from_slice(&flags.to_be_bytes());
+    m.extend_from_slice(&typ.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&len.to_be_bytes());
+    m
+}
+
 pub fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b[..4].try_into().unwrap())
 }
@@ -135,14 +146,14 @@ impl<S: Stream> Client<S> {
         len: u32,
         data: &[u8],
     ) -> std::io::Result<()> {
-        let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&flags.to_be_bytes());
-        m.extend_from_slice(&typ.to_be_bytes());
-        m.extend_from_slice(&cookie.to_be_bytes());
-        m.extend_from_slice(&offset.to_be_bytes());
-        m.extend_from_slice(&len.to_be_bytes());
+        let mut m = request(typ, flags, cookie, offset, len);
         m.extend_from_slice(data);
         self.s.write_all(&m)
+    }
+
+    /// Sends bytes as they are, in one write (several requests at once: [`request`]).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
     }
 
     /// Reads one reply: (cookie, error, data). `read_len`: the length of the read it answers
