@@ -438,7 +438,7 @@ fn study(
     }
     drop(cluster);
     let stopped = STOP.load(Ordering::Relaxed);
-    let (table, ratios_text, ratios) = tables(&runs);
+    let (table, ratios_text, mut ratios) = tables(&runs);
     println!("\n{table}\n{ratios_text}");
     let attach_text = format!(
         "Each OSD's data device is an NBD export of this process's tiercache NBD server (unix socket), attached with {} ({}) and given to BlueStore as bluestore_block_path (not created by it). All three layouts go through the same attach: {ATTACH_WHY}.",
@@ -452,6 +452,18 @@ fn study(
     println!("{attach_text}");
     // The simulator beside reality.
     let (pred_text, pred_doc, beside) = prediction(plan, a.iodepth, &runs);
+    // Each IOPS ratio's row also carries the predicted ratios.
+    if let (Some(b), Some(rows)) = (&beside, ratios.as_array_mut()) {
+        for row in rows.iter_mut().filter(|r| r["metric"] == "iops") {
+            let mut p = json!({});
+            for q in b.ratios.iter().filter(|q| q["workload"] == row["workload"]) {
+                if let Some(name) = q["ratio"].as_str() {
+                    p[name] = q["predicted"].clone();
+                }
+            }
+            row["predicted"] = p;
+        }
+    }
     println!("\n{pred_text}");
     let doc = json!({
         "tool": "tiercache bench --study ceph-osd",

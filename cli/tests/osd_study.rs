@@ -215,6 +215,14 @@ fn study_smallest_end_to_end() {
             "{r}"
         );
     }
+    let row = ratios
+        .iter()
+        .find(|r| r["workload"] == "randread-4k" && r["metric"] == "iops")
+        .unwrap();
+    assert!(
+        row["predicted"]["tiercache/hdd+db"].as_f64().unwrap() > 0.0,
+        "{row}"
+    );
     let seed = &p["seed_cluster"];
     assert_eq!(
         (seed["nodes"].as_u64(), seed["osds_per_node"].as_u64()),
