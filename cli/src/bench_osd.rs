@@ -13,6 +13,9 @@
 //! torn down before the next. Every OSD's data device is an NBD export of this process's NBD
 //! server — the bare HDD as well as the cached one — attached as `/dev/nbdX` with `nbd-client`
 //! where `/dev/nbd0` exists, else as a file with `nbdfuse`; see [`ATTACH_WHY`].
+//!
+//! The report ends with the simulator's prediction of the same runs, calibrated from them
+//! (`bench_osd_predict.rs`, docs/CEPH.md "The simulator beside it").
 
 use crate::bench_ceph::{Cluster, FioTarget};
 use crate::bench_peers::Procs;
@@ -29,7 +32,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tiercache_core::units::CoreId;
 use tiercache_daemon::registry::{NewCache, Registry, set_param};
-use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server};
+use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, RequestStats, Server};
+
+#[path = "bench_osd_predict.rs"]
+mod predict;
 
 /// The layouts, in the order they run.
 pub(crate) const LAYOUTS: [&str; 3] = ["hdd", "hdd+db", "tiercache"];
@@ -294,14 +300,30 @@ struct Measured {
     /// tiercache layout: hit ratio and dirty % (its own counters, all its caches).
     hits: Option<f64>,
     dirty_pct: Option<f64>,
-    /// tiercache layout: the caches' view each second (as the Open CAS study's figures 8-11).
+    /// The caches' view each second (as the Open CAS study's figures 8-11), and the data
+    /// devices' requests each second (every layout).
     per_second: Vec<Sample>,
+    /// The run's length (fio's runtime), s.
+    seconds: f64,
+    /// Requests the data devices (NBD exports) served during the run, all OSDs.
+    dev_requests: f64,
+    /// Requests in flight at the data devices on average (their summed service time over
+    /// the run's length), all OSDs.
+    dev_inflight: f64,
+    /// The host's CPUs busy during the run, 0..1 of all of them.
+    host_busy: f64,
+    /// CPU seconds of the layout's ceph-osd processes during the run.
+    osd_cpu_s: f64,
+    /// tiercache layout, randread-4k: mean latency of a QD 1 run (calibrates the simulator).
+    qd1_mean_us: Option<f64>,
 }
 
 /// One second of the caches under the OSDs (sums over them; dirty % their mean).
 #[derive(Clone, Copy, Default)]
 struct Sample {
     t: f64,
+    /// Requests the data devices served this second (all layouts).
+    dev_requests: f64,
     requests: f64,
     hits: f64,
     pass_through: f64,
@@ -330,14 +352,31 @@ fn snapshot(reg: &Registry, caches: &[u16]) -> (u64, u64, u64, u64, f64) {
     v
 }
 
-/// Samples the caches once a second until `stop`.
-fn sample(reg: &Registry, caches: &[u16], stop: &AtomicBool) -> Vec<Sample> {
+/// Requests served so far by the exports counted in `stats`.
+fn dev_count(stats: &[Arc<RequestStats>]) -> u64 {
+    dev_counts(stats).0
+}
+
+/// Requests served so far by the exports counted in `stats`, and the seconds they took in
+/// all (from receipt to reply).
+fn dev_counts(stats: &[Arc<RequestStats>]) -> (u64, f64) {
+    stats
+        .iter()
+        .flat_map(|s| s.snapshot())
+        .fold((0, 0.0), |(n, t), o| (n + o.count, t + o.sum_seconds))
+}
+
+/// Samples the caches and the data devices once a second until `stop`.
+fn sample(
+    reg: &Registry,
+    caches: &[u16],
+    stats: &[Arc<RequestStats>],
+    stop: &AtomicBool,
+) -> Vec<Sample> {
     let mut out = Vec::new();
-    if caches.is_empty() {
-        return out;
-    }
     let t0 = Instant::now();
     let mut last = snapshot(reg, caches);
+    let mut last_dev = dev_count(stats);
     let mut next = 1.0;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
@@ -346,8 +385,10 @@ fn sample(reg: &Registry, caches: &[u16], stop: &AtomicBool) -> Vec<Sample> {
             continue;
         }
         let now = snapshot(reg, caches);
+        let dev = dev_count(stats);
         out.push(Sample {
             t: next,
+            dev_requests: dev.saturating_sub(last_dev) as f64,
             requests: now.0.saturating_sub(last.0) as f64,
             hits: now.1.saturating_sub(last.1) as f64,
             pass_through: now.2.saturating_sub(last.2) as f64,
@@ -355,6 +396,7 @@ fn sample(reg: &Registry, caches: &[u16], stop: &AtomicBool) -> Vec<Sample> {
             dirty_pct: now.4,
         });
         last = now;
+        last_dev = dev;
         next += 1.0;
     }
     out
@@ -396,7 +438,7 @@ fn study(
     }
     drop(cluster);
     let stopped = STOP.load(Ordering::Relaxed);
-    let (table, ratios_text, ratios) = tables(&runs);
+    let (table, ratios_text, mut ratios) = tables(&runs);
     println!("\n{table}\n{ratios_text}");
     let attach_text = format!(
         "Each OSD's data device is an NBD export of this process's tiercache NBD server (unix socket), attached with {} ({}) and given to BlueStore as bluestore_block_path (not created by it). All three layouts go through the same attach: {ATTACH_WHY}.",
@@ -408,6 +450,21 @@ fn study(
         }
     );
     println!("{attach_text}");
+    // The simulator beside reality.
+    let (pred_text, pred_doc, beside) = prediction(plan, a.iodepth, &runs);
+    // Each IOPS ratio's row also carries the predicted ratios.
+    if let (Some(b), Some(rows)) = (&beside, ratios.as_array_mut()) {
+        for row in rows.iter_mut().filter(|r| r["metric"] == "iops") {
+            let mut p = json!({});
+            for q in b.ratios.iter().filter(|q| q["workload"] == row["workload"]) {
+                if let Some(name) = q["ratio"].as_str() {
+                    p[name] = q["predicted"].clone();
+                }
+            }
+            row["predicted"] = p;
+        }
+    }
+    println!("\n{pred_text}");
     let doc = json!({
         "tool": "tiercache bench --study ceph-osd",
         "version": env!("CARGO_PKG_VERSION"),
@@ -428,17 +485,25 @@ fn study(
         },
         "stopped_early": stopped,
         "layouts": layouts_doc,
-        "runs": runs.iter().map(|r| json!({
+        "runs": runs.iter().enumerate().map(|(i, r)| json!({
             "layout": r.layout, "workload": r.workload, "iops": r.iops, "bw_mbps": r.mbps,
             "lat_mean_us": r.mean_us, "lat_p99_us": r.p99_us, "hit_ratio": r.hits,
             "dirty_pct": r.dirty_pct,
+            "host_cpu_busy": r.host_busy, "osd_cpu_s": r.osd_cpu_s,
+            "data_device_requests": r.dev_requests,
+            "data_device_in_flight": r.dev_inflight, "qd1_mean_us": r.qd1_mean_us,
+            "predicted": beside.as_ref().and_then(|b| b.runs_pred[i].as_ref()).map(|p| json!({
+                "iops": p.iops, "lat_mean_us": p.mean_us, "lat_p99_us": p.p99_us,
+            })),
             "cache_per_second": r.per_second.iter().map(|p| json!({
-                "t": p.t, "requests": p.requests, "hits": p.hits,
+                "t": p.t, "data_device_requests": p.dev_requests,
+                "requests": p.requests, "hits": p.hits,
                 "pass_through": p.pass_through, "writeback_mbps": p.writeback_mbps,
                 "dirty_pct": p.dirty_pct,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "ratios": ratios,
+        "predicted": pred_doc,
         "wall_s": t0.elapsed().as_secs_f64(),
     });
     let w = |name: &str, body: &str| -> Result<(), String> {
@@ -450,7 +515,7 @@ fn study(
         &serde_json::to_string_pretty(&doc).unwrap_or_default(),
     )?;
     let md = format!(
-        "# tiercache bench --study ceph-osd\n\ncommit {}{}: {what}.{}\n\n{attach_text}\n\n```\n{table}```\n\n## Ratios (IOPS, and p99 latency where named), with the seed studies' figures\n\n```\n{ratios_text}```\n\nThe seed figures: Open CAS study (tiercache's role; baseline = hdd+db), 12 OSDs on 2 nodes, replica 2, 20 jobs x QD 16; Micron (DB/WAL on NVMe vs all on HDD). Raw numbers: results.json.\n",
+        "# tiercache bench --study ceph-osd\n\ncommit {}{}: {what}.{}\n\n{attach_text}\n\n```\n{table}```\n\n## Ratios (IOPS, and p99 latency where named), with the seed studies' figures\n\n```\n{ratios_text}```\n\nThe seed figures: Open CAS study (tiercache's role; baseline = hdd+db), 12 OSDs on 2 nodes, replica 2, 20 jobs x QD 16; Micron (DB/WAL on NVMe vs all on HDD). Raw numbers: results.json.\n\n## The simulator beside reality\n\n```\n{pred_text}```\n",
         git_commit(),
         if a.quick { ", --quick" } else { "" },
         if stopped {
@@ -460,7 +525,10 @@ fn study(
         }
     );
     let mut plots = Vec::new();
-    for r in runs.iter().filter(|r| !r.per_second.is_empty()) {
+    for r in runs
+        .iter()
+        .filter(|r| r.layout == "tiercache" && !r.per_second.is_empty())
+    {
         let pts = |f: &dyn Fn(&Sample) -> f64| -> Vec<(f64, f64)> {
             r.per_second.iter().map(|p| (p.t, f(p))).collect()
         };
@@ -499,6 +567,49 @@ fn study(
         out.join("report.md").display()
     );
     Ok(())
+}
+
+/// The simulator's prediction of the runs (issue 26 item 3): its text for the terminal and
+/// report, its JSON (`predicted` in results.json), and the per-run and per-ratio comparison.
+fn prediction(
+    plan: &Plan,
+    iodepth: u32,
+    runs: &[Measured],
+) -> (String, Value, Option<predict::Beside>) {
+    let Some((cost, cal)) = predict::calibrate(plan, runs) else {
+        let why = "no prediction: the simulator is calibrated by the tiercache layout's randread-4k run (and its QD 1 run), which did not run";
+        return (format!("{why}\n"), json!({"error": why}), None);
+    };
+    let study = predict::study_of(plan, iodepth, "ram");
+    let run = || -> Result<(String, Value, predict::Beside), String> {
+        let p = study.predict(&cost, &plan.layouts)?;
+        let b = predict::beside(plan, iodepth, runs, &p);
+        let (seed_text, seed_doc) = predict::seed_cluster(&study, &cost)?;
+        let text = format!(
+            "{}\nThe same topology simulated (tiercache's simulator: {} OSD(s), replica {}, {PRESET} HDD models of the HDD files' size with the data in their first {:.2} GiB, the real cache core with the study's settings over a ram-speed cache device, {} s simulated per run):\n\n{}\n{seed_text}",
+            predict::calibration_text(&cost, &cal),
+            plan.osds,
+            plan.replicas,
+            study.span_gib,
+            study.duration_s,
+            b.text
+        );
+        let doc = json!({
+            "calibration": cal,
+            "differs_above": predict::DIFFERS,
+            "ratios": b.ratios,
+            "seed_cluster": seed_doc,
+        });
+        Ok((text, doc, b))
+    };
+    match run() {
+        Ok((t, d, b)) => (t, d, Some(b)),
+        Err(e) => (
+            format!("no prediction: {e}\n"),
+            json!({"error": e, "calibration": cal}),
+            None,
+        ),
+    }
 }
 
 /// What the study runs on, in one sentence (the banner and the report's first line).
@@ -754,7 +865,10 @@ fn run_layout(
     };
     let cached = layout == "tiercache";
     let exports = Arc::new(ExportMap::new());
+    let mut stats = Vec::new();
     for i in 0..plan.osds {
+        let counted = Arc::new(RequestStats::default());
+        stats.push(counted.clone());
         let hdd = scratch.join(format!("{tag}-osd{i}.hdd"));
         let dev = format!("emu:{PRESET}:{}", file(&hdd, plan.hdd_bytes)?);
         rig.files.push(hdd);
@@ -787,14 +901,14 @@ fn run_layout(
             exports.insert(
                 &export,
                 "an emulated HDD through tiercache",
-                Arc::new(EngineExport::new(reg.engine(id)?, CoreId(0))),
+                Arc::new(EngineExport::new(reg.engine(id)?, CoreId(0)).with_request_stats(counted)),
             );
         } else {
             let bare = tiercache_daemon::device::DeviceSpec::parse(&dev)?.open("the bare HDD")?;
             exports.insert(
                 &export,
                 "a bare emulated HDD",
-                Arc::new(BackendExport::new(bare)),
+                Arc::new(BackendExport::new(bare).with_request_stats(counted)),
             );
         }
     }
@@ -968,8 +1082,9 @@ fn run_layout(
         let label = format!("{layout} {}", w.name);
         let region = plan.image_bytes;
         let stop = AtomicBool::new(false);
+        let (cpu0, dev0) = (predict::cpu_now(scratch), dev_counts(&stats));
         let (v, per_second) = std::thread::scope(|s| {
-            let sampler = s.spawn(|| sample(&reg, &rig.caches, &stop));
+            let sampler = s.spawn(|| sample(&reg, &rig.caches, &stats, &stop));
             let v = run_fio(&target, w, region, iodepth, plan.runtime, &|f| {
                 bar.show(&label, f)
             })
@@ -978,6 +1093,10 @@ fn run_layout(
             (v, sampler.join().unwrap_or_default())
         });
         bar.end();
+        let (host_busy, osd_cpu_s) = predict::cpu_between(cpu0, predict::cpu_now(scratch));
+        let dev1 = dev_counts(&stats);
+        let dev_requests = dev1.0.saturating_sub(dev0.0) as f64;
+        let dev_inflight = (dev1.1 - dev0.1).max(0.0) / plan.runtime as f64;
         let (iops, mbps, mean_us, p99_us, _, _) = match v {
             Ok(v) => v,
             Err(e) if STOP.load(Ordering::Relaxed) => {
@@ -992,6 +1111,30 @@ fn run_layout(
         } else {
             (None, None)
         };
+        // The simulator's calibration: the same reads at QD 1, every one a hit.
+        let qd1_mean_us = if cached && w.name == "randread-4k" && !STOP.load(Ordering::Relaxed) {
+            let secs = plan.runtime.min(5);
+            let v = run_fio(&target, w, region, 1, secs, &|f| {
+                bar.show(&format!("{label} QD 1"), f)
+            })
+            .and_then(|v| parse_fio(&v));
+            bar.end();
+            match v {
+                Ok(v) => {
+                    println!(
+                        "  {:<14} {:>9.0} IOPS at QD 1, mean {:>9.1} us (calibrates the simulator)",
+                        w.name, v.0, v.2
+                    );
+                    Some(v.2)
+                }
+                Err(e) => {
+                    eprintln!("{label} at QD 1: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let m = Measured {
             layout,
             workload: w.name,
@@ -1002,15 +1145,28 @@ fn run_layout(
             hits,
             dirty_pct,
             per_second,
+            seconds: plan.runtime as f64,
+            dev_requests,
+            dev_inflight,
+            host_busy,
+            osd_cpu_s,
+            qd1_mean_us,
         };
         println!(
-            "  {:<14} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}",
+            "  {:<14} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}; host CPUs {:.0}% busy, ceph-osd {:.2} CPU-s, {:.0} data-device requests",
             m.workload,
             m.iops,
             m.mbps,
             m.mean_us,
             m.p99_us,
-            hits_dirty(m.hits, m.dirty_pct)
+            hits_dirty(m.hits, m.dirty_pct),
+            m.host_busy * 100.0,
+            m.osd_cpu_s,
+            m.dev_requests
+        );
+        println!(
+            "  {:<14} data devices: {:.1} requests in flight on average",
+            "", m.dev_inflight
         );
         out.push(m);
     }
@@ -1067,5 +1223,43 @@ mod tests {
         let p = plan(&args(&["--osds", "3"])).unwrap();
         assert_eq!(p.replicas, 2);
         assert_eq!(p.workloads.len(), 5);
+    }
+
+    #[test]
+    fn the_simulated_study_has_the_studys_topology() {
+        let p = plan(&args(&["--quick", "--osds", "2", "--cache-size", "512m"])).unwrap();
+        let st = predict::study_of(&p, 16, "ram");
+        let cost = tiercache_sim::osd_study::Cost {
+            threads: 2,
+            cpu_us: 100.0,
+            latency_us: 400.0,
+            hdd_extra_per_read: 0.3,
+            hdd_extra_per_write: 1.0,
+        };
+        let s = st.scenario(&cost, &p.layouts).unwrap();
+        let cl = s.cluster.as_ref().unwrap();
+        // Two OSDs, each its own failure domain, replica 2; the HDD files' size and preset;
+        // the cache per OSD; the image's share per OSD.
+        assert_eq!((cl.nodes * cl.osds_per_node, cl.replicas), (2, 2));
+        assert_eq!((cl.hdd.as_str(), cl.hdd_gib), (PRESET, 4.0));
+        assert_eq!(cl.cache_gib_per_osd, 0.5);
+        assert_eq!(cl.working_set_gib_per_osd, p.per_osd as f64 / GIB as f64);
+        assert_eq!(
+            (
+                s.cache.mode.as_str(),
+                s.cache.line_kib,
+                s.cache.cutoff.as_ref().unwrap().threshold_kib
+            ),
+            ("wb", 4, 16)
+        );
+        assert_eq!(s.cache.ioclass_csv.as_deref(), Some(STUDY_CSV));
+        let w: Vec<(&str, u32, u32, u32)> = s
+            .workload
+            .iter()
+            .map(|w| (w.name.as_str(), w.read_pct, w.block_kib, w.qd))
+            .collect();
+        assert_eq!(w, [("randread-4k", 100, 4, 16), ("randwrite-4k", 0, 4, 16)]);
+        let c: Vec<&str> = s.config.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(c, LAYOUTS);
     }
 }

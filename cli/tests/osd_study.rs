@@ -3,7 +3,9 @@
 //! through NBD (nbd-client where /dev/nbd0 exists, else nbdfuse).
 //!
 //! - the smallest study end to end (1 OSD, a 64 MiB image, 2 s runs, warm-up at most 30 s): every layout measured,
-//!   the report written, and afterwards no mount, no process and no file of the study left;
+//!   the report written with the simulator's prediction beside each run and ratio (a
+//!   measured reason wherever they differ by more than 1.5x, and the seed study's 12-OSD
+//!   cluster), and afterwards no mount, no process and no file of the study left;
 //! - bad input: one line, nothing created.
 //!
 //! The end-to-end test is skipped (with a printed reason) when ceph-osd, fio, or both nbdfuse
@@ -182,9 +184,63 @@ fn study_smallest_end_to_end() {
             .any(|r| r["workload"] == "randread-4k" && r["tiercache/hdd+db"].as_f64().is_some()),
         "{v}"
     );
+    // The simulator beside reality: calibrated from the runs, a prediction per run and per
+    // ratio, a reason (measured) wherever they differ by more than 1.5x, and the seed study's
+    // 12-OSD cluster.
+    for r in runs {
+        assert!(r["predicted"]["iops"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["data_device_requests"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["host_cpu_busy"].as_f64().is_some(), "{r}");
+    }
+    let p = &v["predicted"];
+    let cal = &p["calibration"];
+    assert!(cal["cpu_us"].as_f64().unwrap() > 0.0, "{p}");
+    assert!(
+        cal["from"]["latency_us"].as_str().unwrap().contains("QD 1"),
+        "{p}"
+    );
+    let pr = p["ratios"].as_array().unwrap();
+    assert_eq!(pr.len(), 6, "{p}");
+    for r in pr {
+        let (m, q) = (
+            r["measured"].as_f64().unwrap(),
+            r["predicted"].as_f64().unwrap(),
+        );
+        assert!(m > 0.0 && q > 0.0, "{r}");
+        let far = (m / q).max(q / m) > 1.5;
+        assert_eq!(r["differs"].as_bool(), Some(far), "{r}");
+        assert_eq!(
+            r["reason"].as_str().is_some_and(|s| s.contains("measured")),
+            far,
+            "{r}"
+        );
+    }
+    let row = ratios
+        .iter()
+        .find(|r| r["workload"] == "randread-4k" && r["metric"] == "iops")
+        .unwrap();
+    assert!(
+        row["predicted"]["tiercache/hdd+db"].as_f64().unwrap() > 0.0,
+        "{row}"
+    );
+    let seed = &p["seed_cluster"];
+    assert_eq!(
+        (seed["nodes"].as_u64(), seed["osds_per_node"].as_u64()),
+        (Some(2), Some(6)),
+        "{p}"
+    );
+    assert!(
+        seed["runs"][0]["tiercache/hdd+db"].as_f64().unwrap() > 0.0,
+        "{p}"
+    );
     let md = std::fs::read_to_string(d.path("out/report.md")).unwrap();
     assert!(
         md.contains("x119.5") && md.contains("Micron") && md.contains("nbd"),
+        "{md}"
+    );
+    assert!(
+        md.contains("The simulator beside reality")
+            && md.contains("seed study's cluster predicted"),
         "{md}"
     );
     // Nothing left: the scratch directory (cluster, files, mounts) is gone, and so is every

@@ -76,6 +76,11 @@ pub struct Target {
     pub core: Region,
     /// The cache, if this configuration has one.
     pub cache: Option<CacheSetup>,
+    /// Extra device IOs a bare target makes per op (see [`ExtraIo`]); none by default.
+    pub extra: Option<ExtraIo>,
+    /// Extra IOs owed so far (fractional) and made so far.
+    extra_owed: f64,
+    extra_made: u64,
     busy_threads: u32,
     waiting: VecDeque<u64>,
 }
@@ -88,6 +93,9 @@ impl Target {
             server,
             core,
             cache: None,
+            extra: None,
+            extra_owed: 0.0,
+            extra_made: 0,
             busy_threads: 0,
             waiting: VecDeque::new(),
         }
@@ -99,6 +107,21 @@ impl Target {
             ..Target::bare(name, server, core)
         }
     }
+}
+
+/// Device IOs a bare target makes besides each op's own, one after the other once the op's
+/// IO is done, at scattered 4 KiB places of `region` (for a BlueStore OSD whose RocksDB and
+/// WAL share the data disk: the metadata reads and WAL writes it sends to that disk). Counts
+/// are per op and may be fractional (owed ones are carried to the next op); reads make reads
+/// and writes writes.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub struct ExtraIo {
+    /// Where they go.
+    pub region: Region,
+    /// Per read op.
+    pub per_read: f64,
+    /// Per write op.
+    pub per_write: f64,
 }
 
 /// How client requests map onto targets.
@@ -130,8 +153,9 @@ impl Router for Direct {
 enum Token {
     /// An IO the cache of `target` issued, on device `dev`.
     Cache { target: u32, io: IoId, dev: u32 },
-    /// A sub-request sent straight to a bare target's core on device `dev`.
-    Bare { sub: u64, dev: u32 },
+    /// A sub-request sent straight to a bare target's core on device `dev`, with `extra`
+    /// IOs ([`ExtraIo`]) still to make after it.
+    Bare { sub: u64, dev: u32, extra: u32 },
 }
 
 impl Token {
@@ -371,7 +395,8 @@ impl Sim {
             Token::Cache { target, io, .. } => {
                 self.apply(target as usize, Event::IoDone { io, result })
             }
-            Token::Bare { sub, .. } => self.sub_done(sub, result.is_ok()),
+            Token::Bare { sub, extra: 0, .. } => self.sub_done(sub, result.is_ok()),
+            Token::Bare { sub, extra, .. } => self.extra_io(sub, extra - 1),
         }
     }
 
@@ -511,9 +536,20 @@ impl Sim {
             self.apply(t, ev);
         } else {
             let r = self.targets[t].core;
+            let tg = &mut self.targets[t];
+            let extra = match tg.extra {
+                Some(x) => {
+                    tg.extra_owed += if sub.read { x.per_read } else { x.per_write };
+                    let n = tg.extra_owed.floor();
+                    tg.extra_owed -= n;
+                    n as u32
+                }
+                None => 0,
+            };
             let tok = self.token(Token::Bare {
                 sub: s,
                 dev: r.dev as u32,
+                extra,
             });
             let kind = if sub.read {
                 IoKind::Read
@@ -530,6 +566,35 @@ impl Sim {
                 },
             );
         }
+    }
+
+    /// Makes one of sub-request `s`'s extra IOs, `left` more after it.
+    fn extra_io(&mut self, s: u64, left: u32) {
+        let sub = self.subs[s as usize].expect("live sub");
+        let tg = &mut self.targets[sub.target as usize];
+        let x = tg.extra.expect("a target with extra IOs");
+        tg.extra_made += 1;
+        let slots = (x.region.blocks / 8).max(1);
+        let slot = crate::rng::Rng::new(tg.extra_made ^ 0x005e_eddb).next_u64() % slots;
+        let tok = self.token(Token::Bare {
+            sub: s,
+            dev: x.region.dev as u32,
+            extra: left,
+        });
+        let kind = if sub.read {
+            IoKind::Read
+        } else {
+            IoKind::Write { fua: false }
+        };
+        self.devices[x.region.dev].submit(
+            self.now,
+            DevIo {
+                token: tok,
+                kind,
+                lba: x.region.offset + slot * 8,
+                blocks: 8.min(x.region.blocks) as u32,
+            },
+        );
     }
 
     /// Delivers `ev` to target `t`'s cache and executes its actions.

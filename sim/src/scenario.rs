@@ -17,7 +17,7 @@ use tiercache_core::{Cache, Config};
 
 use crate::device::{self, Device, DeviceSpec};
 use crate::engine::{
-    CacheSetup, Direct, Load, Region, Router, RunResult, ServerModel, Sim, Target, Window,
+    CacheSetup, Direct, ExtraIo, Load, Region, Router, RunResult, ServerModel, Sim, Target, Window,
 };
 use crate::workload::{ClientIo, Generator, TraceEntry, WorkloadSpec};
 
@@ -126,8 +126,12 @@ pub struct ClusterSpec {
     pub replicas: u32,
     /// Object size, MiB.
     pub object_mib: u64,
-    /// Data per OSD the workloads touch, GiB (objects are spread over the whole HDD).
+    /// Data per OSD the workloads touch, GiB (objects are spread over the whole HDD, or over
+    /// its first `span_gib`).
     pub working_set_gib_per_osd: f64,
+    /// Objects lie in the first this many GiB of each HDD (default: all of it).
+    #[serde(default)]
+    pub span_gib: Option<f64>,
     /// HDD preset.
     pub hdd: String,
     /// HDD size, GiB.
@@ -220,6 +224,22 @@ pub struct ConfigSpec {
     /// Override: rate controller target (0: off).
     #[serde(default)]
     pub rate_target_pct: Option<u32>,
+    /// A cluster without a cache: device IOs each OSD makes on its HDD besides each op's own
+    /// (BlueStore's RocksDB and WAL on the data disk). Absent: none.
+    #[serde(default)]
+    pub hdd_extra: Option<ExtraSpec>,
+}
+
+/// Extra HDD IOs per op of a bare OSD ([`crate::engine::ExtraIo`]).
+#[derive(Copy, Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraSpec {
+    /// Per read op (may be fractional).
+    pub per_read: f64,
+    /// Per write op (may be fractional).
+    pub per_write: f64,
+    /// Where they go: the first this many GiB of the HDD.
+    pub gib: f64,
 }
 
 fn yes() -> bool {
@@ -263,6 +283,12 @@ impl Scenario {
     /// Parses and checks a scenario.
     pub fn parse(text: &str) -> Result<Scenario, String> {
         let s: Scenario = toml::from_str(text).map_err(|e| format!("scenario: {e}"))?;
+        Scenario::parse_checks(&s)?;
+        Ok(s)
+    }
+
+    /// The checks [`Scenario::parse`] makes, for a scenario built in memory.
+    pub fn parse_checks(s: &Scenario) -> Result<(), String> {
         if s.single.is_some() == s.cluster.is_some() {
             return Err("scenario: give exactly one of [single] and [cluster]".into());
         }
@@ -279,7 +305,7 @@ impl Scenario {
         for c in &s.config {
             s.cache_config(c, 1024)?;
         }
-        Ok(s)
+        Ok(())
     }
 
     /// The core cache config for `c`, with `lines` lines.
@@ -464,7 +490,17 @@ impl Scenario {
                     CacheSetup { cache, region },
                 ));
             } else {
-                targets.push(Target::bare(name, server, core));
+                let mut t = Target::bare(name, server, core);
+                t.extra = c.hdd_extra.map(|x| ExtraIo {
+                    region: Region {
+                        dev: o,
+                        offset: 0,
+                        blocks: ((x.gib * BLOCKS_PER_GIB as f64) as u64).clamp(8, hdd_blocks),
+                    },
+                    per_read: x.per_read,
+                    per_write: x.per_write,
+                });
+                targets.push(t);
             }
         }
         let router = Cluster::new(cl, osds, hdd_blocks, obj_blocks);
@@ -680,7 +716,10 @@ impl Cluster {
     fn new(cl: &ClusterSpec, osds: usize, hdd_blocks: u64, obj_blocks: u64) -> Cluster {
         let per_osd_objects = (cl.working_set_gib_per_osd * GIB as f64) as u64 / (obj_blocks * 512);
         let objects = per_osd_objects * osds as u64 / cl.replicas as u64;
-        let disk_slots = hdd_blocks / obj_blocks;
+        let span = cl.span_gib.map_or(hdd_blocks, |g| {
+            ((g * BLOCKS_PER_GIB as f64) as u64).min(hdd_blocks)
+        });
+        let disk_slots = (span / obj_blocks).max(1);
         let mut used = vec![0u64; osds];
         let mut placement = Vec::with_capacity(objects as usize);
         for obj in 0..objects {
