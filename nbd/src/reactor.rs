@@ -5,13 +5,14 @@
 //! to the engine ([`tiercache_engine::Engine::submit`]), runs the file IOs the engine hands
 //! back on its ring, and when they complete gives them back to the engine
 //! ([`tiercache_engine::Engine::complete`]), whose replies land in the connection's
-//! [`Sink`]. The replies of one wake-up go out in one `writev`. It then sleeps in one
+//! [`Sink`]. The replies ready go out together in one `writev` (every few requests or IOs,
+//! [`HAND_OFF`], and at the end of a wake-up). It then sleeps in one
 //! `io_uring_enter` that submits everything the wake-up produced and waits for the first of:
 //! a completed IO, the socket readable (or writable, when a reply did not fit), or the
 //! [`Waker`] (a reply completed on another thread: an IO thread, a slow core's completion, a
 //! worker running a request the reactor does not run itself). A cache hit on a file cache is
 //! thus one `recv`, one engine call, one ring read and one `writev`, on one thread, with no
-//! hand-off to any other.
+//! other thread involved.
 //!
 //! The reactor never blocks on the client: a reply that does not fit in the socket waits for
 //! `POLLOUT` while requests keep being read, up to the connection's in-flight bounds
