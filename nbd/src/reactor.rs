@@ -384,7 +384,7 @@ impl State<'_> {
                 Some(r) => {
                     self.dispatch(r);
                     self.parsed += 1;
-                    if self.parsed % HAND_OFF == 0 {
+                    if self.parsed.is_multiple_of(HAND_OFF) {
                         self.hand_off();
                     }
                 }
@@ -732,13 +732,13 @@ impl State<'_> {
     fn wait(&mut self) -> io::Result<()> {
         let mut done = std::mem::take(&mut self.done);
         let r = self.ring.wait(1, Duration::from_millis(100), &mut done);
-        let mut n = 0;
+        let mut n = 0usize;
         for d in done.drain(..) {
             let io = d.token < WAKE;
             self.completed(d);
             if io {
                 n += 1;
-                if n % HAND_OFF == 0 {
+                if n.is_multiple_of(HAND_OFF) {
                     self.hand_off();
                 }
             }
