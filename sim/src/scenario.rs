@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::{IoClassTable, IoInfo};
 use tiercache_core::policy::{
-    AcpParams, AlruParams, CleaningPolicy, CutoffParams, CutoffPolicy, RateParams,
+    AcpParams, AlruParams, CleaningPolicy, CutoffParams, CutoffPolicy, Named, RateParams,
 };
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos};
 use tiercache_core::{Cache, Config};
@@ -301,6 +301,14 @@ impl Scenario {
         if s.sample_s.is_nan() || s.sample_s <= 0.0 || s.warmup_s < 0.0 {
             return Err("scenario: sample_s must be > 0 and warmup_s >= 0".into());
         }
+        // The cache's default cleaning policy, even where every config names its own.
+        if CleaningPolicy::parse(&s.cache.cleaning).is_none() {
+            return Err(format!(
+                "cache: unknown cleaning policy '{}' (one of {})",
+                s.cache.cleaning,
+                CleaningPolicy::one_of()
+            ));
+        }
         // Build every config once (small) to surface errors before running.
         for c in &s.config {
             s.cache_config(c, 1024)?;
@@ -321,17 +329,13 @@ impl Scenario {
         cfg.mode = CacheMode::parse(&cs.mode)
             .ok_or_else(|| format!("cache: unknown mode '{}'", cs.mode))?;
         let cleaning = c.cleaning.as_deref().unwrap_or(&cs.cleaning);
-        cfg.cleaning = match cleaning {
-            "alru" => CleaningPolicy::Alru,
-            "acp" => CleaningPolicy::Acp,
-            "nop" => CleaningPolicy::Nop,
-            other => {
-                return Err(format!(
-                    "config {}: unknown cleaning policy '{other}'",
-                    c.name
-                ));
-            }
-        };
+        cfg.cleaning = CleaningPolicy::parse(cleaning).ok_or_else(|| {
+            format!(
+                "config {}: unknown cleaning policy '{cleaning}' (one of {})",
+                c.name,
+                CleaningPolicy::one_of()
+            )
+        })?;
         let d = AlruParams::default();
         cfg.alru = AlruParams {
             activity_threshold_ms: cs
@@ -352,12 +356,13 @@ impl Scenario {
         let cutoff = match &cs.cutoff {
             None => None,
             Some(x) => Some(CutoffParams {
-                policy: match x.policy.as_str() {
-                    "always" => CutoffPolicy::Always,
-                    "full" => CutoffPolicy::Full,
-                    "never" => CutoffPolicy::Never,
-                    other => return Err(format!("cache: unknown cutoff policy '{other}'")),
-                },
+                policy: CutoffPolicy::parse(&x.policy).ok_or_else(|| {
+                    format!(
+                        "cache: unknown cutoff policy '{}' (one of {})",
+                        x.policy,
+                        CutoffPolicy::one_of()
+                    )
+                })?,
                 threshold_bytes: x.threshold_kib * 1024,
                 ..CutoffParams::default()
             }),

@@ -84,6 +84,26 @@ fn every_shipped_scenario_parses() {
     assert!(Scenario::parse("name = 1").is_err());
 }
 
+/// A scenario's policy names are the cache core's (`policy::Named`): a name the core does not
+/// know is refused with the core's list.
+#[test]
+fn scenario_policy_names_are_the_cores() {
+    let (_, text) = SHIPPED
+        .iter()
+        .find(|(n, _)| *n == "dirty-ratio")
+        .expect("shipped");
+    // The cache's default (its first `cleaning`), then a config's own (the `acp` config).
+    for from in ["cleaning = \"alru\"", "cleaning = \"acp\""] {
+        let bad = text.replacen(from, "cleaning = \"lru\"", 1);
+        let e = Scenario::parse(&bad).unwrap_err();
+        assert!(e.contains("unknown cleaning policy 'lru'"), "{e}");
+        assert!(e.contains("alru, acp or nop"), "{e}");
+    }
+    let bad = text.replacen("policy = \"full\"", "policy = \"sometimes\"", 1);
+    let e = Scenario::parse(&bad).unwrap_err();
+    assert!(e.contains("always, full or never"), "{e}");
+}
+
 fn trace_csv(text: &str) -> Vec<tiercache_sim::workload::TraceEntry> {
     let opts = tiercache_sim::trace::ReadOptions {
         format: Some(tiercache_sim::trace::Format::Csv),
