@@ -297,12 +297,7 @@ fn upgrade<S: Read + Write>(mut s: S, cfg: Arc<ClientConfig>) -> StreamOwned<Cli
 }
 
 fn req(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32, data: &[u8]) -> Vec<u8> {
-    let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
-    m.extend_from_slice(&flags.to_be_bytes());
-    m.extend_from_slice(&typ.to_be_bytes());
-    m.extend_from_slice(&cookie.to_be_bytes());
-    m.extend_from_slice(&offset.to_be_bytes());
-    m.extend_from_slice(&len.to_be_bytes());
+    let mut m = common::wire::request(typ, flags, cookie, offset, len);
     m.extend_from_slice(data);
     m
 }
