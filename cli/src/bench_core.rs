@@ -116,14 +116,14 @@ fn memory_floor(rng: &mut Rng) -> MemoryFloor {
     }
 }
 
-pub(crate) fn summarize(mut v: Vec<u32>) -> Timings {
-    v.sort_unstable();
-    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize] as f64;
-    let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+/// [`Timings`] of a run's samples (ns), by tiercache's one percentile convention
+/// ([`tiercache_stats::Histogram`]: nearest rank, within 1/128 above the exact value).
+pub(crate) fn summarize(v: Vec<u32>) -> Timings {
+    let h = tiercache_stats::Histogram::of(v.into_iter().map(u64::from));
     Timings {
-        p50: at(0.5),
-        p99: at(0.99),
-        mean,
+        p50: h.quantile_ns(0.5) as f64,
+        p99: h.quantile_ns(0.99) as f64,
+        mean: h.mean_ns(),
     }
 }
 
