@@ -16,12 +16,18 @@
 //! Results: a table on stdout, and in `--out`: `results.json`, `report.md`, `report.html`
 //! (self-contained, with plots) and the plots as `.svg`.
 
+use super::kit::fio::{
+    STUCK, Workload, fio_version, parse_fio, run_fio, run_fio_size, run_own, warm_own,
+};
+use super::kit::host::tool_version;
+use super::kit::procs::{Procs, STOP, install_sigint};
+use super::kit::report::{Bar, close_run, git_commit, open_report, report_header, verdict};
+use super::kit::stats::pct;
 use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
 use crate::svg;
 use serde_json::{Value, json};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -189,15 +195,6 @@ fn choose_peers(
     }
 }
 
-/// One workload of the matrix.
-pub(crate) struct Workload {
-    pub(crate) name: &'static str,
-    pub(crate) rw: &'static str,
-    pub(crate) bs: &'static str,
-    pub(crate) mix: Option<u32>,
-    pub(crate) random: bool,
-}
-
 pub(crate) const MATRIX: [Workload; 5] = [
     Workload {
         name: "randread-4k",
@@ -236,20 +233,6 @@ pub(crate) const MATRIX: [Workload; 5] = [
     },
 ];
 
-/// Set by Ctrl-C (SIGINT): runs stop early and the report holds what was measured.
-pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-pub(crate) fn install_sigint() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
-    }
-}
-
 /// One measured run.
 #[derive(Clone, Debug)]
 struct RunResult {
@@ -267,169 +250,6 @@ struct RunResult {
     /// Per second: (t, IOPS, dirty %), cached runs only.
     series: Vec<(f64, f64, f64)>,
     cut_short: bool,
-}
-
-pub(crate) fn fio_version() -> Option<String> {
-    let o = Command::new("fio").arg("--version").output().ok()?;
-    o.status
-        .success()
-        .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
-/// How the error of a run whose IO never completed begins.
-pub(crate) const STUCK: &str = "IO does not complete";
-
-pub(crate) const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
-
-/// Runs fio against `uri`; returns its JSON.
-pub(crate) fn run_fio(
-    target: &FioTarget,
-    w: &Workload,
-    region: u64,
-    qd: u32,
-    runtime: u64,
-    progress: &(dyn Fn(f64) + Sync),
-) -> Result<Value, String> {
-    let mut cmd = Command::new("fio");
-    cmd.arg(format!("--name={}", w.name));
-    target.apply(&mut cmd);
-    cmd.arg(format!("--rw={}", w.rw))
-        .arg(format!("--bs={}", w.bs))
-        .arg(format!("--iodepth={qd}"))
-        .arg(format!("--size={region}"))
-        .arg("--time_based")
-        .arg(format!("--runtime={runtime}"))
-        .arg("--ramp_time=1")
-        .arg("--randrepeat=0")
-        .arg("--norandommap")
-        .arg(format!("--percentile_list={PERCENTILES}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(m) = w.mix {
-        cmd.arg(format!("--rwmixread={m}"));
-    }
-    fio_json(cmd, runtime as f64 + 1.0, progress)
-}
-
-/// Runs a prepared fio command (`--output-format=json`, stdout and stderr piped), showing
-/// progress over `total` seconds and passing Ctrl-C on; returns fio's JSON.
-pub(crate) fn fio_json(
-    mut cmd: Command,
-    total: f64,
-    progress: &(dyn Fn(f64) + Sync),
-) -> Result<Value, String> {
-    let child = cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))?;
-    let t0 = Instant::now();
-    let done = Arc::new(AtomicBool::new(false));
-    let stuck = AtomicBool::new(false);
-    let pid = child.id() as i32;
-    let d2 = done.clone();
-    // A run that has not ended this long after its time has IO that never completes.
-    let grace = total + 60.0;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut interrupted: Option<Instant> = None;
-            while !d2.load(Ordering::Relaxed) {
-                progress((t0.elapsed().as_secs_f64() / total).min(1.0));
-                let overdue = t0.elapsed().as_secs_f64() > total + grace;
-                if overdue {
-                    stuck.store(true, Ordering::Relaxed);
-                }
-                if STOP.load(Ordering::Relaxed) || overdue {
-                    // Ctrl-C (or overdue): fio stops and reports; if its IO hangs it cannot,
-                    // and is killed 10 s later.
-                    let sig = match interrupted {
-                        None => {
-                            interrupted = Some(Instant::now());
-                            libc::SIGINT
-                        }
-                        Some(t) if t.elapsed() > Duration::from_secs(10) => libc::SIGKILL,
-                        Some(_) => 0,
-                    };
-                    if sig != 0 {
-                        // SAFETY: signalling our own child process by its pid.
-                        unsafe { libc::kill(pid, sig) };
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(250));
-            }
-        });
-        let out = child.wait_with_output();
-        done.store(true, Ordering::Relaxed);
-        if stuck.load(Ordering::Relaxed) {
-            return Err(format!(
-                "{STUCK}: the run had not ended {grace:.0} s after its {total:.0} s (on Ceph, `ceph -s` tells why, e.g. a full OSD)"
-            ));
-        }
-        let out = out.map_err(|e| format!("fio: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        // fio may print notes before the JSON.
-        let start = text.find('{').ok_or_else(|| {
-            format!(
-                "fio gave no results: {}",
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-            )
-        })?;
-        serde_json::from_str(&text[start..]).map_err(|e| format!("fio's JSON: {e}"))
-    })
-}
-
-/// IOPS, MB/s, mean, p99 and p99.9 latency (µs), and the latency CDF of one fio job.
-pub(crate) type FioNumbers = (f64, f64, f64, f64, f64, Vec<(f64, f64)>);
-
-/// Numbers of one fio job (reads and writes together).
-pub(crate) fn parse_fio(v: &Value) -> Result<FioNumbers, String> {
-    let job = v["jobs"].get(0).ok_or("fio reported no job")?;
-    let mut iops = 0.0;
-    let mut bw = 0.0;
-    let mut lat_sum = 0.0;
-    let mut ios = 0.0;
-    let mut p99 = 0.0f64;
-    let mut p999 = 0.0f64;
-    let mut cdf: Vec<(f64, f64)> = Vec::new();
-    for dir in ["read", "write"] {
-        let d = &job[dir];
-        let n = d["total_ios"].as_f64().unwrap_or(0.0);
-        if n <= 0.0 {
-            continue;
-        }
-        iops += d["iops"].as_f64().unwrap_or(0.0);
-        bw += d["bw_bytes"].as_f64().unwrap_or(0.0);
-        lat_sum += d["clat_ns"]["mean"].as_f64().unwrap_or(0.0) * n;
-        ios += n;
-        let pct = &d["clat_ns"]["percentile"];
-        p99 = p99.max(pct["99.000000"].as_f64().unwrap_or(0.0));
-        p999 = p999.max(pct["99.900000"].as_f64().unwrap_or(0.0));
-        if let Some(m) = pct.as_object() {
-            let mut pts: Vec<(f64, f64)> = m
-                .iter()
-                .filter_map(|(k, x)| Some((k.parse::<f64>().ok()?, x.as_f64()? / 1000.0)))
-                .collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            // The slower direction's curve (mixed runs): take the pointwise maximum.
-            if cdf.is_empty() {
-                cdf = pts;
-            } else {
-                for (c, p) in cdf.iter_mut().zip(pts) {
-                    c.1 = c.1.max(p.1);
-                }
-            }
-        }
-    }
-    let mean = if ios > 0.0 {
-        lat_sum / ios / 1000.0
-    } else {
-        0.0
-    };
-    Ok((iops, bw / 1e6, mean, p99 / 1000.0, p999 / 1000.0, cdf))
-}
-
-pub(crate) fn pct(a: u64, b: u64) -> f64 {
-    if b == 0 { 0.0 } else { a as f64 / b as f64 }
 }
 
 /// Sets cache `id`'s sequential cutoff policy (the warm-ups run with it off).
@@ -466,63 +286,6 @@ pub(crate) fn counters(reg: &Registry, cache: u16) -> (u64, u64, f64) {
         }
         Err(_) => (0, 0, 0.0),
     }
-}
-
-pub(crate) struct Bar {
-    pub(crate) tty: bool,
-}
-
-impl Bar {
-    pub(crate) fn show(&self, label: &str, frac: f64) {
-        if !self.tty {
-            return;
-        }
-        let w = 30;
-        let n = (frac * w as f64) as usize;
-        let mut e = std::io::stderr();
-        let _ = write!(
-            e,
-            "\r  {label:<28} [{}{}] {:3.0}%",
-            "#".repeat(n),
-            ".".repeat(w - n.min(w)),
-            frac * 100.0
-        );
-        let _ = e.flush();
-    }
-
-    pub(crate) fn end(&self) {
-        if self.tty {
-            eprint!("\r{:70}\r", "");
-        }
-    }
-}
-
-pub(crate) fn git_commit() -> String {
-    Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
-pub(crate) fn host() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|x| x.trim().to_string())
-        })
-        .unwrap_or_default();
-    json!({
-        "hostname": std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "cpu": cpu,
-    })
 }
 
 /// Runs the matrix.
@@ -574,7 +337,7 @@ pub fn run(mut a: Args) -> Result<(), String> {
             a.seq_cutoff
         ));
     }
-    let nbdkit = !rbd && a.peers != "none" && crate::bench_peers::tool_version("nbdkit").is_some();
+    let nbdkit = !rbd && a.peers != "none" && tool_version("nbdkit").is_some();
     let (peers, notes) = choose_peers(&a.peers, rbd, nbdkit, !fio.is_empty())?;
     for n in notes {
         println!("{n}");
@@ -599,54 +362,6 @@ pub fn run(mut a: Args) -> Result<(), String> {
     );
     close_run(&scratch);
     res
-}
-
-/// The end of a run: its scratch directory removed (saying so when it cannot be), the
-/// daemon's log back to stderr.
-pub(crate) fn close_run(scratch: &Path) {
-    if let Err(e) = std::fs::remove_dir_all(scratch) {
-        eprintln!(
-            "could not remove the scratch directory {}: {e}",
-            scratch.display()
-        );
-    }
-    tiercache_io::log::to_file(None);
-}
-
-/// The report directory (`--out`, else a new one from [`report_dir`]), created, with the log
-/// of the daemon's parts (which run in this process) going to its `daemon.log`, not between
-/// the results.
-pub(crate) fn open_report(out: Option<&Path>) -> Result<PathBuf, String> {
-    let out = match out {
-        Some(o) => {
-            std::fs::create_dir_all(o).map_err(|e| format!("--out {}: {e}", o.display()))?;
-            o.to_path_buf()
-        }
-        None => report_dir()?,
-    };
-    let log = out.join("daemon.log");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    tiercache_io::log::to_file(Some(f));
-    println!("report and daemon log (daemon.log) go to {}", out.display());
-    Ok(out)
-}
-
-/// A new directory for a report without `--out`: `tiercache-bench-report-SECONDS-PID` under
-/// the temporary directory (never the working directory, which may be a source tree).
-fn report_dir() -> Result<PathBuf, String> {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let d = std::env::temp_dir().join(format!(
-        "tiercache-bench-report-{secs}-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-    Ok(d)
 }
 
 impl Args {
@@ -819,7 +534,7 @@ fn run_in(
     let server = Server::new(exports, Default::default());
     server.listen(&ListenAddr::Unix(sock.clone()))?;
     // Every child this run starts; dropping it stops them (errors and Ctrl-C included).
-    let mut procs = crate::bench_peers::Procs::default();
+    let mut procs = Procs::default();
     let peer_sock = scratch.join("nbdkit-cache.sock");
     if nbdkit_peer {
         let tmp = scratch.join("nbdkit-tmp");
@@ -1096,21 +811,16 @@ fn run_in(
         );
     }
     if !rbd && a.only.is_none() && !a.no_studies && !STOP.load(Ordering::Relaxed) {
-        let plan = crate::bench_studies::Plan::new(
-            a.quick,
-            a.full,
-            a.iodepth,
-            &a.core_preset,
-            &a.seq_cutoff,
-        );
+        let plan =
+            super::studies::Plan::new(a.quick, a.full, a.iodepth, &a.core_preset, &a.seq_cutoff);
         let show = |l: &str, f: f64| bar.show(l, f);
         let end = || bar.end();
-        let ui = crate::bench_studies::Ui {
+        let ui = super::studies::Ui {
             show: &show,
             end: &end,
             stop: &STOP,
         };
-        match crate::bench_studies::run(&plan, scratch, &ui) {
+        match super::studies::run(&plan, scratch, &ui) {
             Ok((v, t)) => {
                 targets.0["p4_p5"] = v;
                 targets.1 = Some(targets.1.unwrap_or_default() + &t);
@@ -1144,122 +854,6 @@ fn run_in(
         println!("(stopped by Ctrl-C: the report holds what was measured)");
     }
     Ok(())
-}
-
-/// Runs one workload with tiercache's own load generator.
-fn run_own(
-    uri: &str,
-    w: &Workload,
-    region: u64,
-    qd: u32,
-    runtime: u64,
-    progress: &(dyn Fn(f64) + Sync),
-) -> Result<FioNumbers, String> {
-    use tiercache_loadgen::{JobSpec, Target, run_with};
-    let target = Target::parse(uri).map_err(|e| e.to_string())?;
-    let mut spec = JobSpec {
-        block_size: tiercache_daemon::device::parse_size(w.bs)? as u32,
-        queue_depth: qd,
-        size: Some(region),
-        duration: Some(Duration::from_secs(runtime)),
-        ramp: Duration::from_secs(1),
-        seed: 42,
-        ..JobSpec::default()
-    };
-    spec.set_rw(w.rw, w.mix.unwrap_or(50) as u8)
-        .map_err(|e| e.to_string())?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let total = runtime as f64 + 1.0;
-    let watcher = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if STOP.load(Ordering::Relaxed) {
-                    stop.store(true, Ordering::Relaxed);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
-    let r = run_with(&target, &spec, &stop, &mut |p| {
-        progress((p.elapsed.as_secs_f64() / total).min(1.0))
-    });
-    stop.store(true, Ordering::Relaxed);
-    let _ = watcher.join();
-    let r = r.map_err(|e| e.to_string())?;
-    if r.errors > 0 {
-        return Err(format!(
-            "{} IO errors: {}",
-            r.errors,
-            r.error_messages.first().cloned().unwrap_or_default()
-        ));
-    }
-    let cdf = r
-        .lat_cdf
-        .iter()
-        .map(|c| (c.fraction * 100.0, c.lat_us))
-        .collect();
-    Ok((
-        r.iops,
-        r.bw_mbps,
-        r.lat.mean_us,
-        r.lat.p99_us,
-        r.lat.p999_us,
-        cdf,
-    ))
-}
-
-/// The warm-up pass with tiercache's own client: NBD_CMD_CACHE over the working set, 1 MiB at
-/// a time (the server reads each range through the cache, which promotes it).
-pub(crate) fn warm_own(uri: &str, size: u64) -> Result<(), String> {
-    use tiercache_loadgen::{Connection, Target};
-    let target = Target::parse(uri).map_err(|e| e.to_string())?;
-    let mut c = Connection::connect(&target).map_err(|e| e.to_string())?;
-    let mut off = 0;
-    while off < size {
-        let n = (size - off).min(1 << 20);
-        c.cache(off, n as u32).map_err(|e| e.to_string())?;
-        off += n;
-    }
-    c.close();
-    Ok(())
-}
-
-/// A sequential pass over `size` bytes, at most `max_secs`.
-pub(crate) fn run_fio_size(
-    target: &FioTarget,
-    w: &Workload,
-    size: u64,
-    max_secs: u64,
-    progress: &dyn Fn(f64),
-) -> Result<Value, String> {
-    let mut cmd = Command::new("fio");
-    cmd.arg(format!("--name={}", w.name));
-    target.apply(&mut cmd);
-    let out = cmd
-        .arg(format!("--rw={}", w.rw))
-        .arg(format!("--bs={}", w.bs))
-        .arg("--iodepth=4")
-        .arg(format!("--size={size}"))
-        .arg(format!("--runtime={max_secs}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run fio: {e}"))?;
-    progress(0.0);
-    let o = out.wait_with_output().map_err(|e| e.to_string())?;
-    progress(1.0);
-    if !o.status.success() {
-        return Err(String::from_utf8_lossy(&o.stderr)
-            .lines()
-            .next()
-            .unwrap_or("fio failed")
-            .to_string());
-    }
-    let text = String::from_utf8_lossy(&o.stdout);
-    let start = text.find('{').ok_or("fio gave no results")?;
-    serde_json::from_str(&text[start..]).map_err(|e| e.to_string())
 }
 
 /// What each configuration of the table is, and where its cache lives.
@@ -1336,11 +930,6 @@ pub(crate) fn hits_dirty(hits: Option<f64>, dirty_pct: Option<f64>) -> String {
         )
     })
     .unwrap_or_default()
-}
-
-/// How a target line starts: `PASS` when the target is met, else `FAIL`.
-pub(crate) fn verdict(met: bool) -> &'static str {
-    if met { "PASS" } else { "FAIL" }
 }
 
 /// The cache device's own IOPS for P3's workloads: fio (io_uring, `O_DIRECT`) on a file of
@@ -1514,11 +1103,9 @@ fn write_report(
             })
         })
         .collect();
-    let doc = json!({
-        "tool": "tiercache bench",
-        "version": env!("CARGO_PKG_VERSION"),
-        "commit": git_commit(),
-        "host": host(),
+    let doc = report_header(
+        "tiercache bench",
+        json!({
         "config": {
             "quick": a.quick, "runtime_s": runtime, "iodepth": a.iodepth, "mode": a.mode,
             "core": info.core, "cache_size": a.cache_size, "ceph": info.setup,
@@ -1528,7 +1115,8 @@ fn write_report(
         "stopped_early": stopped,
         "runs": runs,
         "spec_targets": targets.0,
-    });
+        }),
+    );
     w(
         "results.json",
         &serde_json::to_string_pretty(&doc).unwrap_or_default(),

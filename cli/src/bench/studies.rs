@@ -17,7 +17,7 @@
 //! They run on their own small cache (so filling it takes seconds) with two emulated cores of
 //! the same preset, served by their own NBD server, driven by tiercache's load generator.
 
-use crate::bench_run::verdict;
+use super::kit::report::verdict;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;

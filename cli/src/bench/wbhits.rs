@@ -11,8 +11,11 @@
 //! targets: during ≥ 0.8× idle, p99 ≤ 2× idle. The writeback must still be running when the
 //! measurement ends, or the row says so. Nothing is asserted (a benchmark, not a test).
 
-use crate::bench_peers::{Daemon, Procs};
-use crate::bench_run::{Bar, PERCENTILES, fio_json, install_sigint, parse_fio};
+use super::kit::daemon::Daemon;
+use super::kit::fio::{PERCENTILES, fio_json, fio_version, parse_fio};
+use super::kit::host::host;
+use super::kit::procs::{Procs, install_sigint};
+use super::kit::report::{Bar, git_commit};
 use serde_json::{Value, json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -290,7 +293,7 @@ pub fn run(a: Args) -> Result<(), String> {
     if !(1..=3600).contains(&runtime) {
         return Err(format!("--runtime {runtime}: give 1 to 3600 seconds"));
     }
-    if crate::bench_run::fio_version().is_none() {
+    if fio_version().is_none() {
         return Err("fio is not installed (apt-get install fio)".into());
     }
     install_sigint();
@@ -333,7 +336,7 @@ pub fn run(a: Args) -> Result<(), String> {
     println!("  targets: hits during writeback >= 0.8x idle IOPS, p99 <= 2x idle");
     if let Some(p) = a.json {
         let j = json!({"dirty_lines": dirty, "runtime_s": runtime, "quick": a.quick,
-            "commit": crate::bench_run::git_commit(), "host": crate::bench_run::host(), "paths": out});
+            "commit": git_commit(), "host": host(), "paths": out});
         std::fs::write(&p, serde_json::to_string_pretty(&j).expect("json") + "\n")
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }

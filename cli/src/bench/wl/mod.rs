@@ -39,12 +39,14 @@
 //! this process dies (the script's `--watch-pid`); or `--ceph-conf FILE` for an existing one,
 //! where this command creates its images in `--pool` and removes them at the end.
 
+use super::kit::fill_file;
+use super::kit::fio::fio_version;
+use super::kit::procs::{STOP, install_sigint, own_group_dying_with_us, proc_cpu_secs};
+use super::kit::report::{commit_and_cpu, report_header};
+use super::kit::stats::median;
 use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
-use crate::bench_run::{STOP, fio_version, git_commit, host, install_sigint};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -322,12 +324,10 @@ pub fn run(a: Args) -> Result<(), String> {
     if let Err(e) = &res {
         println!("(ended early: {e})");
     }
-    let doc = json!({
-        "tool": "tiercache bench wl",
+    let doc = report_header(
+        "tiercache bench wl",
+        json!({
         "spec": "P8",
-        "version": env!("CARGO_PKG_VERSION"),
-        "commit": git_commit(),
-        "host": host(),
         "fio": fio,
         "config": {
             "quick": plan.quick, "queue_depths": plan.qds, "runtime_s": plan.runtime,
@@ -349,7 +349,8 @@ pub fn run(a: Args) -> Result<(), String> {
         "total_s": total_s,
         "stopped_early": stopped,
         "error": res.as_ref().err(),
-    });
+        }),
+    );
     let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
     if let Some(p) = &a.json {
         std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
@@ -363,9 +364,8 @@ pub fn run(a: Args) -> Result<(), String> {
         w(
             "report.md",
             &format!(
-                "# tiercache bench wl (target P8)\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
-                git_commit(),
-                host()["cpu"].as_str().unwrap_or("")
+                "# tiercache bench wl (target P8)\n\n{}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
+                commit_and_cpu()
             ),
         )?;
     }
@@ -403,23 +403,8 @@ impl Daemon {
             .arg(format!("unix:{}", nbd.display()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(f)
-            .process_group(0);
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
-        // parent; the child is killed when the thread that started it (this program's main
-        // thread) ends.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                );
-                Ok(())
-            });
-        }
+            .stderr(f);
+        own_group_dying_with_us(&mut cmd);
         let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start the daemon: {e}"))?;
@@ -526,32 +511,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.end(Duration::ZERO);
     }
-}
-
-/// CPU seconds (user + system, all threads) process `pid` has used so far.
-fn proc_cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = s.get(s.rfind(')')? + 2..)?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ut: f64 = f.get(11)?.parse().ok()?;
-    let st: f64 = f.get(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((ut + st) / hz)
-}
-
-/// Writes `bytes` of zeros to a new file (really written: a cache device has no holes).
-fn zero_file(path: &Path, bytes: u64) -> Result<(), String> {
-    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let buf = vec![0u8; 1 << 20];
-    let mut done = 0;
-    while done < bytes {
-        let n = (bytes - done).min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n])
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        done += n as u64;
-    }
-    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -890,7 +849,7 @@ fn run_with(
             }
             let f = scratch.join(format!("cache-{}.img", phase.name()));
             let t = Instant::now();
-            zero_file(&f, bytes)?;
+            fill_file(&f, bytes, None)?;
             let zs = t.elapsed().as_secs_f64();
             let c = d.call(Request::StartCache {
                 cache_device: f.display().to_string(),
@@ -1176,19 +1135,6 @@ fn rounds(
 // ---------------------------------------------------------------------------------------------
 // The summary.
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Medians over rounds of one (phase, config, QD).
 #[derive(Clone, Copy)]
 struct Row {
@@ -1217,15 +1163,15 @@ fn row(rep: &Report, p: Phase, c: Cfg, qd: u32) -> Option<Row> {
         return None;
     }
     let f = |g: &dyn Fn(&Run) -> Option<f64>| -> f64 {
-        let mut v: Vec<f64> = rs.iter().filter_map(|r| g(r)).collect();
-        median(&mut v)
+        let v: Vec<f64> = rs.iter().filter_map(|r| g(r)).collect();
+        median(&v)
     };
     let iops = f(&|r| Some(r.m.iops));
     let p50 = f(&|r| Some(r.m.p50_us));
     let p99 = f(&|r| Some(r.m.p99_us));
     let fio_cpu = f(&|r| r.m.fio_cpu_us_per_io);
     let daemon_cpu = f(&|r| r.m.daemon_cpu_us_per_io);
-    let mut b: Vec<f64> = rs
+    let b: Vec<f64> = rs
         .iter()
         .flat_map(|r| r.m.buckets.iter().copied())
         .collect();
@@ -1238,7 +1184,7 @@ fn row(rep: &Report, p: Phase, c: Cfg, qd: u32) -> Option<Row> {
         p50,
         p99,
         min_bucket: if b.is_empty() { f64::NAN } else { min_bucket },
-        med_bucket: median(&mut b),
+        med_bucket: median(&b),
         fio_cpu,
         daemon_cpu,
         filled: rs.iter().any(|r| r.filled),
@@ -1486,14 +1432,14 @@ fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value, Value) {
         );
     }
     for p in [Phase::NotFull, Phase::Full] {
-        let mut r: Vec<f64> = rep
+        let r: Vec<f64> = rep
             .drains
             .iter()
             .filter(|d| d["phase"] == p.name() && d["dirty_bytes"].as_u64().unwrap_or(0) >= 4 << 20)
             .filter_map(|d| d["bytes_per_s"].as_f64())
             .collect();
         if !r.is_empty() {
-            let m = median(&mut r);
+            let m = median(&r);
             let _ = writeln!(
                 t,
                 "wl writeback to Ceph with no client IO (`writeback` of the {} cache, {} time(s) >= 4 MiB): median {} MiB/s = {} 4K writes/s",

@@ -130,7 +130,7 @@ pub(crate) fn summarize(v: Vec<u32>) -> Timings {
 /// Runs one request to completion, completing every device IO at once. Returns whether it was
 /// served.
 fn run_request(cache: &mut Cache, ev: Event, actions: &mut Vec<Action>, now: Nanos) -> bool {
-    let (done, ok) = crate::bench_waiters::drive(cache, now, ev, actions, None);
+    let (done, ok) = super::waiters::drive(cache, now, ev, actions, None);
     done > 0 && ok
 }
 
@@ -275,10 +275,10 @@ pub fn run(args: Args) -> Result<(), String> {
 
     // Through the engine, with a RAM cache (a smaller one: the cache's data lives in RAM here).
     eprint!("  engine: 4K read hits through the engine, ram: cache ...");
-    let en = crate::bench_engine::measure(lines.min(1 << 18), args.ops.min(1_000_000))?;
+    let en = super::engine::measure(lines.min(1 << 18), args.ops.min(1_000_000))?;
     eprintln!(" done");
     eprint!("  lock waits: N reads queued behind N slow core reads, N = 100 to 100k ...");
-    let waits = crate::bench_waiters::measure(lines)?;
+    let waits = super::waiters::measure(lines)?;
     eprintln!(" done");
 
     println!(
@@ -364,7 +364,7 @@ pub fn run(args: Args) -> Result<(), String> {
     let at_scale = lines >= 1 << 24;
     let scaled = |met: bool| {
         if at_scale {
-            crate::bench_run::verdict(met).to_string()
+            super::kit::report::verdict(met).to_string()
         } else {
             format!("(at {lines} lines; the target is defined at 16M)")
         }
@@ -380,7 +380,7 @@ pub fn run(args: Args) -> Result<(), String> {
     );
     println!(
         "  {} P6 engine: 4K read hit, ram:, QD1 p50 {:.0} ns (target <= 1000 ns)",
-        crate::bench_run::verdict(p6_engine),
+        super::kit::report::verdict(p6_engine),
         en.hit_p50
     );
     println!(

@@ -27,19 +27,22 @@
 //! the measured part of the run, divided by the IOs of that window (IOPS × seconds). fio's:
 //! (usr_cpu + sys_cpu) × job runtime / IOs, from its JSON.
 
-use crate::bench_run::{
-    Bar, FioNumbers, PERCENTILES, STOP, fio_json, fio_version, git_commit, host, install_sigint,
-    parse_fio, warm_own,
+use super::kit::daemon::Daemon;
+use super::kit::fill_file;
+use super::kit::fio::{FioNumbers, PERCENTILES, fio_json, fio_version, parse_fio, warm_own};
+use super::kit::host::tool_version;
+use super::kit::procs::{
+    Procs, STOP, alive, deleted_file_bytes, install_sigint, opened_direct, proc_cpu_secs,
 };
+use super::kit::report::{Bar, commit_and_cpu, report_header};
+use super::kit::stats::{median_min_max, median_some};
 use serde_json::{Value, json};
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Read, Seek, SeekFrom, Write};
-use std::os::unix::process::CommandExt;
+use std::io::{IsTerminal, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tiercache_daemon::admin::{Request, call};
 use tiercache_daemon::device::parse_size;
 
 const NBDKIT: &str = "nbdkit";
@@ -238,11 +241,9 @@ pub fn run(a: Args) -> Result<(), String> {
     if let Err(e) = &res {
         println!("(ended early: {e})");
     }
-    let doc = json!({
-        "tool": "tiercache bench peers",
-        "version": env!("CARGO_PKG_VERSION"),
-        "commit": git_commit(),
-        "host": host(),
+    let doc = report_header(
+        "tiercache bench peers",
+        json!({
         "fio": fio,
         "nbdkit": nbdkit,
         "config": {
@@ -259,7 +260,8 @@ pub fn run(a: Args) -> Result<(), String> {
         "summary": targets,
         "stopped_early": stopped,
         "error": res.as_ref().err(),
-    });
+        }),
+    );
     let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
     if let Some(p) = &a.json {
         std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
@@ -273,335 +275,19 @@ pub fn run(a: Args) -> Result<(), String> {
         w(
             "report.md",
             &format!(
-                "# tiercache bench peers\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
-                git_commit(),
-                host()["cpu"].as_str().unwrap_or("")
+                "# tiercache bench peers\n\n{}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
+                commit_and_cpu()
             ),
         )?;
     }
     res.map(|_| ())
 }
 
-pub(crate) fn tool_version(tool: &str) -> Option<String> {
-    let o = Command::new(tool).arg("--version").output().ok()?;
-    o.status.success().then(|| {
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_string()
-    })
-}
-
 // ---------------------------------------------------------------------------------------------
 // Child processes.
 
-/// Every child process this run started; dropping it stops them all (SIGTERM, then SIGKILL
-/// after a grace period), so errors and Ctrl-C leave nothing behind.
-#[derive(Default)]
-pub(crate) struct Procs {
-    list: Vec<(String, Child, PathBuf)>,
-}
-
-impl Procs {
-    /// Starts `prog args` (pinned to `cpu` if given), in its own process group (Ctrl-C is
-    /// ours to handle), dying with this process, stderr (and stdout) into `log`.
-    pub(crate) fn spawn(
-        &mut self,
-        name: &str,
-        cpu: Option<usize>,
-        prog: &Path,
-        args: &[String],
-        env: &[(&str, &Path)],
-        log: PathBuf,
-    ) -> Result<u32, String> {
-        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let f2 = f.try_clone().map_err(|e| e.to_string())?;
-        let mut cmd = match cpu {
-            Some(cpu) => {
-                let mut c = Command::new("taskset");
-                c.arg("-c").arg(cpu.to_string()).arg(prog);
-                c
-            }
-            None => Command::new(prog),
-        };
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(f)
-            .stderr(f2)
-            .process_group(0);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
-        // parent; the child is killed when the thread that started it (this program's main
-        // thread) ends.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                );
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {name}: {e}"))?;
-        let pid = child.id();
-        self.list.push((name.to_string(), child, log));
-        Ok(pid)
-    }
-
-    /// Fails with the end of the child's log if it has exited.
-    pub(crate) fn check(&mut self, pid: u32) -> Result<(), String> {
-        for (name, c, log) in &mut self.list {
-            if c.id() == pid
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                return Err(format!("{name} exited ({st}): {}", log_tail(log)));
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits until `sock` accepts connections (the child `pid` must stay up meanwhile).
-    pub(crate) fn wait_socket(&mut self, pid: u32, sock: &Path) -> Result<(), String> {
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(sock).is_err() {
-            self.check(pid)?;
-            if t.elapsed() > Duration::from_secs(60) {
-                return Err(format!("{} did not come up in 60 s", sock.display()));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(())
-    }
-
-    /// Stops one child: SIGTERM, up to `grace`, then SIGKILL.
-    pub(crate) fn stop(&mut self, pid: u32, grace: Duration) {
-        if let Some(i) = self.list.iter().position(|(_, c, _)| c.id() == pid) {
-            let (_, mut c, _) = self.list.remove(i);
-            terminate(&mut c, grace);
-        }
-    }
-
-    pub(crate) fn stop_all(&mut self) {
-        while let Some((_, mut c, _)) = self.list.pop() {
-            terminate(&mut c, Duration::from_secs(3));
-        }
-    }
-}
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        self.stop_all();
-    }
-}
-
-fn terminate(c: &mut Child, grace: Duration) {
-    if let Ok(Some(_)) = c.try_wait() {
-        return;
-    }
-    // SAFETY: signalling our own child, which has not been reaped (try_wait said it runs), so
-    // its pid is still ours.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    while t.elapsed() < grace {
-        if let Ok(Some(_)) = c.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = c.kill();
-    let _ = c.wait();
-}
-
-fn log_tail(p: &Path) -> String {
-    let s = std::fs::read_to_string(p).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().rev().take(3).collect();
-    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
-}
-
-/// CPU seconds (user + system, all threads) the process has used so far.
-fn proc_cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = s.get(s.rfind(')')? + 2..)?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 (utime, stime); `rest` starts at field 3.
-    let ut: f64 = f.get(11)?.parse().ok()?;
-    let st: f64 = f.get(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((ut + st) / hz)
-}
-
-/// Whether the process `pid` exists and has not exited.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rfind(')')
-            .and_then(|i| s[i + 1..].trim_start().chars().next())
-            .is_some_and(|st| st != 'Z' && st != 'X')
-    })
-}
-
-/// Whether the process `pid` has `path` open with O_DIRECT (on any of its descriptors for
-/// it: the daemon also holds a read-only one for the device's identity and lock).
-fn opened_direct(pid: u32, path: &Path) -> Option<bool> {
-    let want = std::fs::canonicalize(path).ok()?;
-    let mut seen = None;
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        if std::fs::read_link(e.path()).ok().as_deref() == Some(want.as_path()) {
-            let Ok(info) = std::fs::read_to_string(format!(
-                "/proc/{pid}/fdinfo/{}",
-                e.file_name().to_string_lossy()
-            )) else {
-                continue;
-            };
-            let Some(flags) = info
-                .lines()
-                .find_map(|l| l.strip_prefix("flags:"))
-                .and_then(|f| i64::from_str_radix(f.trim(), 8).ok())
-            else {
-                continue;
-            };
-            let direct = flags & libc::O_DIRECT as i64 != 0;
-            seen = Some(seen.unwrap_or(false) || direct);
-        }
-    }
-    seen
-}
-
-/// Bytes allocated to the deleted temporary files `pid` holds open (nbdkit's cache file).
-fn deleted_file_bytes(pid: u32) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = None;
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
-        let deleted =
-            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().ends_with(" (deleted)"));
-        if deleted && let Ok(m) = std::fs::metadata(e.path()) {
-            *total.get_or_insert(0) += m.blocks() * 512;
-        }
-    }
-    total
-}
-
 // ---------------------------------------------------------------------------------------------
 // The tiercache daemon, driven through its admin socket.
-
-/// A `tiercache daemon` child of a benchmark, driven through its admin socket.
-pub(crate) struct Daemon {
-    pid: u32,
-    admin: PathBuf,
-    nbd: PathBuf,
-}
-
-impl Daemon {
-    /// Starts the daemon (pinned to `cpu` if given, with `extra` arguments), its sockets and
-    /// log in `scratch`.
-    pub(crate) fn start(
-        procs: &mut Procs,
-        cpu: Option<usize>,
-        extra: &[&str],
-        scratch: &Path,
-    ) -> Result<Daemon, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let admin = scratch.join("admin.sock");
-        let nbd = scratch.join("tc-nbd.sock");
-        let mut args = vec![
-            "daemon".to_string(),
-            "--socket".into(),
-            admin.display().to_string(),
-            "--metrics-listen".into(),
-            "none".into(),
-            "--nbd-listen".into(),
-            format!("unix:{}", nbd.display()),
-        ];
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let pid = procs.spawn(
-            "tiercache daemon",
-            cpu,
-            &exe,
-            &args,
-            &[],
-            scratch.join("daemon.log"),
-        )?;
-        procs.wait_socket(pid, &admin)?;
-        procs.wait_socket(pid, &nbd)?;
-        Ok(Daemon { pid, admin, nbd })
-    }
-
-    pub(crate) fn call(&self, req: Request) -> Result<Value, String> {
-        call(&self.admin, &req, |_| {})
-    }
-
-    pub(crate) fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.nbd.display())
-    }
-
-    pub(crate) fn start_cache(&self, id: u16, dev: &str, mode: &str) -> Result<Value, String> {
-        self.call(Request::StartCache {
-            cache_device: dev.into(),
-            cache_id: Some(id),
-            mode: Some(mode.into()),
-            line_size: None,
-            load: false,
-            force: true,
-            io_timeout: None,
-            dry_run: false,
-        })
-    }
-
-    pub(crate) fn add_core(&self, id: u16, dev: &str, export: &str) -> Result<Value, String> {
-        self.call(Request::AddCore {
-            cache_id: id,
-            core_device: dev.into(),
-            core_id: Some(0),
-            export: Some(export.into()),
-            io_timeout: None,
-        })
-    }
-
-    pub(crate) fn cutoff_never(&self, id: u16) -> Result<(), String> {
-        self.call(Request::SetParam {
-            cache_id: id,
-            core_id: None,
-            name: "seq-cutoff".into(),
-            values: vec![("policy".into(), "never".into())],
-        })
-        .map(|_| ())
-    }
-
-    pub(crate) fn stats(&self, id: u16) -> Result<Value, String> {
-        self.call(Request::Stats {
-            cache_id: Some(id),
-            core_id: None,
-            io_class: None,
-        })
-    }
-
-    pub(crate) fn reset(&self, id: u16) -> Result<(), String> {
-        self.call(Request::ResetCounters { cache_id: id })
-            .map(|_| ())
-    }
-
-    /// Stops the daemon: caches with dirty data are stopped without writeback first (their
-    /// devices are scratch files), then `shutdown`; SIGKILL if that takes more than 10 s.
-    pub(crate) fn stop(&self, procs: &mut Procs, wb_caches: &[u16]) {
-        for id in wb_caches {
-            let _ = self.call(Request::StopCache {
-                cache_id: *id,
-                no_writeback: true,
-            });
-        }
-        let _ = self.call(Request::Shutdown);
-        procs.stop(self.pid, Duration::from_secs(10));
-    }
-}
 
 /// Server counters of one run: (read hit ratio, hit ratio over reads and writes, reads).
 fn tc_hits(stats: &Value) -> (f64, f64, u64) {
@@ -617,30 +303,6 @@ fn tc_hits(stats: &Value) -> (f64, f64, u64) {
 
 // ---------------------------------------------------------------------------------------------
 // Data.
-
-/// Writes `size` bytes to `path`: pseudo-random data (seeded), or zeros (really written, so
-/// nothing reads a hole).
-fn fill_file(path: &Path, size: u64, seed: Option<u64>) -> Result<(), String> {
-    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut x = seed.unwrap_or(0) | 1;
-    let mut done = 0;
-    while done < size {
-        if seed.is_some() {
-            for c in buf.chunks_exact_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                c.copy_from_slice(&x.to_le_bytes());
-            }
-        }
-        let n = (size - done).min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n])
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        done += n as u64;
-    }
-    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))
-}
 
 /// Copies the file `src` into the NBD export at `uri` (1 MiB writes), then flushes.
 fn copy_to_nbd(src: &Path, uri: &str) -> Result<(), String> {
@@ -1444,34 +1106,15 @@ fn p2(
 // ---------------------------------------------------------------------------------------------
 // Summaries.
 
-/// (median, min, max) of `xs` (empty: zeros).
-fn mmm(xs: &[f64]) -> (f64, f64, f64) {
-    if xs.is_empty() {
-        return (0.0, 0.0, 0.0);
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    let med = if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    };
-    (med, v[0], v[n - 1])
-}
-
-fn med_opt(xs: &[Option<f64>]) -> Option<f64> {
-    let v: Vec<f64> = xs.iter().flatten().copied().collect();
-    (!v.is_empty()).then(|| mmm(&v).0)
-}
-
 /// Median summary of the measured runs of `part`/`config`/`conns`.
 fn cfg_summary(runs: &[&Run]) -> Value {
     let iops: Vec<f64> = runs.iter().map(|r| r.iops).collect();
-    let (m, lo, hi) = mmm(&iops);
-    let f = |g: &dyn Fn(&Run) -> f64| mmm(&runs.iter().map(|r| g(r)).collect::<Vec<_>>()).0;
-    let o =
-        |g: &dyn Fn(&Run) -> Option<f64>| med_opt(&runs.iter().map(|r| g(r)).collect::<Vec<_>>());
+    let (m, lo, hi) = median_min_max(&iops);
+    let f =
+        |g: &dyn Fn(&Run) -> f64| median_min_max(&runs.iter().map(|r| g(r)).collect::<Vec<_>>()).0;
+    let o = |g: &dyn Fn(&Run) -> Option<f64>| {
+        median_some(&runs.iter().map(|r| g(r)).collect::<Vec<_>>())
+    };
     let hits: Vec<f64> = runs.iter().filter_map(|r| r.read_hit_ratio).collect();
     json!({
         "runs": runs.len(),
@@ -1483,7 +1126,7 @@ fn cfg_summary(runs: &[&Run]) -> Value {
         "server_cpu_us_per_io_median": o(&|r| r.server_cpu_us_per_io),
         "server_cpu_utilization_median": o(&|r| r.server_cpu_util),
         "fio_cpu_us_per_io_median": f(&|r| r.fio_cpu_us_per_io),
-        "read_hit_ratio_median": (!hits.is_empty()).then(|| mmm(&hits).0),
+        "read_hit_ratio_median": (!hits.is_empty()).then(|| median_min_max(&hits).0),
         "read_hit_ratio_min": hits.iter().copied().reduce(f64::min),
         "hit_ratio_median": o(&|r| r.hit_ratio),
     })
@@ -1602,7 +1245,7 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
         let file = measured(rep, "P1", "tiercache-file", 1);
         let mem = measured(rep, "P1", "nbdkit-memory", 1);
         let dev = measured(rep, "P1", "fio-io_uring-device", 1);
-        let med = |v: &[&Run]| mmm(&v.iter().map(|r| r.iops).collect::<Vec<_>>()).0;
+        let med = |v: &[&Run]| median_min_max(&v.iter().map(|r| r.iops).collect::<Vec<_>>()).0;
         let mut ratios = json!({});
         // Median server CPU-µs per IO (fio's own for the device run).
         let cpu = |v: &[&Run], fio: bool| {
@@ -1616,12 +1259,12 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
                     }
                 })
                 .collect();
-            (!x.is_empty()).then(|| mmm(&x).0)
+            (!x.is_empty()).then(|| median_min_max(&x).0)
         };
         if !ram.is_empty() && !mem.is_empty() {
             let x = med(&ram) / med(&mem).max(1e-9);
             let per = round_ratios(&ram, &mem, &|a, b| a.iops / b.iops.max(1e-9));
-            let (_, lo, hi) = mmm(&per);
+            let (_, lo, hi) = median_min_max(&per);
             let (c, cmax) = (cpu(&ram, false), cpu(&mem, false).map(|m| 0.6 * m));
             let cpu_met = matches!((c, cmax), (Some(c), Some(m)) if c <= m);
             let met = x >= 1.5 && cpu_met;
@@ -1647,7 +1290,7 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
                     Some(f.iops / m.iops.min(d.iops).max(1e-9))
                 })
                 .collect::<Vec<_>>();
-            let (_, lo, hi) = mmm(&per);
+            let (_, lo, hi) = median_min_max(&per);
             let (c, fio) = (cpu(&file, false), cpu(&dev, true));
             let cmax = fio.map(|f| 1.5 * f);
             let cpu_met = matches!((c, cmax), (Some(c), Some(m)) if c <= m);
@@ -1669,7 +1312,7 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
         if !file.is_empty() && !pt.is_empty() {
             let x = med(&file) / med(&pt).max(1e-9);
             let per = round_ratios(&file, &pt, &|a, b| a.iops / b.iops.max(1e-9));
-            let (_, lo, hi) = mmm(&per);
+            let (_, lo, hi) = median_min_max(&per);
             let (cf, cp) = (cpu(&file, false), cpu(&pt, false));
             let _ = writeln!(
                 t,
@@ -1778,17 +1421,18 @@ fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
         let b = measured(rep, "P2", "nbdkit-cache", 1);
         let mut ratios = json!({});
         if !a.is_empty() && !b.is_empty() {
-            let med = |v: &[&Run]| mmm(&v.iter().map(|r| r.iops).collect::<Vec<_>>()).0;
+            let med = |v: &[&Run]| median_min_max(&v.iter().map(|r| r.iops).collect::<Vec<_>>()).0;
             let x = med(&a) / med(&b).max(1e-9);
             let per = round_ratios(&a, &b, &|x, y| x.iops / y.iops.max(1e-9));
-            let (_, lo, hi) = mmm(&per);
+            let (_, lo, hi) = median_min_max(&per);
             let _ = writeln!(
                 t,
                 "P2: tiercache / nbdkit cache filter = {x:.2}x (per round {lo:.2}-{hi:.2}); target >= 1.5: {}",
                 verdict(x, 1.5)
             );
-            let hit = |v: &[&Run]| med_opt(&v.iter().map(|r| r.read_hit_ratio).collect::<Vec<_>>());
-            let all = med_opt(&a.iter().map(|r| r.hit_ratio).collect::<Vec<_>>());
+            let hit =
+                |v: &[&Run]| median_some(&v.iter().map(|r| r.read_hit_ratio).collect::<Vec<_>>());
+            let all = median_some(&a.iter().map(|r| r.hit_ratio).collect::<Vec<_>>());
             let _ = writeln!(
                 t,
                 "P2 read hit ratios: tiercache {} (reads and writes: {}; its counters), nbdkit cache {} (1 - reads reaching the core / client reads, from a log filter under the cache; nbdkit reports no hit counter)",
