@@ -115,148 +115,164 @@ pub(super) fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value,
     let mut summary = Vec::new();
     let mut targets = Vec::new();
     for &p in &plan.phases {
-        let _ = writeln!(
-            t,
-            "\n{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}",
-            p.name(),
-            "QD",
-            "config",
-            "IOPS",
-            "[min-max]",
-            "p50 us",
-            "p99 us",
-            "min bkt",
-            "min/med",
-            "cpu",
-            "dmn",
-            "IOPSx",
-            "p50x",
-            "p99x",
-            "bkt/x",
-            "IOPSxwb",
-            "log %"
-        );
-        for &qd in &plan.qds {
-            let base = row(rep, p, Cfg::Librbd, qd);
-            let wbr = row(rep, p, Cfg::LibrbdWb, qd);
-            for &c in &plan.cfgs {
-                let Some(r) = row(rep, p, c, qd) else {
-                    continue;
-                };
-                let (x, p50x, p99x, bx) = match (c, base) {
-                    (Cfg::Librbd, _) | (_, None) => (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
-                    (_, Some(b)) => (
-                        ratio(r.iops, b.iops),
-                        ratio(r.p50, b.p50),
-                        ratio(r.p99, b.p99),
-                        ratio(r.min_bucket, b.iops),
-                    ),
-                };
-                let xwb = match (c, wbr) {
-                    (Cfg::Wl, Some(w)) => ratio(r.iops, w.iops),
-                    _ => f64::NAN,
-                };
-                let rx = |v: f64| {
-                    if v.is_finite() {
-                        format!("{v:.2}x")
-                    } else {
-                        "-".into()
-                    }
-                };
-                let _ = writeln!(
-                    t,
-                    "{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}{}",
-                    "",
-                    qd,
-                    c.name(),
-                    num(r.iops, 0),
-                    if r.runs > 1 {
-                        format!("[{}-{}]", num(r.iops_lo, 0), num(r.iops_hi, 0))
-                    } else {
-                        String::new()
-                    },
-                    num(r.p50, 1),
-                    num(r.p99, 1),
-                    num(r.min_bucket, 0),
-                    num(ratio(r.min_bucket, r.med_bucket), 2),
-                    num(r.fio_cpu, 1),
-                    if c == Cfg::Wl {
-                        num(r.daemon_cpu, 1)
-                    } else {
-                        "-".into()
-                    },
-                    rx(x),
-                    rx(p50x),
-                    rx(p99x),
-                    rx(bx),
-                    rx(xwb),
-                    if r.fill_hi.is_finite() {
-                        format!("{:.0}-{:.0}", r.fill_lo, r.fill_hi)
-                    } else {
-                        "-".into()
-                    },
-                    if r.filled {
-                        "  ! log filled during the run"
-                    } else {
-                        ""
-                    }
-                );
-                summary.push(json!({
-                    "phase": p.name(), "config": c.name(), "qd": qd, "runs": r.runs,
-                    "iops_median": r.iops, "iops_min": r.iops_lo, "iops_max": r.iops_hi,
-                    "p50_us_median": r.p50, "p99_us_median": r.p99,
-                    "min_bucket_iops": r.min_bucket, "median_bucket_iops": r.med_bucket,
-                    "min_over_median_bucket": ratio(r.min_bucket, r.med_bucket),
-                    "fio_cpu_us_per_io": r.fio_cpu,
-                    "daemon_cpu_us_per_io": if c == Cfg::Wl { json!(r.daemon_cpu) } else { Value::Null },
-                    "vs_librbd": {"iops": x, "p50": p50x, "p99": p99x,
-                        "min_bucket_over_librbd_iops": bx},
-                    "wl_vs_librbd_wb_iops": xwb,
-                    "log_filled_during_not_full_run": r.filled,
-                    "log_fill_pct_measured_part": if r.fill_hi.is_finite() {
-                        json!({"min": r.fill_lo, "max": r.fill_hi}) } else { Value::Null },
-                }));
-            }
-        }
-        // SPEC P8's targets, wl against plain librbd.
-        for &qd in &plan.qds {
-            let (Some(w), Some(b)) = (row(rep, p, Cfg::Wl, qd), row(rep, p, Cfg::Librbd, qd))
-            else {
+        phase_table(plan, rep, p, &mut t, &mut summary);
+        p8_targets(plan, rep, p, &mut targets);
+    }
+    targets_text(&mut t, &targets);
+    fills_and_drains(plan, rep, &mut t);
+    (t, json!(summary), json!(targets))
+}
+
+/// Phase `p`'s table: one line per (QD, configuration) with its ratios to librbd (into `t`),
+/// each also as JSON (into `summary`).
+fn phase_table(plan: &Plan, rep: &Report, p: Phase, t: &mut String, summary: &mut Vec<Value>) {
+    let _ = writeln!(
+        t,
+        "\n{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}",
+        p.name(),
+        "QD",
+        "config",
+        "IOPS",
+        "[min-max]",
+        "p50 us",
+        "p99 us",
+        "min bkt",
+        "min/med",
+        "cpu",
+        "dmn",
+        "IOPSx",
+        "p50x",
+        "p99x",
+        "bkt/x",
+        "IOPSxwb",
+        "log %"
+    );
+    for &qd in &plan.qds {
+        let base = row(rep, p, Cfg::Librbd, qd);
+        let wbr = row(rep, p, Cfg::LibrbdWb, qd);
+        for &c in &plan.cfgs {
+            let Some(r) = row(rep, p, c, qd) else {
                 continue;
             };
-            let mut check = |what: &str, v: f64, want: &str, ok: bool| {
-                targets.push(json!({"phase": p.name(), "qd": qd, "target": what,
-                    "value": v, "want": want, "pass": ok}));
+            let (x, p50x, p99x, bx) = match (c, base) {
+                (Cfg::Librbd, _) | (_, None) => (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
+                (_, Some(b)) => (
+                    ratio(r.iops, b.iops),
+                    ratio(r.p50, b.p50),
+                    ratio(r.p99, b.p99),
+                    ratio(r.min_bucket, b.iops),
+                ),
             };
-            match p {
-                Phase::NotFull => {
-                    if qd <= 16 {
-                        let x = ratio(w.iops, b.iops);
-                        check("IOPS vs librbd", x, ">= 3x", x >= 3.0);
-                    }
-                    if qd == 1 {
-                        let x = ratio(w.p50, b.p50);
-                        check("p50 latency vs librbd", x, "<= 0.25x", x <= 0.25);
-                    }
+            let xwb = match (c, wbr) {
+                (Cfg::Wl, Some(w)) => ratio(r.iops, w.iops),
+                _ => f64::NAN,
+            };
+            let rx = |v: f64| {
+                if v.is_finite() {
+                    format!("{v:.2}x")
+                } else {
+                    "-".into()
                 }
-                Phase::Full => {
+            };
+            let _ = writeln!(
+                t,
+                "{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}{}",
+                "",
+                qd,
+                c.name(),
+                num(r.iops, 0),
+                if r.runs > 1 {
+                    format!("[{}-{}]", num(r.iops_lo, 0), num(r.iops_hi, 0))
+                } else {
+                    String::new()
+                },
+                num(r.p50, 1),
+                num(r.p99, 1),
+                num(r.min_bucket, 0),
+                num(ratio(r.min_bucket, r.med_bucket), 2),
+                num(r.fio_cpu, 1),
+                if c == Cfg::Wl {
+                    num(r.daemon_cpu, 1)
+                } else {
+                    "-".into()
+                },
+                rx(x),
+                rx(p50x),
+                rx(p99x),
+                rx(bx),
+                rx(xwb),
+                if r.fill_hi.is_finite() {
+                    format!("{:.0}-{:.0}", r.fill_lo, r.fill_hi)
+                } else {
+                    "-".into()
+                },
+                if r.filled {
+                    "  ! log filled during the run"
+                } else {
+                    ""
+                }
+            );
+            summary.push(json!({
+                "phase": p.name(), "config": c.name(), "qd": qd, "runs": r.runs,
+                "iops_median": r.iops, "iops_min": r.iops_lo, "iops_max": r.iops_hi,
+                "p50_us_median": r.p50, "p99_us_median": r.p99,
+                "min_bucket_iops": r.min_bucket, "median_bucket_iops": r.med_bucket,
+                "min_over_median_bucket": ratio(r.min_bucket, r.med_bucket),
+                "fio_cpu_us_per_io": r.fio_cpu,
+                "daemon_cpu_us_per_io": if c == Cfg::Wl { json!(r.daemon_cpu) } else { Value::Null },
+                "vs_librbd": {"iops": x, "p50": p50x, "p99": p99x,
+                    "min_bucket_over_librbd_iops": bx},
+                "wl_vs_librbd_wb_iops": xwb,
+                "log_filled_during_not_full_run": r.filled,
+                "log_fill_pct_measured_part": if r.fill_hi.is_finite() {
+                    json!({"min": r.fill_lo, "max": r.fill_hi}) } else { Value::Null },
+            }));
+        }
+    }
+}
+
+/// SPEC P8's targets of phase `p`, wl against plain librbd (into `targets`).
+fn p8_targets(plan: &Plan, rep: &Report, p: Phase, targets: &mut Vec<Value>) {
+    for &qd in &plan.qds {
+        let (Some(w), Some(b)) = (row(rep, p, Cfg::Wl, qd), row(rep, p, Cfg::Librbd, qd)) else {
+            continue;
+        };
+        let mut check = |what: &str, v: f64, want: &str, ok: bool| {
+            targets.push(json!({"phase": p.name(), "qd": qd, "target": what,
+                "value": v, "want": want, "pass": ok}));
+        };
+        match p {
+            Phase::NotFull => {
+                if qd <= 16 {
                     let x = ratio(w.iops, b.iops);
-                    check("IOPS vs librbd", x, ">= 0.7x", x >= 0.7);
-                    let x = ratio(w.p99, b.p99);
-                    check("p99 latency vs librbd", x, "<= 2x", x <= 2.0);
-                    let x = ratio(w.min_bucket, b.iops);
-                    check("lowest 1-s bucket vs librbd IOPS", x, ">= 0.3x", x >= 0.3);
+                    check("IOPS vs librbd", x, ">= 3x", x >= 3.0);
                 }
+                if qd == 1 {
+                    let x = ratio(w.p50, b.p50);
+                    check("p50 latency vs librbd", x, "<= 0.25x", x <= 0.25);
+                }
+            }
+            Phase::Full => {
+                let x = ratio(w.iops, b.iops);
+                check("IOPS vs librbd", x, ">= 0.7x", x >= 0.7);
+                let x = ratio(w.p99, b.p99);
+                check("p99 latency vs librbd", x, "<= 2x", x <= 2.0);
+                let x = ratio(w.min_bucket, b.iops);
+                check("lowest 1-s bucket vs librbd IOPS", x, ">= 0.3x", x >= 0.3);
             }
         }
     }
+}
+
+/// The P8 targets, PASS or MISS each (into `t`).
+fn targets_text(t: &mut String, targets: &[Value]) {
     if !targets.is_empty() {
         let _ = writeln!(
             t,
             "\nP8 targets (wl / plain librbd, medians; docs/TARGETS.md):"
         );
         let (mut pass, mut miss) = (0, 0);
-        for x in &targets {
+        for x in targets {
             let ok = x["pass"] == true;
             if ok {
                 pass += 1;
@@ -276,6 +292,11 @@ pub(super) fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value,
         }
         let _ = writeln!(t, "  {pass} PASS, {miss} MISS");
     }
+}
+
+/// How the full runs' log fills went and how fast the log writes back with no client IO
+/// (into `t`).
+fn fills_and_drains(plan: &Plan, rep: &Report, t: &mut String) {
     let nfills = rep.fills.len();
     if nfills > 0 {
         let not: usize = rep
@@ -321,5 +342,4 @@ pub(super) fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value,
             );
         }
     }
-    (t, json!(summary), json!(targets))
 }
