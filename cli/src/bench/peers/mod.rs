@@ -29,22 +29,21 @@
 
 use super::kit::daemon::Daemon;
 use super::kit::fill_file;
-use super::kit::fio::{FioNumbers, PERCENTILES, fio_json, fio_version, parse_fio, warm_own};
+use super::kit::fio::{fio_version, warm_own};
 use super::kit::host::tool_version;
-use super::kit::procs::{
-    Procs, STOP, alive, deleted_file_bytes, install_sigint, opened_direct, proc_cpu_secs,
-};
+use super::kit::procs::{Procs, STOP, deleted_file_bytes, install_sigint, opened_direct};
 use super::kit::report::{Bar, commit_and_cpu, report_header};
+use measure::{Job, Run, Target, measure, print_run};
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use summary::summarize;
 use tiercache_daemon::device::parse_size;
 
+mod measure;
 mod summary;
-use summary::summarize;
 
 const NBDKIT: &str = "nbdkit";
 /// The pass-through cache P1 measures as the structure's floor (1 and 2 are P1's caches, 3
@@ -165,22 +164,7 @@ pub fn run(a: Args) -> Result<(), String> {
             a.delay
         ));
     }
-    let (mut p1, mut p2, mut conns) = (true, true, true);
-    if let Some(o) = &a.only {
-        (p1, p2, conns) = (false, false, false);
-        for part in o.split(',').map(str::trim) {
-            match part {
-                "p1" => p1 = true,
-                "p2" => p2 = true,
-                "conns" => conns = true,
-                x => {
-                    return Err(format!(
-                        "--only {x}: want p1, p2 or conns (comma separated)"
-                    ));
-                }
-            }
-        }
-    }
+    let (p1, p2, conns) = parts(a.only.as_deref())?;
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -263,7 +247,35 @@ pub fn run(a: Args) -> Result<(), String> {
         "error": res.as_ref().err(),
         }),
     );
-    let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
+    write_results(&a, &doc, &text)?;
+    res.map(|_| ())
+}
+
+/// `--only`'s parts: (p1, p2, conns); all without it.
+fn parts(only: Option<&str>) -> Result<(bool, bool, bool), String> {
+    let (mut p1, mut p2, mut conns) = (true, true, true);
+    if let Some(o) = only {
+        (p1, p2, conns) = (false, false, false);
+        for part in o.split(',').map(str::trim) {
+            match part {
+                "p1" => p1 = true,
+                "p2" => p2 = true,
+                "conns" => conns = true,
+                x => {
+                    return Err(format!(
+                        "--only {x}: want p1, p2 or conns (comma separated)"
+                    ));
+                }
+            }
+        }
+    }
+    Ok((p1, p2, conns))
+}
+
+/// Writes the JSON document to `--json` and, with `--out`, `results.json` and `report.md`
+/// (the printed tables, `text`).
+fn write_results(a: &Args, doc: &Value, text: &str) -> Result<(), String> {
+    let body = serde_json::to_string_pretty(doc).unwrap_or_default();
     if let Some(p) = &a.json {
         std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
     }
@@ -281,14 +293,11 @@ pub fn run(a: Args) -> Result<(), String> {
             ),
         )?;
     }
-    res.map(|_| ())
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
-// Child processes.
-
-// ---------------------------------------------------------------------------------------------
-// The tiercache daemon, driven through its admin socket.
+// The tiercache daemon's counters.
 
 /// Server counters of one run: (read hit ratio, hit ratio over reads and writes, reads).
 fn tc_hits(stats: &Value) -> (f64, f64, u64) {
@@ -325,263 +334,6 @@ fn copy_to_nbd(src: &Path, uri: &str) -> Result<(), String> {
     c.flush().map_err(|e| e.to_string())?;
     c.close();
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// fio runs.
-
-enum Target {
-    Nbd(String),
-    File(PathBuf, u64),
-}
-
-struct Job {
-    target: Target,
-    rw: &'static str,
-    mix: Option<u32>,
-    zipf: Option<f64>,
-    size: u64,
-    qd: u32,
-    jobs: u32,
-    runtime_ms: u64,
-    ramp_ms: u64,
-}
-
-/// Latency percentiles of one direction (µs).
-#[derive(Clone, Debug, Default)]
-struct Lat {
-    p50: f64,
-    p99: f64,
-    p999: f64,
-    mean: f64,
-}
-
-/// One measured run.
-#[derive(Clone, Debug, Default)]
-struct Run {
-    part: &'static str,
-    phase: &'static str,
-    config: String,
-    round: u32,
-    conns: u32,
-    iops: f64,
-    read_iops: f64,
-    write_iops: f64,
-    read_ios: u64,
-    write_ios: u64,
-    lat_p50_us: f64,
-    lat_p99_us: f64,
-    lat_p999_us: f64,
-    lat_mean_us: f64,
-    read_lat: Option<Lat>,
-    write_lat: Option<Lat>,
-    fio_usr_pct: f64,
-    fio_sys_pct: f64,
-    fio_cpu_us_per_io: f64,
-    server_cpu_util: Option<f64>,
-    server_cpu_us_per_io: Option<f64>,
-    read_hit_ratio: Option<f64>,
-    hit_ratio: Option<f64>,
-    hit_source: &'static str,
-    core_reads: Option<u64>,
-    core_writes: Option<u64>,
-    cut_short: bool,
-}
-
-impl Run {
-    fn to_json(&self) -> Value {
-        let lat = |l: &Option<Lat>| {
-            l.as_ref().map(
-                |l| json!({"p50_us": l.p50, "p99_us": l.p99, "p99_9_us": l.p999, "mean_us": l.mean}),
-            )
-        };
-        json!({
-            "part": self.part, "phase": self.phase, "config": self.config, "round": self.round,
-            "connections": self.conns, "iops": self.iops, "read_iops": self.read_iops,
-            "write_iops": self.write_iops, "read_ios": self.read_ios, "write_ios": self.write_ios,
-            "lat_p50_us": self.lat_p50_us, "lat_p99_us": self.lat_p99_us,
-            "lat_p99_9_us": self.lat_p999_us, "lat_mean_us": self.lat_mean_us,
-            "read_lat": lat(&self.read_lat), "write_lat": lat(&self.write_lat),
-            "fio_usr_cpu_pct": self.fio_usr_pct, "fio_sys_cpu_pct": self.fio_sys_pct,
-            "fio_cpu_us_per_io": self.fio_cpu_us_per_io,
-            "server_cpu_utilization": self.server_cpu_util,
-            "server_cpu_us_per_io": self.server_cpu_us_per_io,
-            "read_hit_ratio": self.read_hit_ratio, "hit_ratio": self.hit_ratio,
-            "hit_ratio_source": self.hit_source,
-            "core_reads": self.core_reads, "core_writes": self.core_writes,
-            "cut_short": self.cut_short,
-        })
-    }
-}
-
-fn fio_cmd(plan: &Plan, j: &Job) -> Command {
-    let mut c = Command::new("taskset");
-    c.arg("-c")
-        .arg(plan.client_cpu.to_string())
-        .arg("fio")
-        .arg("--name=peers");
-    match &j.target {
-        Target::Nbd(uri) => {
-            c.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
-        }
-        Target::File(p, _) => {
-            c.arg("--ioengine=io_uring")
-                .arg("--direct=1")
-                .arg(format!("--filename={}", p.display()));
-        }
-    }
-    let size = match &j.target {
-        Target::File(_, s) => *s,
-        Target::Nbd(_) => j.size,
-    };
-    c.arg(format!("--rw={}", j.rw))
-        .arg("--bs=4k")
-        .arg(format!("--iodepth={}", j.qd))
-        .arg(format!("--size={size}"))
-        .arg("--time_based")
-        .arg(format!("--runtime={}ms", j.runtime_ms))
-        .arg("--randrepeat=0")
-        .arg("--norandommap")
-        .arg(format!("--percentile_list={PERCENTILES}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if j.ramp_ms > 0 {
-        c.arg(format!("--ramp_time={}ms", j.ramp_ms));
-    }
-    if let Some(m) = j.mix {
-        c.arg(format!("--rwmixread={m}"));
-    }
-    if let Some(z) = j.zipf {
-        c.arg(format!("--random_distribution=zipf:{z}"));
-    }
-    if j.jobs > 1 {
-        c.arg(format!("--numjobs={}", j.jobs))
-            .arg("--group_reporting");
-    }
-    c
-}
-
-/// Sleeps until `t`; false if `done` was set first.
-fn sleep_until(t: Instant, done: &AtomicBool) -> bool {
-    while Instant::now() < t {
-        if done.load(Ordering::Relaxed) {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5).min(t - Instant::now()));
-    }
-    true
-}
-
-/// Runs one fio job; samples the server's CPU inside the measured part of the run.
-fn measure(plan: &Plan, j: &Job, server: &[u32], label: &str, bar: &Bar) -> Result<Run, String> {
-    let cmd = fio_cmd(plan, j);
-    let total = (j.ramp_ms + j.runtime_ms) as f64 / 1000.0 + 0.3;
-    let done = AtomicBool::new(false);
-    let start = Instant::now();
-    let a_at = start + Duration::from_millis(j.ramp_ms + 250);
-    let b_at = start + Duration::from_millis(j.ramp_ms + j.runtime_ms.saturating_sub(100));
-    let (v, cpu) = std::thread::scope(|s| {
-        let cpu_of = |pids: &[u32]| -> Option<f64> { pids.iter().map(|p| proc_cpu_secs(*p)).sum() };
-        let sampler = (!server.is_empty()).then(|| {
-            let done = &done;
-            s.spawn(move || -> Option<(f64, f64)> {
-                if b_at <= a_at || !sleep_until(a_at, done) {
-                    return None;
-                }
-                let c0 = cpu_of(server)?;
-                let t0 = Instant::now();
-                if !sleep_until(b_at, done) {
-                    return None;
-                }
-                let c1 = cpu_of(server)?;
-                Some((c1 - c0, t0.elapsed().as_secs_f64()))
-            })
-        });
-        let v = fio_json(cmd, total, &|f| bar.show(label, f));
-        done.store(true, Ordering::Relaxed);
-        let cpu = sampler.and_then(|h| h.join().ok().flatten());
-        (v, cpu)
-    });
-    bar.end();
-    let v = v?;
-    let job = &v["jobs"][0];
-    if let Some(e) = job["error"].as_i64().filter(|e| *e != 0) {
-        return Err(format!("fio reported error {e} for {label}"));
-    }
-    let (iops, _bw, mean, p99, p999, cdf): FioNumbers = parse_fio(&v)?;
-    let p50 = cdf
-        .iter()
-        .find(|(p, _)| (*p - 50.0).abs() < 1e-6)
-        .map(|x| x.1)
-        .unwrap_or(0.0);
-    let dir = |d: &str| -> Option<Lat> {
-        let x = &job[d];
-        (x["total_ios"].as_u64().unwrap_or(0) > 0).then(|| {
-            let pc = &x["clat_ns"]["percentile"];
-            let g = |k: &str| pc[k].as_f64().unwrap_or(0.0) / 1000.0;
-            Lat {
-                p50: g("50.000000"),
-                p99: g("99.000000"),
-                p999: g("99.900000"),
-                mean: x["clat_ns"]["mean"].as_f64().unwrap_or(0.0) / 1000.0,
-            }
-        })
-    };
-    let read_ios = job["read"]["total_ios"].as_u64().unwrap_or(0);
-    let write_ios = job["write"]["total_ios"].as_u64().unwrap_or(0);
-    if let Some(pid) = server.iter().find(|p| !alive(**p)) {
-        return Err(format!("{label}: the server process {pid} died"));
-    }
-    if read_ios + write_ios == 0 && !STOP.load(Ordering::Relaxed) {
-        return Err(format!("{label}: fio did no IO"));
-    }
-    let usr = job["usr_cpu"].as_f64().unwrap_or(0.0);
-    let sys = job["sys_cpu"].as_f64().unwrap_or(0.0);
-    let runtime_ms = job["job_runtime"].as_f64().unwrap_or(0.0);
-    let ios = (read_ios + write_ios).max(1) as f64;
-    let (util, per_io) = match cpu {
-        Some((c, t)) if t > 0.0 && iops > 0.0 => (Some(c / t), Some(c / t * 1e6 / iops)),
-        _ => (None, None),
-    };
-    Ok(Run {
-        iops,
-        read_iops: job["read"]["iops"].as_f64().unwrap_or(0.0),
-        write_iops: job["write"]["iops"].as_f64().unwrap_or(0.0),
-        read_ios,
-        write_ios,
-        lat_p50_us: p50,
-        lat_p99_us: p99,
-        lat_p999_us: p999,
-        lat_mean_us: mean,
-        read_lat: dir("read"),
-        write_lat: dir("write"),
-        fio_usr_pct: usr,
-        fio_sys_pct: sys,
-        fio_cpu_us_per_io: (usr + sys) / 100.0 * runtime_ms * 1000.0 / ios,
-        server_cpu_util: util,
-        server_cpu_us_per_io: per_io,
-        cut_short: STOP.load(Ordering::Relaxed),
-        ..Run::default()
-    })
-}
-
-fn print_run(r: &Run) {
-    let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map(f).unwrap_or_else(|| "-".into());
-    println!(
-        "  {:<5} {:<8} r{} {:<20} c{} {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  server {:>6} CPU-us/IO  fio {:>5.1} CPU-us/IO  hits {}",
-        r.part,
-        r.phase,
-        r.round,
-        r.config,
-        r.conns,
-        r.iops,
-        r.lat_p50_us,
-        r.lat_p99_us,
-        opt(r.server_cpu_us_per_io, &|x| format!("{x:.1}")),
-        r.fio_cpu_us_per_io,
-        opt(r.read_hit_ratio, &|x| format!("{:.1}% (reads)", x * 100.0)),
-    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -732,6 +484,7 @@ fn run_in(plan: &Plan, scratch: &Path, procs: &mut Procs, rep: &mut Report) -> R
     res
 }
 
+/// P1 and the connection sweep, on the same servers.
 fn p1_and_conns(
     cx: &Ctx,
     scratch: &Path,
@@ -739,6 +492,29 @@ fn p1_and_conns(
     rep: &mut Report,
     setup: &mut Value,
 ) -> Result<(), String> {
+    let plan = cx.plan;
+    let (cfgs, mem_pid) = p1_setup(cx, scratch, procs, setup)?;
+    let mut off = 0;
+    if plan.p1 {
+        p1_rounds(cx, &cfgs, &mut off, rep)?;
+    }
+    if plan.conns && !STOP.load(Ordering::Relaxed) {
+        conn_rounds(cx, &cfgs, &mut off, rep)?;
+    }
+    procs.stop(mem_pid, Duration::from_secs(3));
+    // The P1 caches stay (idle) until the daemon stops; their files go with the scratch dir.
+    Ok(())
+}
+
+/// P1's servers: caches 1 (ram:, wt), 2 (a file, wt) and the pass-through floor in the
+/// daemon, `nbdkit memory` with the same bytes; all warmed. Its configurations, and the pid of
+/// `nbdkit memory`.
+fn p1_setup(
+    cx: &Ctx,
+    scratch: &Path,
+    procs: &mut Procs,
+    setup: &mut Value,
+) -> Result<([Cfg; 5], u32), String> {
     let (plan, d) = (cx.plan, cx.d);
     let nbdkit = Path::new(NBDKIT);
     let ws = plan.ws;
@@ -784,7 +560,30 @@ fn p1_and_conns(
     procs.wait_socket(mem_pid, &mem_sock)?;
     let mem_uri = format!("nbd+unix:///?socket={}", mem_sock.display());
     copy_to_nbd(&core_ram, &mem_uri)?;
-    // Warm both caches: NBD_CMD_CACHE over the working set, cutoff off.
+    let occupancy = p1_warm(d, ws)?;
+    println!(
+        "P1 setup: {} MiB working set (pseudo-random data) in tiercache {ram_dev} (wt), in a {} MiB file cache (wt, O_DIRECT: {}), and in nbdkit memory; warmed in {:.1} s",
+        ws >> 20,
+        cache_file_bytes >> 20,
+        direct
+            .map(|b| if b { "yes" } else { "NO" })
+            .unwrap_or("unknown"),
+        t.elapsed().as_secs_f64()
+    );
+    setup["p1"] = json!({
+        "working_set_bytes": ws, "ram_cache_device": ram_dev, "ram_cache": c1,
+        "file_cache_bytes": cache_file_bytes, "file_cache": c2,
+        "file_cache_o_direct": direct, "warm_up": occupancy,
+        "nbdkit": format!("nbdkit memory {ws}"), "core": "a file (pseudo-random data)",
+        "warm_up_method": "NBD_CMD_CACHE over the working set, sequential cutoff off",
+    });
+    let cfgs = p1_cfgs(d, &mem_uri, mem_pid, &cache_file, cache_file_bytes);
+    Ok((cfgs, mem_pid))
+}
+
+/// Warms P1's caches 1 and 2: NBD_CMD_CACHE over the working set, cutoff off; their
+/// occupancy after (JSON). Fails if one holds less than the working set.
+fn p1_warm(d: &Daemon, ws: u64) -> Result<Vec<Value>, String> {
     let mut occupancy = Vec::new();
     for (id, export) in [(1u16, "p1-ram"), (2, "p1-file")] {
         d.cutoff_never(id)?;
@@ -804,23 +603,19 @@ fn p1_and_conns(
             "lines": s["usage"]["lines"], "device": s["device"]}),
         );
     }
-    println!(
-        "P1 setup: {} MiB working set (pseudo-random data) in tiercache {ram_dev} (wt), in a {} MiB file cache (wt, O_DIRECT: {}), and in nbdkit memory; warmed in {:.1} s",
-        ws >> 20,
-        cache_file_bytes >> 20,
-        direct
-            .map(|b| if b { "yes" } else { "NO" })
-            .unwrap_or("unknown"),
-        t.elapsed().as_secs_f64()
-    );
-    setup["p1"] = json!({
-        "working_set_bytes": ws, "ram_cache_device": ram_dev, "ram_cache": c1,
-        "file_cache_bytes": cache_file_bytes, "file_cache": c2,
-        "file_cache_o_direct": direct, "warm_up": occupancy,
-        "nbdkit": format!("nbdkit memory {ws}"), "core": "a file (pseudo-random data)",
-        "warm_up_method": "NBD_CMD_CACHE over the working set, sequential cutoff off",
-    });
-    let cfgs = [
+    Ok(occupancy)
+}
+
+/// P1's configurations: tiercache ram:, file and pass-through, nbdkit memory, and fio on the
+/// cache file itself (the device).
+fn p1_cfgs(
+    d: &Daemon,
+    mem_uri: &str,
+    mem_pid: u32,
+    cache_file: &Path,
+    cache_file_bytes: u64,
+) -> [Cfg; 5] {
+    [
         Cfg {
             name: "tiercache-ram".into(),
             target: d.uri("p1-ram"),
@@ -847,7 +642,7 @@ fn p1_and_conns(
         },
         Cfg {
             name: "nbdkit-memory".into(),
-            target: mem_uri.clone(),
+            target: mem_uri.to_string(),
             file: None,
             server: vec![mem_pid],
             tc_cache: None,
@@ -856,13 +651,18 @@ fn p1_and_conns(
         Cfg {
             name: "fio-io_uring-device".into(),
             target: String::new(),
-            file: Some((cache_file.clone(), cache_file_bytes)),
+            file: Some((cache_file.to_path_buf(), cache_file_bytes)),
             server: Vec::new(),
             tc_cache: None,
             nbdkit_log: None,
         },
-    ];
-    let job = |c: &Cfg, jobs: u32| Job {
+    ]
+}
+
+/// A 4K random-read job of P1 or the connection sweep on `c` with `jobs` connections.
+fn p1_job(plan: &Plan, c: &Cfg, jobs: u32) -> Job {
+    let ws = plan.ws;
+    Job {
         target: match &c.file {
             Some((p, s)) => Target::File(p.clone(), *s),
             None => Target::Nbd(c.target.clone()),
@@ -875,71 +675,77 @@ fn p1_and_conns(
         jobs,
         runtime_ms: plan.runtime_ms,
         ramp_ms: plan.ramp_ms,
-    };
-    let mut off = 0;
-    if plan.p1 {
-        let n = cfgs.len() as u32 * plan.rounds;
-        let mut k = 0;
-        'p1: for round in 1..=plan.rounds {
-            for i in 0..cfgs.len() {
-                // Alternate, and rotate who goes first each round.
-                let c = &cfgs[(i + round as usize - 1) % cfgs.len()];
+    }
+}
+
+/// P1's alternating rounds (who goes first rotates each round).
+fn p1_rounds(cx: &Ctx, cfgs: &[Cfg; 5], off: &mut u64, rep: &mut Report) -> Result<(), String> {
+    let plan = cx.plan;
+    let n = cfgs.len() as u32 * plan.rounds;
+    let mut k = 0;
+    'p1: for round in 1..=plan.rounds {
+        for i in 0..cfgs.len() {
+            // Alternate, and rotate who goes first each round.
+            let c = &cfgs[(i + round as usize - 1) % cfgs.len()];
+            if STOP.load(Ordering::Relaxed) {
+                break 'p1;
+            }
+            k += 1;
+            let label = format!("[{k}/{n}] P1 {}", c.name);
+            let st = Step {
+                part: "P1",
+                phase: "measure",
+                round,
+                conns: 1,
+            };
+            let r = one(cx, c, st, p1_job(plan, c, 1), &label, off)?;
+            if let Some(h) = r.read_hit_ratio
+                && h < 0.99
+            {
+                eprintln!(
+                    "warning: {} read hit ratio {:.2}% in round {round}: not a 100%-hit run",
+                    c.name,
+                    h * 100.0
+                );
+            }
+            rep.runs.push(r);
+        }
+    }
+    Ok(())
+}
+
+/// The connection sweep: tiercache ram: and nbdkit memory with 1 to `max_conns`
+/// connections.
+fn conn_rounds(cx: &Ctx, cfgs: &[Cfg; 5], off: &mut u64, rep: &mut Report) -> Result<(), String> {
+    let plan = cx.plan;
+    let by_name = |n: &str| cfgs.iter().find(|c| c.name == n).expect("a P1 config");
+    let pair = [by_name("tiercache-ram"), by_name("nbdkit-memory")];
+    let n = 2 * plan.max_conns * plan.conn_rounds;
+    let mut k = 0;
+    'conns: for round in 1..=plan.conn_rounds {
+        for conns in 1..=plan.max_conns {
+            for i in 0..2 {
+                let c = pair[(i + conns as usize + round as usize) % 2];
                 if STOP.load(Ordering::Relaxed) {
-                    break 'p1;
+                    break 'conns;
                 }
                 k += 1;
-                let label = format!("[{k}/{n}] P1 {}", c.name);
+                let label = format!("[{k}/{n}] {conns} conn {}", c.name);
                 let st = Step {
-                    part: "P1",
+                    part: "conns",
                     phase: "measure",
                     round,
-                    conns: 1,
+                    conns,
                 };
-                let r = one(cx, c, st, job(c, 1), &label, &mut off)?;
-                if let Some(h) = r.read_hit_ratio
-                    && h < 0.99
-                {
-                    eprintln!(
-                        "warning: {} read hit ratio {:.2}% in round {round}: not a 100%-hit run",
-                        c.name,
-                        h * 100.0
-                    );
-                }
+                let r = one(cx, c, st, p1_job(plan, c, conns), &label, off)?;
                 rep.runs.push(r);
             }
         }
     }
-    if plan.conns && !STOP.load(Ordering::Relaxed) {
-        let by_name = |n: &str| cfgs.iter().find(|c| c.name == n).expect("a P1 config");
-        let pair = [by_name("tiercache-ram"), by_name("nbdkit-memory")];
-        let n = 2 * plan.max_conns * plan.conn_rounds;
-        let mut k = 0;
-        'conns: for round in 1..=plan.conn_rounds {
-            for conns in 1..=plan.max_conns {
-                for i in 0..2 {
-                    let c = pair[(i + conns as usize + round as usize) % 2];
-                    if STOP.load(Ordering::Relaxed) {
-                        break 'conns;
-                    }
-                    k += 1;
-                    let label = format!("[{k}/{n}] {conns} conn {}", c.name);
-                    let st = Step {
-                        part: "conns",
-                        phase: "measure",
-                        round,
-                        conns,
-                    };
-                    let r = one(cx, c, st, job(c, conns), &label, &mut off)?;
-                    rep.runs.push(r);
-                }
-            }
-        }
-    }
-    procs.stop(mem_pid, Duration::from_secs(3));
-    // The P1 caches stay (idle) until the daemon stops; their files go with the scratch dir.
     Ok(())
 }
 
+/// P2: tiercache against nbdkit's cache filter over delayed cores.
 fn p2(
     cx: &Ctx,
     scratch: &Path,
@@ -947,6 +753,28 @@ fn p2(
     rep: &mut Report,
     setup: &mut Value,
 ) -> Result<(), String> {
+    let d = cx.d;
+    let (cfgs, nc_pid) = p2_setup(cx, scratch, procs, setup)?;
+    if !p2_rounds(cx, &cfgs, rep)? {
+        return Ok(());
+    }
+    setup["p2"]["nbdkit_cache_file_allocated_bytes_after"] = json!(deleted_file_bytes(nc_pid));
+    if let Ok(s3) = d.stats(3) {
+        setup["p2"]["tiercache_after"] = json!({"usage": s3["usage"], "policies": s3["policies"],
+            "writeback": s3["writeback"]});
+    }
+    procs.stop(nc_pid, Duration::from_secs(3));
+    Ok(())
+}
+
+/// P2's servers: tiercache's wb cache 3 over a delayed `nbdkit memory` core, and nbdkit's
+/// cache filter over the same kind of core. Its configurations, and the pid of nbdkit's.
+fn p2_setup(
+    cx: &Ctx,
+    scratch: &Path,
+    procs: &mut Procs,
+    setup: &mut Value,
+) -> Result<([Cfg; 2], u32), String> {
     let (plan, d) = (cx.plan, cx.d);
     let nbdkit = Path::new(NBDKIT);
     let s = plan.s2;
@@ -1048,7 +876,13 @@ fn p2(
             nbdkit_log: Some(nc_log.clone()),
         },
     ];
-    let job = |c: &Cfg, ms: u64| Job {
+    Ok((cfgs, nc_pid))
+}
+
+/// P2's 70/30 Zipf job on `c`, `ms` long.
+fn p2_job(plan: &Plan, c: &Cfg, ms: u64) -> Job {
+    let ws = 2 * plan.s2;
+    Job {
         target: Target::Nbd(c.target.clone()),
         rw: "randrw",
         mix: Some(70),
@@ -1058,13 +892,19 @@ fn p2(
         jobs: 1,
         runtime_ms: ms,
         ramp_ms: 0,
-    };
+    }
+}
+
+/// P2's warm-up run of each configuration, then the alternating rounds; false when Ctrl-C
+/// came during the warm-up.
+fn p2_rounds(cx: &Ctx, cfgs: &[Cfg; 2], rep: &mut Report) -> Result<bool, String> {
+    let plan = cx.plan;
     let mut off = 0;
     let n = 2 * (plan.rounds + 1);
     let mut k = 0;
-    for c in &cfgs {
+    for c in cfgs {
         if STOP.load(Ordering::Relaxed) {
-            return Ok(());
+            return Ok(false);
         }
         k += 1;
         let label = format!("[{k}/{n}] P2 warm {}", c.name);
@@ -1074,7 +914,7 @@ fn p2(
             round: 0,
             conns: 1,
         };
-        let r = one(cx, c, st, job(c, plan.warm2_ms), &label, &mut off)?;
+        let r = one(cx, c, st, p2_job(plan, c, plan.warm2_ms), &label, &mut off)?;
         rep.runs.push(r);
     }
     'p2: for round in 1..=plan.rounds {
@@ -1091,15 +931,16 @@ fn p2(
                 round,
                 conns: 1,
             };
-            let r = one(cx, c, st, job(c, plan.runtime_ms), &label, &mut off)?;
+            let r = one(
+                cx,
+                c,
+                st,
+                p2_job(plan, c, plan.runtime_ms),
+                &label,
+                &mut off,
+            )?;
             rep.runs.push(r);
         }
     }
-    setup["p2"]["nbdkit_cache_file_allocated_bytes_after"] = json!(deleted_file_bytes(nc_pid));
-    if let Ok(s3) = d.stats(3) {
-        setup["p2"]["tiercache_after"] = json!({"usage": s3["usage"], "policies": s3["policies"],
-            "writeback": s3["writeback"]});
-    }
-    procs.stop(nc_pid, Duration::from_secs(3));
-    Ok(())
+    Ok(true)
 }
