@@ -83,7 +83,7 @@ pub(crate) fn report_header(tool: &str, body: Value) -> Value {
 }
 
 /// `commit C, CPU MODEL`: the line under a `report.md`'s title.
-pub(crate) fn commit_and_cpu() -> String {
+fn commit_and_cpu() -> String {
     format!(
         "commit {}, {}",
         git_commit(),
@@ -137,4 +137,34 @@ fn report_dir() -> Result<PathBuf, String> {
     ));
     std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
     Ok(d)
+}
+
+/// Writes a bench's JSON document to `json` (`--json`) and, with `out` (`--out`),
+/// `results.json` and `report.md`: `title`, [`commit_and_cpu`], the printed tables (`text`).
+pub(crate) fn write_results(
+    json: Option<&Path>,
+    out: Option<&Path>,
+    title: &str,
+    doc: &Value,
+    text: &str,
+) -> Result<(), String> {
+    let body = serde_json::to_string_pretty(doc).unwrap_or_default();
+    if let Some(p) = json {
+        std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
+    }
+    if let Some(d) = out {
+        let w = |n: &str, b: &str| {
+            let p = d.join(n);
+            std::fs::write(&p, b).map_err(|e| format!("{}: {e}", p.display()))
+        };
+        w("results.json", &body)?;
+        w(
+            "report.md",
+            &format!(
+                "# {title}\n\n{}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
+                commit_and_cpu()
+            ),
+        )?;
+    }
+    Ok(())
 }

@@ -32,7 +32,7 @@ use super::kit::fill_file;
 use super::kit::fio::{fio_version, warm_own};
 use super::kit::host::tool_version;
 use super::kit::procs::{Procs, STOP, deleted_file_bytes, install_sigint, opened_direct};
-use super::kit::report::{Bar, commit_and_cpu, report_header};
+use super::kit::report::{Bar, report_header, write_results};
 use measure::{Job, Run, Target, measure, print_run};
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Read, Seek, SeekFrom};
@@ -247,7 +247,13 @@ pub fn run(a: Args) -> Result<(), String> {
         "error": res.as_ref().err(),
         }),
     );
-    write_results(&a, &doc, &text)?;
+    write_results(
+        a.json.as_deref(),
+        a.out.as_deref(),
+        "tiercache bench peers",
+        &doc,
+        &text,
+    )?;
     res.map(|_| ())
 }
 
@@ -270,30 +276,6 @@ fn parts(only: Option<&str>) -> Result<(bool, bool, bool), String> {
         }
     }
     Ok((p1, p2, conns))
-}
-
-/// Writes the JSON document to `--json` and, with `--out`, `results.json` and `report.md`
-/// (the printed tables, `text`).
-fn write_results(a: &Args, doc: &Value, text: &str) -> Result<(), String> {
-    let body = serde_json::to_string_pretty(doc).unwrap_or_default();
-    if let Some(p) = &a.json {
-        std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
-    }
-    if let Some(d) = &a.out {
-        let w = |n: &str, b: &str| {
-            let p = d.join(n);
-            std::fs::write(&p, b).map_err(|e| format!("{}: {e}", p.display()))
-        };
-        w("results.json", &body)?;
-        w(
-            "report.md",
-            &format!(
-                "# tiercache bench peers\n\n{}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
-                commit_and_cpu()
-            ),
-        )?;
-    }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -41,19 +41,21 @@
 
 use super::kit::fill_file;
 use super::kit::fio::fio_version;
-use super::kit::procs::{STOP, install_sigint, own_group_dying_with_us, proc_cpu_secs};
-use super::kit::report::{commit_and_cpu, report_header};
+use super::kit::procs::{STOP, install_sigint, proc_cpu_secs};
+use super::kit::report::{report_header, write_results};
 use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tiercache_daemon::admin::{Request, call};
+use tiercache_daemon::admin::Request;
 use tiercache_daemon::device::parse_size;
 use tiercache_daemon::registry::WL_WRITEBACK;
 
+mod daemon;
 mod summary;
+use daemon::Daemon;
 use summary::summarize;
 
 /// Arguments of `tiercache bench wl`.
@@ -205,6 +207,78 @@ fn list<T: Copy>(s: &str, what: &str, all: &[(&str, T)]) -> Result<Vec<T>, Strin
 
 /// Runs `tiercache bench wl`.
 pub fn run(a: Args) -> Result<(), String> {
+    let (plan, cpus) = plan_of(&a)?;
+    let fio = check_tools(&plan)?;
+    if let Some(d) = &a.out {
+        std::fs::create_dir_all(d).map_err(|e| format!("--out {}: {e}", d.display()))?;
+    }
+    let scratch = a
+        .scratch
+        .clone()
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("tiercache-bench-wl-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    install_sigint();
+    let t0 = Instant::now();
+    let mut rep = Report::default();
+    let res = run_in(&a, &plan, &scratch, &mut rep);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let total_s = t0.elapsed().as_secs_f64();
+    let stopped = STOP.load(Ordering::Relaxed);
+    if rep.runs.is_empty() {
+        return res;
+    }
+    let (text, summary, targets) = summarize(&plan, &rep, &fio);
+    println!("\n{text}");
+    if cpus < 2 || plan.server_cpu == plan.client_cpu {
+        println!("note: the daemon and fio share a CPU here; the targets want them pinned apart");
+    }
+    println!("total time: {total_s:.1} s");
+    if stopped {
+        println!("(stopped by Ctrl-C: the tables hold what was measured)");
+    }
+    if let Err(e) = &res {
+        println!("(ended early: {e})");
+    }
+    let doc = report_header(
+        "tiercache bench wl",
+        json!({
+        "spec": "P8",
+        "fio": fio,
+        "config": {
+            "quick": plan.quick, "queue_depths": plan.qds, "runtime_s": plan.runtime,
+            "ramp_s": {"not-full": plan.ramp(Phase::NotFull), "full": plan.ramp(Phase::Full)},
+            "rounds": plan.rounds, "image_bytes": plan.image_bytes,
+            "wl_cache_bytes": {"not-full": plan.cache_nf, "full": plan.cache_full},
+            "phases": plan.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "configs": plan.cfgs.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            "server_cpu": plan.server_cpu, "client_cpu": plan.client_cpu,
+            "fill_qd": plan.fill_qd, "fill_timeout_s": plan.fill_timeout.as_secs(),
+            "block_size": 4096, "rw": "randwrite",
+        },
+        "setup": rep.setup,
+        "runs": rep.runs.iter().map(Run::to_json).collect::<Vec<_>>(),
+        "fills": rep.fills,
+        "drains": rep.drains,
+        "summary": summary,
+        "targets": targets,
+        "total_s": total_s,
+        "stopped_early": stopped,
+        "error": res.as_ref().err(),
+        }),
+    );
+    write_results(
+        a.json.as_deref(),
+        a.out.as_deref(),
+        "tiercache bench wl (target P8)",
+        &doc,
+        &text,
+    )?;
+    res
+}
+
+/// The plan of a run from its arguments, checked; and the CPUs of this machine.
+fn plan_of(a: &Args) -> Result<(Plan, usize), String> {
     let quick = a.quick;
     let qds: Vec<u32> = match &a.qd {
         Some(s) => s
@@ -276,6 +350,11 @@ pub fn run(a: Args) -> Result<(), String> {
             cpus - 1
         ));
     }
+    Ok((plan, cpus))
+}
+
+/// fio with the engines the configurations need, and taskset; fio's version.
+fn check_tools(plan: &Plan) -> Result<String, String> {
     let fio = fio_version().ok_or("fio is not installed (apt-get install fio)")?;
     let engines = Command::new("fio")
         .arg("--enghelp")
@@ -294,224 +373,7 @@ pub fn run(a: Args) -> Result<(), String> {
         .arg("-V")
         .output()
         .map_err(|_| "taskset is not installed (util-linux)")?;
-    if let Some(d) = &a.out {
-        std::fs::create_dir_all(d).map_err(|e| format!("--out {}: {e}", d.display()))?;
-    }
-    let scratch = a
-        .scratch
-        .clone()
-        .unwrap_or_else(std::env::temp_dir)
-        .join(format!("tiercache-bench-wl-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    install_sigint();
-    let t0 = Instant::now();
-    let mut rep = Report::default();
-    let res = run_in(&a, &plan, &scratch, &mut rep);
-    let _ = std::fs::remove_dir_all(&scratch);
-    let total_s = t0.elapsed().as_secs_f64();
-    let stopped = STOP.load(Ordering::Relaxed);
-    if rep.runs.is_empty() {
-        return res;
-    }
-    let (text, summary, targets) = summarize(&plan, &rep, &fio);
-    println!("\n{text}");
-    if cpus < 2 || plan.server_cpu == plan.client_cpu {
-        println!("note: the daemon and fio share a CPU here; the targets want them pinned apart");
-    }
-    println!("total time: {total_s:.1} s");
-    if stopped {
-        println!("(stopped by Ctrl-C: the tables hold what was measured)");
-    }
-    if let Err(e) = &res {
-        println!("(ended early: {e})");
-    }
-    let doc = report_header(
-        "tiercache bench wl",
-        json!({
-        "spec": "P8",
-        "fio": fio,
-        "config": {
-            "quick": plan.quick, "queue_depths": plan.qds, "runtime_s": plan.runtime,
-            "ramp_s": {"not-full": plan.ramp(Phase::NotFull), "full": plan.ramp(Phase::Full)},
-            "rounds": plan.rounds, "image_bytes": plan.image_bytes,
-            "wl_cache_bytes": {"not-full": plan.cache_nf, "full": plan.cache_full},
-            "phases": plan.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
-            "configs": plan.cfgs.iter().map(|c| c.name()).collect::<Vec<_>>(),
-            "server_cpu": plan.server_cpu, "client_cpu": plan.client_cpu,
-            "fill_qd": plan.fill_qd, "fill_timeout_s": plan.fill_timeout.as_secs(),
-            "block_size": 4096, "rw": "randwrite",
-        },
-        "setup": rep.setup,
-        "runs": rep.runs.iter().map(Run::to_json).collect::<Vec<_>>(),
-        "fills": rep.fills,
-        "drains": rep.drains,
-        "summary": summary,
-        "targets": targets,
-        "total_s": total_s,
-        "stopped_early": stopped,
-        "error": res.as_ref().err(),
-        }),
-    );
-    let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
-    if let Some(p) = &a.json {
-        std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
-    }
-    if let Some(d) = &a.out {
-        let w = |n: &str, b: &str| {
-            let p = d.join(n);
-            std::fs::write(&p, b).map_err(|e| format!("{}: {e}", p.display()))
-        };
-        w("results.json", &body)?;
-        w(
-            "report.md",
-            &format!(
-                "# tiercache bench wl (target P8)\n\n{}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
-                commit_and_cpu()
-            ),
-        )?;
-    }
-    res
-}
-
-// ---------------------------------------------------------------------------------------------
-// The daemon.
-
-/// A `tiercache daemon` child pinned to the server CPU, in its own process group, dying with
-/// this process; stopped (SIGTERM, then SIGKILL) on drop.
-struct Daemon {
-    child: Option<Child>,
-    pid: u32,
-    admin: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(plan: &Plan, scratch: &Path) -> Result<Daemon, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let admin = scratch.join("admin.sock");
-        let nbd = scratch.join("nbd.sock");
-        let log = scratch.join("daemon.log");
-        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut cmd = Command::new("taskset");
-        cmd.arg("-c")
-            .arg(plan.server_cpu.to_string())
-            .arg(exe)
-            .arg("daemon")
-            .arg("--socket")
-            .arg(&admin)
-            .args(["--metrics-listen", "none", "--nbd-listen"])
-            .arg(format!("unix:{}", nbd.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(f);
-        own_group_dying_with_us(&mut cmd);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start the daemon: {e}"))?;
-        let mut d = Daemon {
-            pid: child.id(),
-            child: Some(child),
-            admin,
-            nbd,
-            log,
-        };
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&d.admin).is_err() || !d.nbd.exists() {
-            if let Some(c) = d.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                return Err(format!("the daemon exited ({st}): {}", d.log_tail()));
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                return Err("the daemon did not come up in 60 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(d)
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let l: Vec<&str> = s.lines().rev().take(3).collect();
-        l.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    }
-
-    fn call(&self, req: Request) -> Result<Value, String> {
-        call(&self.admin, &req, |_| {})
-            .map_err(|e| format!("{e} (daemon log: {})", self.log_tail()))
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.nbd.display())
-    }
-
-    /// The `write_log` block of a cache's stats.
-    fn wl(&self, cache_id: u16) -> Result<Value, String> {
-        let s = self.call(Request::Stats {
-            cache_id: Some(cache_id),
-            core_id: None,
-            io_class: None,
-        })?;
-        let w = s["write_log"].clone();
-        if w.is_null() {
-            return Err(format!("cache {cache_id} shows no write_log block: {s}"));
-        }
-        Ok(w)
-    }
-
-    /// Writes the log back (waits until it is drained); (seconds, bytes that were dirty).
-    fn drain(&self, cache_id: u16) -> Result<(f64, u64), String> {
-        let dirty = self.wl(cache_id)?["dirty_bytes"].as_u64().unwrap_or(0);
-        let t = Instant::now();
-        self.call(Request::Writeback {
-            cache_id,
-            core_id: None,
-        })?;
-        Ok((t.elapsed().as_secs_f64(), dirty))
-    }
-
-    fn stop(&mut self, caches: &[u16]) {
-        for id in caches {
-            let _ = call(
-                &self.admin,
-                &Request::StopCache {
-                    cache_id: *id,
-                    no_writeback: true,
-                },
-                |_| {},
-            );
-        }
-        let _ = call(&self.admin, &Request::Shutdown, |_| {});
-        self.end(Duration::from_secs(10));
-    }
-
-    fn end(&mut self, grace: Duration) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        if let Ok(Some(_)) = c.try_wait() {
-            return;
-        }
-        let t = Instant::now();
-        while t.elapsed() < grace {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: signalling our own child, not yet reaped (try_wait said it runs).
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        std::thread::sleep(Duration::from_millis(500));
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.end(Duration::ZERO);
-    }
+    Ok(fio)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -936,51 +798,69 @@ fn run_with(
     res
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rounds(
-    plan: &Plan,
-    scratch: &Path,
-    d: Option<&Daemon>,
-    plain: &Path,
-    wb: &Path,
-    (id, pool, img_rbd): (&str, &str, &str),
-    rep: &mut Report,
+/// What every run of [`rounds`] needs, and how many have run.
+struct Rounds<'a> {
+    plan: &'a Plan,
+    scratch: &'a Path,
+    d: Option<&'a Daemon>,
+    /// librbd's client configurations: plain and with its writeback cache.
+    plain: &'a Path,
+    wb: &'a Path,
+    /// (client id, pool, image) of the librbd configurations.
+    rbd: (&'a str, &'a str, &'a str),
     t0: Instant,
-) -> Result<(), String> {
-    let total_runs = plan.rounds as usize * plan.phases.len() * plan.qds.len() * plan.cfgs.len();
-    let mut n = 0;
-    let target = |c: Cfg, p: Phase| -> FioTarget {
+    n: usize,
+    total_runs: usize,
+}
+
+impl Rounds<'_> {
+    /// What fio runs against: librbd's image, or wl's export of `p`'s cache.
+    fn target(&self, c: Cfg, p: Phase) -> FioTarget {
+        let (id, pool, img_rbd) = self.rbd;
         match c {
             Cfg::Librbd => FioTarget::Rbd {
-                conf: plain.to_path_buf(),
+                conf: self.plain.to_path_buf(),
                 id: id.into(),
                 pool: pool.into(),
                 image: img_rbd.into(),
             },
             Cfg::LibrbdWb => FioTarget::Rbd {
-                conf: wb.to_path_buf(),
+                conf: self.wb.to_path_buf(),
                 id: id.into(),
                 pool: pool.into(),
                 image: img_rbd.into(),
             },
             Cfg::Wl => FioTarget::Nbd {
-                uri: d
+                uri: self
+                    .d
                     .map(|d| d.uri(&format!("p8-{}", p.name())))
                     .unwrap_or_default(),
             },
         }
-    };
-    let mut one = |round: u32,
-                   phase: Phase,
-                   c: Cfg,
-                   qd: u32,
-                   rep: &mut Report|
-     -> Result<(), String> {
-        n += 1;
+    }
+
+    /// One measured run of `c` at `qd`, printed and kept (with the log's fill for wl).
+    fn one(
+        &mut self,
+        round: u32,
+        phase: Phase,
+        c: Cfg,
+        qd: u32,
+        rep: &mut Report,
+    ) -> Result<(), String> {
+        self.n += 1;
+        let (plan, d, n, total_runs) = (self.plan, self.d, self.n, self.total_runs);
         let wl = (c == Cfg::Wl).then(|| (d.expect("daemon"), phase.cache_id()));
         let before = wl.map(|(d, id)| d.wl(id)).transpose()?;
-        let at = t0.elapsed().as_secs_f64();
-        let (m, samples) = measure(plan, &target(c, phase), qd, plan.ramp(phase), scratch, wl)?;
+        let at = self.t0.elapsed().as_secs_f64();
+        let (m, samples) = measure(
+            plan,
+            &self.target(c, phase),
+            qd,
+            plan.ramp(phase),
+            self.scratch,
+            wl,
+        )?;
         let after = wl.map(|(d, id)| d.wl(id)).transpose()?;
         let waited = |w: &Option<Value>| {
             w.as_ref()
@@ -1046,8 +926,11 @@ fn rounds(
             fill_range,
         });
         Ok(())
-    };
-    let drain = |phase: Phase, why: &str, rep: &mut Report| -> Result<(), String> {
+    }
+
+    /// Writes `phase`'s wl log back (waits until drained), kept as a drain measurement.
+    fn drain(&self, phase: Phase, why: &str, rep: &mut Report) -> Result<(), String> {
+        let d = self.d;
         if let Some(d) = d {
             let (s, bytes) = d.drain(phase.cache_id())?;
             rep.drains
@@ -1056,6 +939,96 @@ fn rounds(
                 "bytes_per_s": if s > 0.0 { bytes as f64 / s } else { 0.0 }}));
         }
         Ok(())
+    }
+
+    /// Phase not-full of `round`: every QD, every configuration (wl drained after each run);
+    /// false when Ctrl-C stopped it.
+    fn not_full(&mut self, round: u32, cfgs: &[Cfg], rep: &mut Report) -> Result<bool, String> {
+        let (plan, phase) = (self.plan, Phase::NotFull);
+        for &qd in &plan.qds {
+            for &c in cfgs {
+                if STOP.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+                self.one(round, phase, c, qd, rep)?;
+                if c == Cfg::Wl {
+                    // Empty again for the next run (and idle while librbd runs).
+                    self.drain(phase, "after a not-full run", rep)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Phase full of `round`; false when Ctrl-C stopped it.
+    fn full(&mut self, round: u32, cfgs: &[Cfg], rep: &mut Report) -> Result<bool, String> {
+        let (plan, d, phase) = (self.plan, self.d, Phase::Full);
+        // librbd's runs while wl is idle (drained), then wl's: its log filled
+        // before each run, drained after the last.
+        let wl_first = round % 2 == 1;
+        let rbd: Vec<Cfg> = cfgs.iter().copied().filter(|c| *c != Cfg::Wl).collect();
+        let mut blocks: Vec<bool> = vec![false, true];
+        if wl_first {
+            blocks.reverse();
+        }
+        for is_wl in blocks {
+            if is_wl && !plan.has(Cfg::Wl) {
+                continue;
+            }
+            for &qd in &plan.qds {
+                if STOP.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+                if is_wl {
+                    let dm = d.expect("daemon");
+                    let f = fill(plan, dm, phase.cache_id(), &format!("p8-{}", phase.name()))?;
+                    println!(
+                        "  fill: log {}% in {:.1} s{}",
+                        f["log_fill_pct"],
+                        f["seconds"].as_f64().unwrap_or(0.0),
+                        if f["reached"] == true {
+                            ""
+                        } else {
+                            " (NOT FULL: no write waited for space)"
+                        }
+                    );
+                    rep.fills.push(json!({"round": round, "qd": qd, "fill": f}));
+                    self.one(round, phase, Cfg::Wl, qd, rep)?;
+                } else {
+                    for &c in &rbd {
+                        self.one(round, phase, c, qd, rep)?;
+                    }
+                }
+            }
+            if is_wl {
+                self.drain(phase, "after the full runs", rep)?;
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rounds(
+    plan: &Plan,
+    scratch: &Path,
+    d: Option<&Daemon>,
+    plain: &Path,
+    wb: &Path,
+    rbd: (&str, &str, &str),
+    rep: &mut Report,
+    t0: Instant,
+) -> Result<(), String> {
+    let mut r = Rounds {
+        plan,
+        scratch,
+        d,
+        plain,
+        wb,
+        rbd,
+        t0,
+        n: 0,
+        total_runs: plan.rounds as usize * plan.phases.len() * plan.qds.len() * plan.cfgs.len(),
     };
     for round in 0..plan.rounds {
         // Every other round runs the configurations in the opposite order.
@@ -1064,69 +1037,12 @@ fn rounds(
             cfgs.reverse();
         }
         for &phase in &plan.phases {
-            match phase {
-                Phase::NotFull => {
-                    for &qd in &plan.qds {
-                        for &c in &cfgs {
-                            if STOP.load(Ordering::Relaxed) {
-                                return Ok(());
-                            }
-                            one(round, phase, c, qd, rep)?;
-                            if c == Cfg::Wl {
-                                // Empty again for the next run (and idle while librbd runs).
-                                drain(phase, "after a not-full run", rep)?;
-                            }
-                        }
-                    }
-                }
-                Phase::Full => {
-                    // librbd's runs while wl is idle (drained), then wl's: its log filled
-                    // before each run, drained after the last.
-                    let wl_first = round % 2 == 1;
-                    let rbd: Vec<Cfg> = cfgs.iter().copied().filter(|c| *c != Cfg::Wl).collect();
-                    let mut blocks: Vec<bool> = vec![false, true];
-                    if wl_first {
-                        blocks.reverse();
-                    }
-                    for is_wl in blocks {
-                        if is_wl && !plan.has(Cfg::Wl) {
-                            continue;
-                        }
-                        for &qd in &plan.qds {
-                            if STOP.load(Ordering::Relaxed) {
-                                return Ok(());
-                            }
-                            if is_wl {
-                                let dm = d.expect("daemon");
-                                let f = fill(
-                                    plan,
-                                    dm,
-                                    phase.cache_id(),
-                                    &format!("p8-{}", phase.name()),
-                                )?;
-                                println!(
-                                    "  fill: log {}% in {:.1} s{}",
-                                    f["log_fill_pct"],
-                                    f["seconds"].as_f64().unwrap_or(0.0),
-                                    if f["reached"] == true {
-                                        ""
-                                    } else {
-                                        " (NOT FULL: no write waited for space)"
-                                    }
-                                );
-                                rep.fills.push(json!({"round": round, "qd": qd, "fill": f}));
-                                one(round, phase, Cfg::Wl, qd, rep)?;
-                            } else {
-                                for &c in &rbd {
-                                    one(round, phase, c, qd, rep)?;
-                                }
-                            }
-                        }
-                        if is_wl {
-                            drain(phase, "after the full runs", rep)?;
-                        }
-                    }
-                }
+            let went_on = match phase {
+                Phase::NotFull => r.not_full(round, &cfgs, rep)?,
+                Phase::Full => r.full(round, &cfgs, rep)?,
+            };
+            if !went_on {
+                return Ok(());
             }
         }
     }
