@@ -475,11 +475,8 @@ fn write_json(args: &Args, f: &Figures, t: &Targets, path: &Path) -> Result<(), 
         "lock_wait": waits.iter().map(|w| serde_json::json!({"queued": w.queued, "wake_up_ns": w.mean_ns, "wake_up_ns_p99": w.p99_ns})).collect::<Vec<_>>(),
         "engine_queues": en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
     });
-    std::fs::write(
-        path,
-        serde_json::to_string_pretty(&j).expect("json") + "\n",
-    )
-    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    std::fs::write(path, serde_json::to_string_pretty(&j).expect("json") + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(())
 }
 
