@@ -270,24 +270,9 @@ fn measure(
 
 /// Prints the figures.
 fn print_figures(args: &Args, f: &Figures) {
-    let Figures {
-        lines,
-        bytes_per_line,
-        timer,
-        read_hit,
-        read_partial,
-        read_scattered,
-        write_hit,
-        write_partial,
-        counters,
-        memcpy_ns,
-        floor,
-        en,
-        waits,
-    } = f;
     println!(
-        "tiercache bench core: {lines} lines of 4 KiB, {} requests per phase",
-        args.ops
+        "tiercache bench core: {} lines of 4 KiB, {} requests per phase",
+        f.lines, args.ops
     );
     println!(
         "  eviction {}, promotion {}, mode wb, cleaning nop",
@@ -299,46 +284,46 @@ fn print_figures(args: &Args, f: &Figures) {
         "request (core decision, ns)", "p50", "p99", "mean"
     );
     for (n, t) in [
-        ("4K read, full hit", &read_hit),
-        ("4K read, full hit, hot keys scattered", &read_scattered),
-        ("4K read, partial hit + backfill", &read_partial),
-        ("4K write hit (wb)", &write_hit),
-        ("4K write, partial line (wb)", &write_partial),
+        ("4K read, full hit", &f.read_hit),
+        ("4K read, full hit, hot keys scattered", &f.read_scattered),
+        ("4K read, partial hit + backfill", &f.read_partial),
+        ("4K write hit (wb)", &f.write_hit),
+        ("4K write, partial line (wb)", &f.write_partial),
     ] {
         println!("  {:<38} {:>9.0} {:>9.0} {:>9.0}", n, t.p50, t.p99, t.mean);
     }
     println!(
         "  {:<38} {:>9.0}",
-        "timer overhead (included above)", timer.p50
+        "timer overhead (included above)", f.timer.p50
     );
-    println!("  {:<38} {:>9.1}", "one 4 KiB memcpy (mean)", memcpy_ns);
+    println!("  {:<38} {:>9.1}", "one 4 KiB memcpy (mean)", f.memcpy_ns);
     println!(
         "  {:<38} {:>9.0} {:>9.0} {:>9.0}",
-        "engine 4K read hit, ram:, QD1", en.hit_p50, en.hit_p99, en.hit_mean
+        "engine 4K read hit, ram:, QD1", f.en.hit_p50, f.en.hit_p99, f.en.hit_mean
     );
     println!(
         "  {:<38} {:>9.0} {:>9.0} {:>9.0}",
-        "engine, Zipf 0.9 keys scattered", en.zipf_p50, en.zipf_p99, en.zipf_mean
+        "engine, Zipf 0.9 keys scattered", f.en.zipf_p50, f.en.zipf_p99, f.en.zipf_mean
     );
     println!();
     println!(
         "  memory (256 MiB, mean): one dependent random read {:.0} ns, one 4 KiB copy from a random place {:.0} ns",
-        floor.load_ns, floor.cold_copy_ns
+        f.floor.load_ns, f.floor.cold_copy_ns
     );
     println!(
         "  so a hit whose slot and line records are not in CPU cache needs >= {:.0} ns (two dependent reads),",
-        2.0 * floor.load_ns
+        2.0 * f.floor.load_ns
     );
     println!(
         "  and an engine hit on data not in CPU cache >= {:.0} ns (the slot's read, then the copy: the engine starts loading the data once the slot names its line)",
-        floor.load_ns + floor.cold_copy_ns
+        f.floor.load_ns + f.floor.cold_copy_ns
     );
     println!();
     println!(
         "  engine ({} lines, ram: cache), 4K read hits by queues (threads, QD1 each):",
-        en.lines
+        f.en.lines
     );
-    for (q, iops) in &en.queues {
+    for (q, iops) in &f.en.queues {
         println!(
             "    {q} queue{}: {:>10.0} IOPS",
             if *q == 1 { " " } else { "s" },
@@ -350,17 +335,17 @@ fn print_figures(args: &Args, f: &Figures) {
         "  lock waits: core work per wake-up (a slow core read completes, its line's waiter starts and hits), ns:"
     );
     println!("    {:>8} {:>9} {:>9}", "queued", "mean", "p99");
-    for w in waits {
+    for w in &f.waits {
         println!("    {:>8} {:>9.0} {:>9.0}", w.queued, w.mean_ns, w.p99_ns);
     }
     println!();
     println!(
         "  metadata RAM: {:.3} bytes per 4 KiB line (allocator-counted, all per-line structures)",
-        bytes_per_line
+        f.bytes_per_line
     );
     println!(
         "  read requests: {} full hits, {} partial hits, {} misses",
-        counters.read.full_hit, counters.read.partial_hit, counters.read.miss
+        f.counters.read.full_hit, f.counters.read.partial_hit, f.counters.read.miss
     );
 }
 
@@ -419,61 +404,39 @@ fn targets(f: &Figures) -> Targets {
 
 /// `--json`: the figures and the targets as one JSON object.
 fn write_json(args: &Args, f: &Figures, t: &Targets, path: &Path) -> Result<(), String> {
-    let Figures {
-        lines,
-        bytes_per_line,
-        timer,
-        read_hit,
-        read_partial,
-        read_scattered,
-        write_hit,
-        write_partial: _,
-        counters,
-        memcpy_ns,
-        floor,
-        en,
-        waits,
-    } = f;
-    let Targets {
-        at_scale,
-        decision_max,
-        p6_core,
-        p6_engine,
-        p7,
-    } = t;
     let j = serde_json::json!({
-        "lines": lines,
+        "lines": f.lines,
         "ops": args.ops,
         "eviction": args.eviction,
         "promotion": args.promotion,
         "targets": {
-            "at_16m_lines": at_scale,
-            "p6_core": {"decision_p50_ns": read_hit.p50, "target_ns": decision_max, "met": p6_core},
-            "p6_engine": {"hit_p50_ns": en.hit_p50, "target_ns": 1000.0, "met": p6_engine},
-            "p7": {"bytes_per_line": bytes_per_line, "target": 20.0, "met": p7},
+            "at_16m_lines": t.at_scale,
+            "p6_core": {"decision_p50_ns": f.read_hit.p50, "target_ns": t.decision_max, "met": t.p6_core},
+            "p6_engine": {"hit_p50_ns": f.en.hit_p50, "target_ns": 1000.0, "met": t.p6_engine},
+            "p7": {"bytes_per_line": f.bytes_per_line, "target": 20.0, "met": t.p7},
         },
-        "read_hit_ns": read_hit.p50,
-        "read_hit_ns_p99": read_hit.p99,
-        "read_hit_scattered_ns": read_scattered.p50,
-        "read_hit_scattered_ns_p99": read_scattered.p99,
-        "read_partial_ns": read_partial.p50,
-        "read_partial_ns_p99": read_partial.p99,
-        "write_hit_ns": write_hit.p50,
-        "write_hit_ns_p99": write_hit.p99,
-        "timer_overhead_ns": timer.p50,
-        "memcpy_4k_ns": memcpy_ns,
-        "mem_dependent_read_ns": floor.load_ns,
-        "mem_cold_copy_4k_ns": floor.cold_copy_ns,
-        "ram_bytes_per_line": bytes_per_line,
-        "read_full_hits": counters.read.full_hit,
-        "read_partial_hits": counters.read.partial_hit,
-        "engine_lines": en.lines,
-        "engine_ram_hit_ns": en.hit_p50,
-        "engine_ram_hit_ns_p99": en.hit_p99,
-        "engine_ram_hit_zipf_ns": en.zipf_p50,
-        "engine_ram_hit_zipf_ns_p99": en.zipf_p99,
-        "lock_wait": waits.iter().map(|w| serde_json::json!({"queued": w.queued, "wake_up_ns": w.mean_ns, "wake_up_ns_p99": w.p99_ns})).collect::<Vec<_>>(),
-        "engine_queues": en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
+        "read_hit_ns": f.read_hit.p50,
+        "read_hit_ns_p99": f.read_hit.p99,
+        "read_hit_scattered_ns": f.read_scattered.p50,
+        "read_hit_scattered_ns_p99": f.read_scattered.p99,
+        "read_partial_ns": f.read_partial.p50,
+        "read_partial_ns_p99": f.read_partial.p99,
+        "write_hit_ns": f.write_hit.p50,
+        "write_hit_ns_p99": f.write_hit.p99,
+        "timer_overhead_ns": f.timer.p50,
+        "memcpy_4k_ns": f.memcpy_ns,
+        "mem_dependent_read_ns": f.floor.load_ns,
+        "mem_cold_copy_4k_ns": f.floor.cold_copy_ns,
+        "ram_bytes_per_line": f.bytes_per_line,
+        "read_full_hits": f.counters.read.full_hit,
+        "read_partial_hits": f.counters.read.partial_hit,
+        "engine_lines": f.en.lines,
+        "engine_ram_hit_ns": f.en.hit_p50,
+        "engine_ram_hit_ns_p99": f.en.hit_p99,
+        "engine_ram_hit_zipf_ns": f.en.zipf_p50,
+        "engine_ram_hit_zipf_ns_p99": f.en.zipf_p99,
+        "lock_wait": f.waits.iter().map(|w| serde_json::json!({"queued": w.queued, "wake_up_ns": w.mean_ns, "wake_up_ns_p99": w.p99_ns})).collect::<Vec<_>>(),
+        "engine_queues": f.en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
     });
     std::fs::write(path, serde_json::to_string_pretty(&j).expect("json") + "\n")
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

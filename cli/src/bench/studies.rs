@@ -238,25 +238,33 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
     let mut doc = json!({"cache_bytes": plan.cache_bytes, "cache_data_bytes": data,
         "preset": plan.preset});
     let stopped = || ui.stop.load(Ordering::Relaxed);
-    p4_stream(plan, rig, ui, data, &mut doc, &mut text)?;
+    let s = Study {
+        plan,
+        rig,
+        ui,
+        data,
+    };
+    p4_stream(&s, &mut doc, &mut text)?;
     if stopped() {
         return Ok((doc, text));
     }
-    p4_dirty_read(plan, rig, ui, data, &mut doc, &mut text)?;
-    p5_dirty_full(plan, rig, ui, data, &mut doc, &mut text)?;
+    p4_dirty_read(&s, &mut doc, &mut text)?;
+    p5_dirty_full(&s, &mut doc, &mut text)?;
     Ok((doc, text))
+}
+
+/// What every study reads: the plan, the rig, the UI, the bytes of cache data.
+struct Study<'a> {
+    plan: &'a Plan,
+    rig: &'a Rig,
+    ui: &'a Ui<'a>,
+    data: u64,
 }
 
 /// P4: a 512K stream of 4x the cache beside a Zipf reader (the reader's hit ratio, the
 /// stream's bandwidth).
-fn p4_stream(
-    plan: &Plan,
-    rig: &Rig,
-    ui: &Ui,
-    data: u64,
-    doc: &mut Value,
-    text: &mut String,
-) -> Result<(), String> {
+fn p4_stream(s: &Study, doc: &mut Value, text: &mut String) -> Result<(), String> {
+    let (plan, rig, ui, data) = (s.plan, s.rig, s.ui, s.data);
     let stopped = || ui.stop.load(Ordering::Relaxed);
     rig.reg.io_class_load(
         1,
@@ -341,14 +349,8 @@ fn p4_stream(
 }
 
 /// P4: a 512K sequential read over a 50%-dirty range, against the bare core.
-fn p4_dirty_read(
-    plan: &Plan,
-    rig: &Rig,
-    ui: &Ui,
-    data: u64,
-    doc: &mut Value,
-    text: &mut String,
-) -> Result<(), String> {
+fn p4_dirty_read(s: &Study, doc: &mut Value, text: &mut String) -> Result<(), String> {
+    let (plan, rig, ui, data) = (s.plan, s.rig, s.ui, s.data);
     rig.param("cleaning", &[("policy", "nop")])?;
     let range_off = plan.cache_bytes * 12;
     let range = data / 2;
@@ -375,11 +377,6 @@ fn p4_dirty_read(
     let sb = job(rig, ui, "P4 50%-dirty seq read (bare)", "baseline", &seq)?;
     let sc = job(rig, ui, "P4 50%-dirty seq read (cached)", "cached", &seq)?;
     let r50 = sc.bw_mbps / sb.bw_mbps.max(1e-9);
-    doc["seq_read_50pct_dirty"] = json!({
-        "range_bytes": range, "dirty_pct_of_cache": dirty_now,
-        "mbps_bare": sb.bw_mbps, "mbps_cached": sc.bw_mbps, "ratio": r50,
-        "target": ">= 0.8x uncached", "met": r50 >= 0.8,
-    });
     *text += &format!(
         "{} P4 512K sequential read over a 50%-dirty {} MiB range: {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.8x)\n",
         verdict(r50 >= 0.8),
@@ -389,19 +386,18 @@ fn p4_dirty_read(
         r50
     );
     println!("  {}", text.lines().last().unwrap_or(""));
+    doc["seq_read_50pct_dirty"] = json!({
+        "range_bytes": range, "dirty_pct_of_cache": dirty_now,
+        "mbps_bare": sb.bw_mbps, "mbps_cached": sc.bw_mbps, "ratio": r50,
+        "target": ">= 0.8x uncached", "met": r50 >= 0.8,
+    });
 
     Ok(())
 }
 
 /// P5: dirty-full 4K random writes at QD 1 to 64, against the bare core.
-fn p5_dirty_full(
-    plan: &Plan,
-    rig: &Rig,
-    ui: &Ui,
-    data: u64,
-    doc: &mut Value,
-    text: &mut String,
-) -> Result<(), String> {
+fn p5_dirty_full(s: &Study, doc: &mut Value, text: &mut String) -> Result<(), String> {
+    let (plan, rig, ui, data) = (s.plan, s.rig, s.ui, s.data);
     let stopped = || ui.stop.load(Ordering::Relaxed);
     let mut rows = Vec::new();
     let p5_ws = plan.cache_bytes * 2;

@@ -1,73 +1,14 @@
 //! One fio run of `bench peers`: its job, fio's command line (pinned to the client CPU), the
 //! servers' CPU per IO over a window inside the measured part, and the line it prints.
 
-use super::Plan;
+use super::{Job, Lat, Plan, Run, Target};
 use crate::bench::kit::fio::{FioNumbers, PERCENTILES, fio_json, parse_fio};
 use crate::bench::kit::procs::{STOP, alive, proc_cpu_secs};
 use crate::bench::kit::report::Bar;
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-pub(super) enum Target {
-    Nbd(String),
-    File(PathBuf, u64),
-}
-
-pub(super) struct Job {
-    pub(super) target: Target,
-    pub(super) rw: &'static str,
-    pub(super) mix: Option<u32>,
-    pub(super) zipf: Option<f64>,
-    pub(super) size: u64,
-    pub(super) qd: u32,
-    pub(super) jobs: u32,
-    pub(super) runtime_ms: u64,
-    pub(super) ramp_ms: u64,
-}
-
-/// Latency percentiles of one direction (µs).
-#[derive(Clone, Debug, Default)]
-pub(super) struct Lat {
-    pub(super) p50: f64,
-    pub(super) p99: f64,
-    pub(super) p999: f64,
-    pub(super) mean: f64,
-}
-
-/// One measured run.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Run {
-    pub(super) part: &'static str,
-    pub(super) phase: &'static str,
-    pub(super) config: String,
-    pub(super) round: u32,
-    pub(super) conns: u32,
-    pub(super) iops: f64,
-    pub(super) read_iops: f64,
-    pub(super) write_iops: f64,
-    pub(super) read_ios: u64,
-    pub(super) write_ios: u64,
-    pub(super) lat_p50_us: f64,
-    pub(super) lat_p99_us: f64,
-    pub(super) lat_p999_us: f64,
-    pub(super) lat_mean_us: f64,
-    pub(super) read_lat: Option<Lat>,
-    pub(super) write_lat: Option<Lat>,
-    pub(super) fio_usr_pct: f64,
-    pub(super) fio_sys_pct: f64,
-    pub(super) fio_cpu_us_per_io: f64,
-    pub(super) server_cpu_util: Option<f64>,
-    pub(super) server_cpu_us_per_io: Option<f64>,
-    pub(super) read_hit_ratio: Option<f64>,
-    pub(super) hit_ratio: Option<f64>,
-    pub(super) hit_source: &'static str,
-    pub(super) core_reads: Option<u64>,
-    pub(super) core_writes: Option<u64>,
-    pub(super) cut_short: bool,
-}
 
 impl Run {
     pub(super) fn to_json(&self) -> Value {

@@ -33,7 +33,7 @@ use super::kit::fio::{fio_version, warm_own};
 use super::kit::host::tool_version;
 use super::kit::procs::{Procs, STOP, deleted_file_bytes, install_sigint, opened_direct};
 use super::kit::report::{Bar, report_header, write_results};
-use measure::{Job, Run, Target, measure, print_run};
+use measure::{measure, print_run};
 use serde_json::{Value, json};
 use std::io::{IsTerminal, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -316,6 +316,67 @@ fn copy_to_nbd(src: &Path, uri: &str) -> Result<(), String> {
     c.flush().map_err(|e| e.to_string())?;
     c.close();
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// fio runs (measured in `measure`).
+
+enum Target {
+    Nbd(String),
+    File(PathBuf, u64),
+}
+
+struct Job {
+    target: Target,
+    rw: &'static str,
+    mix: Option<u32>,
+    zipf: Option<f64>,
+    size: u64,
+    qd: u32,
+    jobs: u32,
+    runtime_ms: u64,
+    ramp_ms: u64,
+}
+
+/// Latency percentiles of one direction (µs).
+#[derive(Clone, Debug, Default)]
+struct Lat {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    mean: f64,
+}
+
+/// One measured run.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    part: &'static str,
+    phase: &'static str,
+    config: String,
+    round: u32,
+    conns: u32,
+    iops: f64,
+    read_iops: f64,
+    write_iops: f64,
+    read_ios: u64,
+    write_ios: u64,
+    lat_p50_us: f64,
+    lat_p99_us: f64,
+    lat_p999_us: f64,
+    lat_mean_us: f64,
+    read_lat: Option<Lat>,
+    write_lat: Option<Lat>,
+    fio_usr_pct: f64,
+    fio_sys_pct: f64,
+    fio_cpu_us_per_io: f64,
+    server_cpu_util: Option<f64>,
+    server_cpu_us_per_io: Option<f64>,
+    read_hit_ratio: Option<f64>,
+    hit_ratio: Option<f64>,
+    hit_source: &'static str,
+    core_reads: Option<u64>,
+    core_writes: Option<u64>,
+    cut_short: bool,
 }
 
 // ---------------------------------------------------------------------------------------------

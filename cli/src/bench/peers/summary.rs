@@ -106,6 +106,14 @@ fn header(t: &mut String) {
     );
 }
 
+/// What each part's summary reads.
+struct Sums<'a> {
+    plan: &'a Plan,
+    rep: &'a Report,
+    /// The note a --quick run's headings end with.
+    q: &'a str,
+}
+
 /// The printed tables and the JSON summary (with the targets met or not).
 pub(super) fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
     let mut t = String::new();
@@ -116,13 +124,14 @@ pub(super) fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
     } else {
         ""
     };
-    if let Some(v) = p1_summary(plan, rep, q, &mut t, &mut targets) {
+    let s = Sums { plan, rep, q };
+    if let Some(v) = p1_summary(&s, &mut t, &mut targets) {
         out["p1"] = v;
     }
-    if let Some(v) = conns_summary(plan, rep, q, &mut t) {
+    if let Some(v) = conns_summary(&s, &mut t) {
         out["connections"] = v;
     }
-    if let Some(v) = p2_summary(plan, rep, q, &mut t, &mut targets) {
+    if let Some(v) = p2_summary(&s, &mut t, &mut targets) {
         out["p2"] = v;
     }
     let _ = writeln!(
@@ -143,13 +152,8 @@ pub(super) fn summarize(plan: &Plan, rep: &Report) -> (String, Value) {
 
 /// P1: the table of its configurations and the ram and file targets (into `t` and
 /// `targets`); its JSON, None when P1 did not run.
-fn p1_summary(
-    plan: &Plan,
-    rep: &Report,
-    q: &str,
-    t: &mut String,
-    targets: &mut Vec<Value>,
-) -> Option<Value> {
+fn p1_summary(s: &Sums, t: &mut String, targets: &mut Vec<Value>) -> Option<Value> {
+    let (plan, rep, q) = (s.plan, s.rep, s.q);
     if !(rep.runs.iter().any(|r| r.part == "P1")) {
         return None;
     }
@@ -274,7 +278,8 @@ fn p1_summary(
 }
 
 /// The connection sweep: its table (into `t`); its JSON, None when it did not run.
-fn conns_summary(plan: &Plan, rep: &Report, q: &str, t: &mut String) -> Option<Value> {
+fn conns_summary(s: &Sums, t: &mut String) -> Option<Value> {
+    let (plan, rep, q) = (s.plan, s.rep, s.q);
     if !(rep.runs.iter().any(|r| r.part == "conns")) {
         return None;
     }
@@ -337,13 +342,8 @@ fn conns_summary(plan: &Plan, rep: &Report, q: &str, t: &mut String) -> Option<V
 
 /// P2: the table of tiercache and nbdkit's cache filter and the target (into `t` and
 /// `targets`); its JSON, None when P2 did not run.
-fn p2_summary(
-    plan: &Plan,
-    rep: &Report,
-    q: &str,
-    t: &mut String,
-    targets: &mut Vec<Value>,
-) -> Option<Value> {
+fn p2_summary(s: &Sums, t: &mut String, targets: &mut Vec<Value>) -> Option<Value> {
+    let (plan, rep, q) = (s.plan, s.rep, s.q);
     if !(rep.runs.iter().any(|r| r.part == "P2")) {
         return None;
     }
