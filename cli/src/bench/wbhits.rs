@@ -12,14 +12,14 @@
 //! measurement ends, or the row says so. Nothing is asserted (a benchmark, not a test).
 
 use super::kit::daemon::Daemon;
-use super::kit::fio::{PERCENTILES, fio_json, fio_version, parse_fio};
+use super::kit::fio::{fio_json, fio_version, json_with_percentiles, parse_fio};
 use super::kit::host::host;
 use super::kit::procs::{Procs, install_sigint};
 use super::kit::report::{Bar, git_commit};
 use serde_json::{Value, json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tiercache_daemon::admin::Request;
 
@@ -90,11 +90,8 @@ fn fio(
         .arg(format!("--bs={bs}"))
         .arg(format!("--iodepth={qd}"))
         .arg(format!("--offset={offset}"))
-        .arg(format!("--size={size}"))
-        .arg(format!("--percentile_list={PERCENTILES}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg(format!("--size={size}"));
+    json_with_percentiles(&mut cmd);
     let total = match (runtime, number_ios) {
         (Some(t), _) => {
             cmd.arg("--time_based")

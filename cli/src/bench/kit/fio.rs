@@ -30,6 +30,15 @@ pub(crate) const STUCK: &str = "IO does not complete";
 
 pub(crate) const PERCENTILES: &str = "1:5:10:20:30:40:50:60:70:80:90:95:99:99.5:99.9:99.95:99.99";
 
+/// What [`fio_json`] wants of a fio command: JSON on stdout with the percentiles the reports
+/// read ([`PERCENTILES`]), stdout and stderr piped.
+pub(crate) fn json_with_percentiles(cmd: &mut Command) -> &mut Command {
+    cmd.arg(format!("--percentile_list={PERCENTILES}"))
+        .arg("--output-format=json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+}
+
 /// Runs fio against `uri`; returns its JSON.
 pub(crate) fn run_fio(
     target: &FioTarget,
@@ -50,11 +59,8 @@ pub(crate) fn run_fio(
         .arg(format!("--runtime={runtime}"))
         .arg("--ramp_time=1")
         .arg("--randrepeat=0")
-        .arg("--norandommap")
-        .arg(format!("--percentile_list={PERCENTILES}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg("--norandommap");
+    json_with_percentiles(&mut cmd);
     if let Some(m) = w.mix {
         cmd.arg(format!("--rwmixread={m}"));
     }

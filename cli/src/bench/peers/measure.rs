@@ -2,11 +2,11 @@
 //! servers' CPU per IO over a window inside the measured part, and the line it prints.
 
 use super::{Job, Lat, Plan, Run, Target};
-use crate::bench::kit::fio::{FioNumbers, PERCENTILES, fio_json, parse_fio};
+use crate::bench::kit::fio::{FioNumbers, fio_json, json_with_percentiles, parse_fio};
 use crate::bench::kit::procs::{STOP, alive, proc_cpu_secs};
 use crate::bench::kit::report::Bar;
 use serde_json::{Value, json};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -63,11 +63,8 @@ pub(super) fn fio_cmd(plan: &Plan, j: &Job) -> Command {
         .arg("--time_based")
         .arg(format!("--runtime={}ms", j.runtime_ms))
         .arg("--randrepeat=0")
-        .arg("--norandommap")
-        .arg(format!("--percentile_list={PERCENTILES}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg("--norandommap");
+    json_with_percentiles(&mut c);
     if j.ramp_ms > 0 {
         c.arg(format!("--ramp_time={}ms", j.ramp_ms));
     }

@@ -318,20 +318,14 @@ fn plots(r: &ReportInfo) -> Plots {
     let series = |f: &dyn Fn(&RunResult) -> f64| -> Vec<(&str, Vec<f64>)> {
         configs.iter().map(|c| (*c, val(c, f))).collect()
     };
-    let iops = svg::bars(
-        "IOPS per workload (log scale)",
-        "IOPS",
-        &cats,
-        &series(&|r| r.iops),
-        true,
-    );
-    let p99 = svg::bars(
-        "p99 latency per workload (log scale)",
-        "µs",
-        &cats,
-        &series(&|r| r.lat_p99_us),
-        true,
-    );
+    // Bars per workload and configuration, on a log scale.
+    let bars = |title: &str, unit: &str, f: &dyn Fn(&RunResult) -> f64| {
+        svg::bars(title, unit, &cats, &series(f), true)
+    };
+    let iops = bars("IOPS per workload (log scale)", "IOPS", &|r| r.iops);
+    let p99 = bars("p99 latency per workload (log scale)", "µs", &|r| {
+        r.lat_p99_us
+    });
     let rw = results
         .iter()
         .find(|r| r.workload == "randwrite-4k" && r.config == "cached");
