@@ -17,12 +17,13 @@
 //! The report ends with the simulator's prediction of the same runs, calibrated from them
 //! (`bench_osd_predict.rs`, docs/CEPH.md "The simulator beside it").
 
+use crate::bench::kit::fio::{Workload, fio_version, parse_fio, run_fio, run_fio_size};
+use crate::bench::kit::host::host;
+use crate::bench::kit::procs::{Procs, STOP, install_sigint};
+use crate::bench::kit::report::{Bar, close_run, git_commit, open_report};
+use crate::bench::kit::stats::pct;
+use crate::bench::run::{Args, MATRIX, hits_dirty, seq_cutoff};
 use crate::bench_ceph::{Cluster, FioTarget};
-use crate::bench_peers::Procs;
-use crate::bench_run::{
-    Args, Bar, MATRIX, STOP, Workload, close_run, fio_version, git_commit, hits_dirty, host,
-    install_sigint, open_report, parse_fio, pct, run_fio, run_fio_size, seq_cutoff,
-};
 use serde_json::{Value, json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

@@ -402,7 +402,16 @@ pub fn check(a: CheckArgs) -> i32 {
 
 /// Checks `dev`, saying what it finds in `r`; an error when it cannot go on.
 fn check_device(dev: &Dev, rep: &mut Report) -> Result<(), String> {
-    // Superblock copies and their tables.
+    let sb = check_superblocks(dev, rep)?;
+    check_journal(dev, &sb, rep)?;
+    check_checkpoint(dev, &sb, rep)?;
+    check_load(dev, &sb, rep);
+    Ok(())
+}
+
+/// Both superblock copies and their tables, said in `rep`; the copy in force (the newest
+/// good one). An error when neither is usable.
+fn check_superblocks(dev: &Dev, rep: &mut Report) -> Result<Superblock, String> {
     let mut best: Option<(Superblock, usize)> = None;
     let mut copies = Vec::new();
     for (i, &off) in SUPERBLOCK_OFFSETS.iter().enumerate() {
@@ -464,8 +473,11 @@ fn check_device(dev: &Dev, rep: &mut Report) -> Result<(), String> {
         "in_force",
         json!({"copy": name, "generation": sb.generation}),
     );
+    Ok(sb)
+}
 
-    // Journal: both copies of every record.
+/// The journal: both copies of every record, said in `rep`.
+fn check_journal(dev: &Dev, sb: &Superblock, rep: &mut Report) -> Result<(), String> {
     let j = sb.layout.journal;
     let mut jb = vec![0u8; j.bytes as usize];
     dev.read(j.offset, &mut jb)?;
@@ -507,8 +519,11 @@ fn check_device(dev: &Dev, rep: &mut Report) -> Result<(), String> {
     if one_copy > 0 || bad_frames > 0 {
         rep.notes += 1;
     }
+    Ok(())
+}
 
-    // Checkpoint chunks.
+/// The checkpoint's chunks, said in `rep`.
+fn check_checkpoint(dev: &Dev, sb: &Superblock, rep: &mut Report) -> Result<(), String> {
     if sb.has_checkpoint {
         let region = sb.layout.checkpoint[sb.checkpoint as usize];
         let lpc = lines_per_chunk(sb.line_size);
@@ -552,8 +567,11 @@ fn check_device(dev: &Dev, rep: &mut Report) -> Result<(), String> {
         rep.say("  checkpoint: none yet (a new cache: the journal holds everything)".into());
         rep.set("checkpoint", Value::Null);
     }
+    Ok(())
+}
 
-    // Cross-references: what a load checks.
+/// The cross-references a load checks, and the write log, said in `rep`.
+fn check_load(dev: &Dev, sb: &Superblock, rep: &mut Report) {
     let loaded = load(dev);
     match loaded.as_ref().map(|(l, _)| l) {
         Ok(l) => {
@@ -601,5 +619,4 @@ fn check_device(dev: &Dev, rep: &mut Report) -> Result<(), String> {
             }
         }
     }
-    Ok(())
 }

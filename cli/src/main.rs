@@ -6,17 +6,9 @@
 
 mod admin_cmds;
 mod alloc_count;
+mod bench;
 mod bench_ceph;
-mod bench_core;
-mod bench_engine;
-mod bench_load;
 mod bench_osd;
-mod bench_peers;
-mod bench_run;
-mod bench_studies;
-mod bench_waiters;
-mod bench_wbhits;
-mod bench_wl;
 mod choices;
 mod inspect;
 mod params;
@@ -52,7 +44,7 @@ enum Cmd {
         #[command(subcommand)]
         what: Option<BenchCmd>,
         #[command(flatten)]
-        args: bench_run::Args,
+        args: bench::run::Args,
     },
     /// Simulate a scenario: the real cache core against modelled devices and clients;
     /// `sim mrc` draws a trace's miss-ratio curve, `sim devices` lists a trace's devices.
@@ -119,19 +111,19 @@ enum SimCmd {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Cache-core micro-benchmark: decision time per hit and metadata RAM per line.
-    Core(bench_core::Args),
+    Core(bench::core::Args),
     /// Load and recovery time of a persistent cache with a cold page cache.
-    Load(bench_load::Args),
+    Load(bench::load::Args),
     /// 4K random reads and a 70/30 mix against the peers (nbdkit memory, nbdkit's cache
     /// filter, fio on the cache device), servers and fio pinned apart, median of alternating
     /// rounds.
-    Peers(Box<bench_peers::Args>),
+    Peers(Box<bench::peers::Args>),
     /// Mode wl in front of a Ceph RBD image vs plain librbd and librbd's writeback cache (fio
     /// 4K randwrite, QD 1-64, cache not full and full); starts its own cluster.
-    Wl(Box<bench_wl::Args>),
+    Wl(Box<bench::wl::Args>),
     /// Cache hits while writeback runs to an emulated HDD (4K random and 256K sequential,
     /// idle vs during a writeback), on the reactor and the threaded NBD paths.
-    WbHits(bench_wbhits::Args),
+    WbHits(bench::wbhits::Args),
 }
 
 /// A command-line error as one line on stderr (clap's message without its usage block, which
@@ -207,24 +199,24 @@ fn main() {
         Cmd::Bench {
             what: Some(BenchCmd::Core(args)),
             ..
-        } => bench_core::run(args),
+        } => bench::core::run(args),
         Cmd::Bench {
             what: Some(BenchCmd::Load(args)),
             ..
-        } => bench_load::run(args),
+        } => bench::load::run(args),
         Cmd::Bench {
             what: Some(BenchCmd::Peers(args)),
             ..
-        } => bench_peers::run(*args),
+        } => bench::peers::run(*args),
         Cmd::Bench {
             what: Some(BenchCmd::Wl(args)),
             ..
-        } => bench_wl::run(*args),
+        } => bench::wl::run(*args),
         Cmd::Bench {
             what: Some(BenchCmd::WbHits(args)),
             ..
-        } => bench_wbhits::run(args),
-        Cmd::Bench { what: None, args } => bench_run::run(args),
+        } => bench::wbhits::run(args),
+        Cmd::Bench { what: None, args } => bench::run::run(args),
         Cmd::Sim {
             what: Some(SimCmd::Mrc(args)),
             ..

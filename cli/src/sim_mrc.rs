@@ -274,21 +274,7 @@ pub fn run(args: Args) -> Result<(), String> {
         ));
     }
     let fp_bytes = fp.lines * lb;
-    let mut lines: Vec<u64> = match &args.sizes {
-        Some(list) => parse_sizes(list, fp_bytes)?
-            .iter()
-            .map(|b| b / lb)
-            .collect(),
-        None => default_lines(fp.lines),
-    };
-    let floor = if method == Method::Core { MIN_LINES } else { 1 };
-    let raised = lines.iter().filter(|&&l| l < floor).count();
-    lines.iter_mut().for_each(|l| *l = (*l).max(floor));
-    lines.sort_unstable();
-    lines.dedup();
-    if lines.is_empty() {
-        return Err("--sizes: no sizes given".into());
-    }
+    let (lines, raised, floor) = sizes(&args, &fp, lb, method)?;
     print_mix(&fp, lb);
     if raised > 0 {
         println!("  {raised} sizes below {floor} lines raised to {floor} lines");
@@ -365,70 +351,110 @@ pub fn run(args: Args) -> Result<(), String> {
         write(path, serde_json::to_string_pretty(&v).expect("json") + "\n")?;
     }
     if let Some(path) = &args.csv {
-        let mut o = String::from(
-            "bytes,lines,footprint_pct,miss_ratio,read_miss_ratio,write_miss_ratio,partial_hits,core_read_bytes,core_write_bytes,writeback_bytes\n",
-        );
-        for p in &points {
-            let _ = writeln!(
-                o,
-                "{},{},{:.3},{:.6},{:.6},{:.6},{},{},{},{}",
-                p.bytes,
-                p.lines,
-                100.0 * p.bytes as f64 / fp_bytes as f64,
-                p.miss_ratio(),
-                p.read_miss_ratio(),
-                p.write_miss_ratio(),
-                p.partial_hits,
-                p.core_read_bytes,
-                p.core_write_bytes,
-                p.writeback_bytes
-            );
-        }
-        write(path, o)?;
+        write_csv(path, &points, fp_bytes)?;
     }
     if let Some(path) = &args.svg {
-        let mib = |p: &Point| p.bytes as f64 / (1u64 << 20) as f64;
-        let series: Vec<(&str, Vec<(f64, f64)>)> = vec![
-            (
-                "miss ratio",
-                points.iter().map(|p| (mib(p), p.miss_ratio())).collect(),
-            ),
-            (
-                "reads",
-                points
-                    .iter()
-                    .map(|p| (mib(p), p.read_miss_ratio()))
-                    .collect(),
-            ),
-            (
-                "writes",
-                points
-                    .iter()
-                    .map(|p| (mib(p), p.write_miss_ratio()))
-                    .collect(),
-            ),
-        ];
-        let label = k.map(|i| format!("knee {}", human(points[i].bytes)));
-        let marks: Vec<(f64, f64, &str)> = k
-            .iter()
-            .zip(&label)
-            .map(|(&i, l)| (mib(&points[i]), points[i].miss_ratio(), l.as_str()))
-            .collect();
-        let title = format!(
-            "miss ratio by cache size: {name} ({})",
-            method.describe(args.sample)
-        );
-        let svg = crate::svg::lines_marked(
-            &title,
-            "cache size, MiB",
-            "miss ratio",
-            &series,
-            true,
-            &marks,
-        );
-        write(path, svg)?;
+        write_svg(path, &points, k, name, &method.describe(args.sample))?;
     }
     Ok(())
+}
+
+/// The cache sizes to run, in lines (`--sizes`, else [`default_lines`]), sorted, each at
+/// least the method's floor: (sizes, how many were raised to it, the floor).
+fn sizes(
+    args: &Args,
+    fp: &Footprint,
+    lb: u64,
+    method: Method,
+) -> Result<(Vec<u64>, usize, u64), String> {
+    let fp_bytes = fp.lines * lb;
+    let mut lines: Vec<u64> = match &args.sizes {
+        Some(list) => parse_sizes(list, fp_bytes)?
+            .iter()
+            .map(|b| b / lb)
+            .collect(),
+        None => default_lines(fp.lines),
+    };
+    let floor = if method == Method::Core { MIN_LINES } else { 1 };
+    let raised = lines.iter().filter(|&&l| l < floor).count();
+    lines.iter_mut().for_each(|l| *l = (*l).max(floor));
+    lines.sort_unstable();
+    lines.dedup();
+    if lines.is_empty() {
+        return Err("--sizes: no sizes given".into());
+    }
+    Ok((lines, raised, floor))
+}
+
+/// `--csv`: one row per size.
+fn write_csv(path: &str, points: &[Point], fp_bytes: u64) -> Result<(), String> {
+    let mut o = String::from(
+        "bytes,lines,footprint_pct,miss_ratio,read_miss_ratio,write_miss_ratio,partial_hits,core_read_bytes,core_write_bytes,writeback_bytes\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            o,
+            "{},{},{:.3},{:.6},{:.6},{:.6},{},{},{},{}",
+            p.bytes,
+            p.lines,
+            100.0 * p.bytes as f64 / fp_bytes as f64,
+            p.miss_ratio(),
+            p.read_miss_ratio(),
+            p.write_miss_ratio(),
+            p.partial_hits,
+            p.core_read_bytes,
+            p.core_write_bytes,
+            p.writeback_bytes
+        );
+    }
+    write(path, o)
+}
+
+/// `--svg`: the curves (all, reads, writes) with the knee marked.
+fn write_svg(
+    path: &str,
+    points: &[Point],
+    k: Option<usize>,
+    name: &str,
+    method: &str,
+) -> Result<(), String> {
+    let mib = |p: &Point| p.bytes as f64 / (1u64 << 20) as f64;
+    let series: Vec<(&str, Vec<(f64, f64)>)> = vec![
+        (
+            "miss ratio",
+            points.iter().map(|p| (mib(p), p.miss_ratio())).collect(),
+        ),
+        (
+            "reads",
+            points
+                .iter()
+                .map(|p| (mib(p), p.read_miss_ratio()))
+                .collect(),
+        ),
+        (
+            "writes",
+            points
+                .iter()
+                .map(|p| (mib(p), p.write_miss_ratio()))
+                .collect(),
+        ),
+    ];
+    let label = k.map(|i| format!("knee {}", human(points[i].bytes)));
+    let marks: Vec<(f64, f64, &str)> = k
+        .iter()
+        .zip(&label)
+        .map(|(&i, l)| (mib(&points[i]), points[i].miss_ratio(), l.as_str()))
+        .collect();
+    let title = format!("miss ratio by cache size: {name} ({})", method);
+    let svg = crate::svg::lines_marked(
+        &title,
+        "cache size, MiB",
+        "miss ratio",
+        &series,
+        true,
+        &marks,
+    );
+    write(path, svg)
 }
 
 fn write(path: &str, text: String) -> Result<(), String> {

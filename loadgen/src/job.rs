@@ -13,7 +13,7 @@ use crate::conn::{
     CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, Connection, SIMPLE_REPLY_MAGIC, encode_request,
     flags,
 };
-use crate::hist::{CdfPoint, Histogram, LatencyStats};
+use crate::hist::{self, CdfPoint, Histogram, LatencyStats};
 use crate::pattern::{self, Rng, Zipf};
 use crate::{Error, Target, errno_name};
 
@@ -1278,11 +1278,11 @@ fn merge(
         write_iops: per_s(writes),
         bw_mbps: per_s(br + bw) / 1e6,
         bw_mibps: per_s(br + bw) / (1024.0 * 1024.0),
-        lat: all.stats(),
-        read_lat: read.stats(),
-        write_lat: write.stats(),
-        flush_lat: flush.stats(),
-        lat_cdf: all.cdf(200),
+        lat: hist::summary(&all),
+        read_lat: hist::summary(&read),
+        write_lat: hist::summary(&write),
+        flush_lat: hist::summary(&flush),
+        lat_cdf: hist::cdf(&all, 200),
         samples,
         worst_sample,
         errors: re + we + fe,

@@ -9,7 +9,8 @@
 //! Every connection is one thread driving a non-blocking socket with `poll`: it keeps
 //! `queue_depth` requests in flight (batched into one `sendmsg`), reads replies as they come
 //! and matches them by handle, so a 2-core machine spends few cycles and context switches per
-//! IO. Latency is submit → reply, recorded in a log-linear [`Histogram`] (≤ 0.4% error);
+//! IO. Latency is submit → reply, recorded in a log-linear [`Histogram`] (tiercache-stats':
+//! nearest-rank percentiles, never below the exact value and at most 1/128 above it);
 //! the [`RunResult`] carries IOPS, MB/s, latency percentiles, a CDF, a per-interval time
 //! series (to find the worst 1-second bucket), error counts and verification results, and
 //! serializes to JSON.

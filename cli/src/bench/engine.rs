@@ -7,7 +7,7 @@
 //! distribution of the core's own figures) whose ranks are scattered over the cache, so that
 //! hot keys are not also neighbours.
 
-use crate::bench_core::{Timings, scatter, summarize};
+use super::core::{Timings, scatter, summarize};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_core::Config;

@@ -39,19 +39,24 @@
 //! this process dies (the script's `--watch-pid`); or `--ceph-conf FILE` for an existing one,
 //! where this command creates its images in `--pool` and removes them at the end.
 
+use super::kit::fill_file;
+use super::kit::fio::fio_version;
+use super::kit::procs::{STOP, install_sigint, proc_cpu_secs};
+use super::kit::report::{report_header, write_results};
 use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
-use crate::bench_run::{STOP, fio_version, git_commit, host, install_sigint};
 use serde_json::{Value, json};
-use std::fmt::Write as _;
-use std::io::Write as _;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tiercache_daemon::admin::{Request, call};
+use tiercache_daemon::admin::Request;
 use tiercache_daemon::device::parse_size;
 use tiercache_daemon::registry::WL_WRITEBACK;
+
+mod daemon;
+mod summary;
+use daemon::Daemon;
+use summary::summarize;
 
 /// Arguments of `tiercache bench wl`.
 #[derive(clap::Args)]
@@ -202,6 +207,78 @@ fn list<T: Copy>(s: &str, what: &str, all: &[(&str, T)]) -> Result<Vec<T>, Strin
 
 /// Runs `tiercache bench wl`.
 pub fn run(a: Args) -> Result<(), String> {
+    let (plan, cpus) = plan_of(&a)?;
+    let fio = check_tools(&plan)?;
+    if let Some(d) = &a.out {
+        std::fs::create_dir_all(d).map_err(|e| format!("--out {}: {e}", d.display()))?;
+    }
+    let scratch = a
+        .scratch
+        .clone()
+        .unwrap_or_else(std::env::temp_dir)
+        .join(format!("tiercache-bench-wl-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    install_sigint();
+    let t0 = Instant::now();
+    let mut rep = Report::default();
+    let res = run_in(&a, &plan, &scratch, &mut rep);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let total_s = t0.elapsed().as_secs_f64();
+    let stopped = STOP.load(Ordering::Relaxed);
+    if rep.runs.is_empty() {
+        return res;
+    }
+    let (text, summary, targets) = summarize(&plan, &rep, &fio);
+    println!("\n{text}");
+    if cpus < 2 || plan.server_cpu == plan.client_cpu {
+        println!("note: the daemon and fio share a CPU here; the targets want them pinned apart");
+    }
+    println!("total time: {total_s:.1} s");
+    if stopped {
+        println!("(stopped by Ctrl-C: the tables hold what was measured)");
+    }
+    if let Err(e) = &res {
+        println!("(ended early: {e})");
+    }
+    let doc = report_header(
+        "tiercache bench wl",
+        json!({
+        "spec": "P8",
+        "fio": fio,
+        "config": {
+            "quick": plan.quick, "queue_depths": plan.qds, "runtime_s": plan.runtime,
+            "ramp_s": {"not-full": plan.ramp(Phase::NotFull), "full": plan.ramp(Phase::Full)},
+            "rounds": plan.rounds, "image_bytes": plan.image_bytes,
+            "wl_cache_bytes": {"not-full": plan.cache_nf, "full": plan.cache_full},
+            "phases": plan.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "configs": plan.cfgs.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            "server_cpu": plan.server_cpu, "client_cpu": plan.client_cpu,
+            "fill_qd": plan.fill_qd, "fill_timeout_s": plan.fill_timeout.as_secs(),
+            "block_size": 4096, "rw": "randwrite",
+        },
+        "setup": rep.setup,
+        "runs": rep.runs.iter().map(Run::to_json).collect::<Vec<_>>(),
+        "fills": rep.fills,
+        "drains": rep.drains,
+        "summary": summary,
+        "targets": targets,
+        "total_s": total_s,
+        "stopped_early": stopped,
+        "error": res.as_ref().err(),
+        }),
+    );
+    write_results(
+        a.json.as_deref(),
+        a.out.as_deref(),
+        "tiercache bench wl (target P8)",
+        &doc,
+        &text,
+    )?;
+    res
+}
+
+/// The plan of a run from its arguments, checked; and the CPUs of this machine.
+fn plan_of(a: &Args) -> Result<(Plan, usize), String> {
     let quick = a.quick;
     let qds: Vec<u32> = match &a.qd {
         Some(s) => s
@@ -273,6 +350,11 @@ pub fn run(a: Args) -> Result<(), String> {
             cpus - 1
         ));
     }
+    Ok((plan, cpus))
+}
+
+/// fio with the engines the configurations need, and taskset; fio's version.
+fn check_tools(plan: &Plan) -> Result<String, String> {
     let fio = fio_version().ok_or("fio is not installed (apt-get install fio)")?;
     let engines = Command::new("fio")
         .arg("--enghelp")
@@ -291,267 +373,7 @@ pub fn run(a: Args) -> Result<(), String> {
         .arg("-V")
         .output()
         .map_err(|_| "taskset is not installed (util-linux)")?;
-    if let Some(d) = &a.out {
-        std::fs::create_dir_all(d).map_err(|e| format!("--out {}: {e}", d.display()))?;
-    }
-    let scratch = a
-        .scratch
-        .clone()
-        .unwrap_or_else(std::env::temp_dir)
-        .join(format!("tiercache-bench-wl-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    install_sigint();
-    let t0 = Instant::now();
-    let mut rep = Report::default();
-    let res = run_in(&a, &plan, &scratch, &mut rep);
-    let _ = std::fs::remove_dir_all(&scratch);
-    let total_s = t0.elapsed().as_secs_f64();
-    let stopped = STOP.load(Ordering::Relaxed);
-    if rep.runs.is_empty() {
-        return res;
-    }
-    let (text, summary, targets) = summarize(&plan, &rep, &fio);
-    println!("\n{text}");
-    if cpus < 2 || plan.server_cpu == plan.client_cpu {
-        println!("note: the daemon and fio share a CPU here; the targets want them pinned apart");
-    }
-    println!("total time: {total_s:.1} s");
-    if stopped {
-        println!("(stopped by Ctrl-C: the tables hold what was measured)");
-    }
-    if let Err(e) = &res {
-        println!("(ended early: {e})");
-    }
-    let doc = json!({
-        "tool": "tiercache bench wl",
-        "spec": "P8",
-        "version": env!("CARGO_PKG_VERSION"),
-        "commit": git_commit(),
-        "host": host(),
-        "fio": fio,
-        "config": {
-            "quick": plan.quick, "queue_depths": plan.qds, "runtime_s": plan.runtime,
-            "ramp_s": {"not-full": plan.ramp(Phase::NotFull), "full": plan.ramp(Phase::Full)},
-            "rounds": plan.rounds, "image_bytes": plan.image_bytes,
-            "wl_cache_bytes": {"not-full": plan.cache_nf, "full": plan.cache_full},
-            "phases": plan.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
-            "configs": plan.cfgs.iter().map(|c| c.name()).collect::<Vec<_>>(),
-            "server_cpu": plan.server_cpu, "client_cpu": plan.client_cpu,
-            "fill_qd": plan.fill_qd, "fill_timeout_s": plan.fill_timeout.as_secs(),
-            "block_size": 4096, "rw": "randwrite",
-        },
-        "setup": rep.setup,
-        "runs": rep.runs.iter().map(Run::to_json).collect::<Vec<_>>(),
-        "fills": rep.fills,
-        "drains": rep.drains,
-        "summary": summary,
-        "targets": targets,
-        "total_s": total_s,
-        "stopped_early": stopped,
-        "error": res.as_ref().err(),
-    });
-    let body = serde_json::to_string_pretty(&doc).unwrap_or_default();
-    if let Some(p) = &a.json {
-        std::fs::write(p, &body).map_err(|e| format!("--json {}: {e}", p.display()))?;
-    }
-    if let Some(d) = &a.out {
-        let w = |n: &str, b: &str| {
-            let p = d.join(n);
-            std::fs::write(&p, b).map_err(|e| format!("{}: {e}", p.display()))
-        };
-        w("results.json", &body)?;
-        w(
-            "report.md",
-            &format!(
-                "# tiercache bench wl (target P8)\n\ncommit {}, {}\n\n```\n{text}```\n\nRaw numbers: results.json.\n",
-                git_commit(),
-                host()["cpu"].as_str().unwrap_or("")
-            ),
-        )?;
-    }
-    res
-}
-
-// ---------------------------------------------------------------------------------------------
-// The daemon.
-
-/// A `tiercache daemon` child pinned to the server CPU, in its own process group, dying with
-/// this process; stopped (SIGTERM, then SIGKILL) on drop.
-struct Daemon {
-    child: Option<Child>,
-    pid: u32,
-    admin: PathBuf,
-    nbd: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(plan: &Plan, scratch: &Path) -> Result<Daemon, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
-        let admin = scratch.join("admin.sock");
-        let nbd = scratch.join("nbd.sock");
-        let log = scratch.join("daemon.log");
-        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let mut cmd = Command::new("taskset");
-        cmd.arg("-c")
-            .arg(plan.server_cpu.to_string())
-            .arg(exe)
-            .arg("daemon")
-            .arg("--socket")
-            .arg(&admin)
-            .args(["--metrics-listen", "none", "--nbd-listen"])
-            .arg(format!("unix:{}", nbd.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(f)
-            .process_group(0);
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
-        // parent; the child is killed when the thread that started it (this program's main
-        // thread) ends.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                );
-                Ok(())
-            });
-        }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start the daemon: {e}"))?;
-        let mut d = Daemon {
-            pid: child.id(),
-            child: Some(child),
-            admin,
-            nbd,
-            log,
-        };
-        let t = Instant::now();
-        while std::os::unix::net::UnixStream::connect(&d.admin).is_err() || !d.nbd.exists() {
-            if let Some(c) = d.child.as_mut()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                return Err(format!("the daemon exited ({st}): {}", d.log_tail()));
-            }
-            if t.elapsed() > Duration::from_secs(60) {
-                return Err("the daemon did not come up in 60 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(d)
-    }
-
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let l: Vec<&str> = s.lines().rev().take(3).collect();
-        l.into_iter().rev().collect::<Vec<_>>().join(" | ")
-    }
-
-    fn call(&self, req: Request) -> Result<Value, String> {
-        call(&self.admin, &req, |_| {})
-            .map_err(|e| format!("{e} (daemon log: {})", self.log_tail()))
-    }
-
-    fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.nbd.display())
-    }
-
-    /// The `write_log` block of a cache's stats.
-    fn wl(&self, cache_id: u16) -> Result<Value, String> {
-        let s = self.call(Request::Stats {
-            cache_id: Some(cache_id),
-            core_id: None,
-            io_class: None,
-        })?;
-        let w = s["write_log"].clone();
-        if w.is_null() {
-            return Err(format!("cache {cache_id} shows no write_log block: {s}"));
-        }
-        Ok(w)
-    }
-
-    /// Writes the log back (waits until it is drained); (seconds, bytes that were dirty).
-    fn drain(&self, cache_id: u16) -> Result<(f64, u64), String> {
-        let dirty = self.wl(cache_id)?["dirty_bytes"].as_u64().unwrap_or(0);
-        let t = Instant::now();
-        self.call(Request::Writeback {
-            cache_id,
-            core_id: None,
-        })?;
-        Ok((t.elapsed().as_secs_f64(), dirty))
-    }
-
-    fn stop(&mut self, caches: &[u16]) {
-        for id in caches {
-            let _ = call(
-                &self.admin,
-                &Request::StopCache {
-                    cache_id: *id,
-                    no_writeback: true,
-                },
-                |_| {},
-            );
-        }
-        let _ = call(&self.admin, &Request::Shutdown, |_| {});
-        self.end(Duration::from_secs(10));
-    }
-
-    fn end(&mut self, grace: Duration) {
-        let Some(mut c) = self.child.take() else {
-            return;
-        };
-        if let Ok(Some(_)) = c.try_wait() {
-            return;
-        }
-        let t = Instant::now();
-        while t.elapsed() < grace {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // SAFETY: signalling our own child, not yet reaped (try_wait said it runs).
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        std::thread::sleep(Duration::from_millis(500));
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.end(Duration::ZERO);
-    }
-}
-
-/// CPU seconds (user + system, all threads) process `pid` has used so far.
-fn proc_cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = s.get(s.rfind(')')? + 2..)?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ut: f64 = f.get(11)?.parse().ok()?;
-    let st: f64 = f.get(12)?.parse().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((ut + st) / hz)
-}
-
-/// Writes `bytes` of zeros to a new file (really written: a cache device has no holes).
-fn zero_file(path: &Path, bytes: u64) -> Result<(), String> {
-    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let buf = vec![0u8; 1 << 20];
-    let mut done = 0;
-    while done < bytes {
-        let n = (bytes - done).min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n])
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        done += n as u64;
-    }
-    f.sync_all().map_err(|e| format!("{}: {e}", path.display()))
+    Ok(fio)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -890,7 +712,7 @@ fn run_with(
             }
             let f = scratch.join(format!("cache-{}.img", phase.name()));
             let t = Instant::now();
-            zero_file(&f, bytes)?;
+            fill_file(&f, bytes, None)?;
             let zs = t.elapsed().as_secs_f64();
             let c = d.call(Request::StartCache {
                 cache_device: f.display().to_string(),
@@ -976,51 +798,69 @@ fn run_with(
     res
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rounds(
-    plan: &Plan,
-    scratch: &Path,
-    d: Option<&Daemon>,
-    plain: &Path,
-    wb: &Path,
-    (id, pool, img_rbd): (&str, &str, &str),
-    rep: &mut Report,
+/// What every run of [`rounds`] needs, and how many have run.
+struct Rounds<'a> {
+    plan: &'a Plan,
+    scratch: &'a Path,
+    d: Option<&'a Daemon>,
+    /// librbd's client configurations: plain and with its writeback cache.
+    plain: &'a Path,
+    wb: &'a Path,
+    /// (client id, pool, image) of the librbd configurations.
+    rbd: (&'a str, &'a str, &'a str),
     t0: Instant,
-) -> Result<(), String> {
-    let total_runs = plan.rounds as usize * plan.phases.len() * plan.qds.len() * plan.cfgs.len();
-    let mut n = 0;
-    let target = |c: Cfg, p: Phase| -> FioTarget {
+    n: usize,
+    total_runs: usize,
+}
+
+impl Rounds<'_> {
+    /// What fio runs against: librbd's image, or wl's export of `p`'s cache.
+    fn target(&self, c: Cfg, p: Phase) -> FioTarget {
+        let (id, pool, img_rbd) = self.rbd;
         match c {
             Cfg::Librbd => FioTarget::Rbd {
-                conf: plain.to_path_buf(),
+                conf: self.plain.to_path_buf(),
                 id: id.into(),
                 pool: pool.into(),
                 image: img_rbd.into(),
             },
             Cfg::LibrbdWb => FioTarget::Rbd {
-                conf: wb.to_path_buf(),
+                conf: self.wb.to_path_buf(),
                 id: id.into(),
                 pool: pool.into(),
                 image: img_rbd.into(),
             },
             Cfg::Wl => FioTarget::Nbd {
-                uri: d
+                uri: self
+                    .d
                     .map(|d| d.uri(&format!("p8-{}", p.name())))
                     .unwrap_or_default(),
             },
         }
-    };
-    let mut one = |round: u32,
-                   phase: Phase,
-                   c: Cfg,
-                   qd: u32,
-                   rep: &mut Report|
-     -> Result<(), String> {
-        n += 1;
+    }
+
+    /// One measured run of `c` at `qd`, printed and kept (with the log's fill for wl).
+    fn one(
+        &mut self,
+        round: u32,
+        phase: Phase,
+        c: Cfg,
+        qd: u32,
+        rep: &mut Report,
+    ) -> Result<(), String> {
+        self.n += 1;
+        let (plan, d, n, total_runs) = (self.plan, self.d, self.n, self.total_runs);
         let wl = (c == Cfg::Wl).then(|| (d.expect("daemon"), phase.cache_id()));
         let before = wl.map(|(d, id)| d.wl(id)).transpose()?;
-        let at = t0.elapsed().as_secs_f64();
-        let (m, samples) = measure(plan, &target(c, phase), qd, plan.ramp(phase), scratch, wl)?;
+        let at = self.t0.elapsed().as_secs_f64();
+        let (m, samples) = measure(
+            plan,
+            &self.target(c, phase),
+            qd,
+            plan.ramp(phase),
+            self.scratch,
+            wl,
+        )?;
         let after = wl.map(|(d, id)| d.wl(id)).transpose()?;
         let waited = |w: &Option<Value>| {
             w.as_ref()
@@ -1086,8 +926,11 @@ fn rounds(
             fill_range,
         });
         Ok(())
-    };
-    let drain = |phase: Phase, why: &str, rep: &mut Report| -> Result<(), String> {
+    }
+
+    /// Writes `phase`'s wl log back (waits until drained), kept as a drain measurement.
+    fn drain(&self, phase: Phase, why: &str, rep: &mut Report) -> Result<(), String> {
+        let d = self.d;
         if let Some(d) = d {
             let (s, bytes) = d.drain(phase.cache_id())?;
             rep.drains
@@ -1096,6 +939,96 @@ fn rounds(
                 "bytes_per_s": if s > 0.0 { bytes as f64 / s } else { 0.0 }}));
         }
         Ok(())
+    }
+
+    /// Phase not-full of `round`: every QD, every configuration (wl drained after each run);
+    /// false when Ctrl-C stopped it.
+    fn not_full(&mut self, round: u32, cfgs: &[Cfg], rep: &mut Report) -> Result<bool, String> {
+        let (plan, phase) = (self.plan, Phase::NotFull);
+        for &qd in &plan.qds {
+            for &c in cfgs {
+                if STOP.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+                self.one(round, phase, c, qd, rep)?;
+                if c == Cfg::Wl {
+                    // Empty again for the next run (and idle while librbd runs).
+                    self.drain(phase, "after a not-full run", rep)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Phase full of `round`; false when Ctrl-C stopped it.
+    fn full(&mut self, round: u32, cfgs: &[Cfg], rep: &mut Report) -> Result<bool, String> {
+        let (plan, d, phase) = (self.plan, self.d, Phase::Full);
+        // librbd's runs while wl is idle (drained), then wl's: its log filled
+        // before each run, drained after the last.
+        let wl_first = round % 2 == 1;
+        let rbd: Vec<Cfg> = cfgs.iter().copied().filter(|c| *c != Cfg::Wl).collect();
+        let mut blocks: Vec<bool> = vec![false, true];
+        if wl_first {
+            blocks.reverse();
+        }
+        for is_wl in blocks {
+            if is_wl && !plan.has(Cfg::Wl) {
+                continue;
+            }
+            for &qd in &plan.qds {
+                if STOP.load(Ordering::Relaxed) {
+                    return Ok(false);
+                }
+                if is_wl {
+                    let dm = d.expect("daemon");
+                    let f = fill(plan, dm, phase.cache_id(), &format!("p8-{}", phase.name()))?;
+                    println!(
+                        "  fill: log {}% in {:.1} s{}",
+                        f["log_fill_pct"],
+                        f["seconds"].as_f64().unwrap_or(0.0),
+                        if f["reached"] == true {
+                            ""
+                        } else {
+                            " (NOT FULL: no write waited for space)"
+                        }
+                    );
+                    rep.fills.push(json!({"round": round, "qd": qd, "fill": f}));
+                    self.one(round, phase, Cfg::Wl, qd, rep)?;
+                } else {
+                    for &c in &rbd {
+                        self.one(round, phase, c, qd, rep)?;
+                    }
+                }
+            }
+            if is_wl {
+                self.drain(phase, "after the full runs", rep)?;
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rounds(
+    plan: &Plan,
+    scratch: &Path,
+    d: Option<&Daemon>,
+    plain: &Path,
+    wb: &Path,
+    rbd: (&str, &str, &str),
+    rep: &mut Report,
+    t0: Instant,
+) -> Result<(), String> {
+    let mut r = Rounds {
+        plan,
+        scratch,
+        d,
+        plain,
+        wb,
+        rbd,
+        t0,
+        n: 0,
+        total_runs: plan.rounds as usize * plan.phases.len() * plan.qds.len() * plan.cfgs.len(),
     };
     for round in 0..plan.rounds {
         // Every other round runs the configurations in the opposite order.
@@ -1104,405 +1037,14 @@ fn rounds(
             cfgs.reverse();
         }
         for &phase in &plan.phases {
-            match phase {
-                Phase::NotFull => {
-                    for &qd in &plan.qds {
-                        for &c in &cfgs {
-                            if STOP.load(Ordering::Relaxed) {
-                                return Ok(());
-                            }
-                            one(round, phase, c, qd, rep)?;
-                            if c == Cfg::Wl {
-                                // Empty again for the next run (and idle while librbd runs).
-                                drain(phase, "after a not-full run", rep)?;
-                            }
-                        }
-                    }
-                }
-                Phase::Full => {
-                    // librbd's runs while wl is idle (drained), then wl's: its log filled
-                    // before each run, drained after the last.
-                    let wl_first = round % 2 == 1;
-                    let rbd: Vec<Cfg> = cfgs.iter().copied().filter(|c| *c != Cfg::Wl).collect();
-                    let mut blocks: Vec<bool> = vec![false, true];
-                    if wl_first {
-                        blocks.reverse();
-                    }
-                    for is_wl in blocks {
-                        if is_wl && !plan.has(Cfg::Wl) {
-                            continue;
-                        }
-                        for &qd in &plan.qds {
-                            if STOP.load(Ordering::Relaxed) {
-                                return Ok(());
-                            }
-                            if is_wl {
-                                let dm = d.expect("daemon");
-                                let f = fill(
-                                    plan,
-                                    dm,
-                                    phase.cache_id(),
-                                    &format!("p8-{}", phase.name()),
-                                )?;
-                                println!(
-                                    "  fill: log {}% in {:.1} s{}",
-                                    f["log_fill_pct"],
-                                    f["seconds"].as_f64().unwrap_or(0.0),
-                                    if f["reached"] == true {
-                                        ""
-                                    } else {
-                                        " (NOT FULL: no write waited for space)"
-                                    }
-                                );
-                                rep.fills.push(json!({"round": round, "qd": qd, "fill": f}));
-                                one(round, phase, Cfg::Wl, qd, rep)?;
-                            } else {
-                                for &c in &rbd {
-                                    one(round, phase, c, qd, rep)?;
-                                }
-                            }
-                        }
-                        if is_wl {
-                            drain(phase, "after the full runs", rep)?;
-                        }
-                    }
-                }
+            let went_on = match phase {
+                Phase::NotFull => r.not_full(round, &cfgs, rep)?,
+                Phase::Full => r.full(round, &cfgs, rep)?,
+            };
+            if !went_on {
+                return Ok(());
             }
         }
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// The summary.
-
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Medians over rounds of one (phase, config, QD).
-#[derive(Clone, Copy)]
-struct Row {
-    runs: usize,
-    iops: f64,
-    iops_lo: f64,
-    iops_hi: f64,
-    p50: f64,
-    p99: f64,
-    min_bucket: f64,
-    med_bucket: f64,
-    fio_cpu: f64,
-    daemon_cpu: f64,
-    filled: bool,
-    fill_lo: f64,
-    fill_hi: f64,
-}
-
-fn row(rep: &Report, p: Phase, c: Cfg, qd: u32) -> Option<Row> {
-    let rs: Vec<&Run> = rep
-        .runs
-        .iter()
-        .filter(|r| r.phase == p && r.cfg == c && r.qd == qd)
-        .collect();
-    if rs.is_empty() {
-        return None;
-    }
-    let f = |g: &dyn Fn(&Run) -> Option<f64>| -> f64 {
-        let mut v: Vec<f64> = rs.iter().filter_map(|r| g(r)).collect();
-        median(&mut v)
-    };
-    let iops = f(&|r| Some(r.m.iops));
-    let p50 = f(&|r| Some(r.m.p50_us));
-    let p99 = f(&|r| Some(r.m.p99_us));
-    let fio_cpu = f(&|r| r.m.fio_cpu_us_per_io);
-    let daemon_cpu = f(&|r| r.m.daemon_cpu_us_per_io);
-    let mut b: Vec<f64> = rs
-        .iter()
-        .flat_map(|r| r.m.buckets.iter().copied())
-        .collect();
-    let min_bucket = b.iter().copied().fold(f64::INFINITY, f64::min);
-    Some(Row {
-        runs: rs.len(),
-        iops,
-        iops_lo: rs.iter().map(|r| r.m.iops).fold(f64::INFINITY, f64::min),
-        iops_hi: rs.iter().map(|r| r.m.iops).fold(0.0, f64::max),
-        p50,
-        p99,
-        min_bucket: if b.is_empty() { f64::NAN } else { min_bucket },
-        med_bucket: median(&mut b),
-        fio_cpu,
-        daemon_cpu,
-        filled: rs.iter().any(|r| r.filled),
-        fill_lo: rs
-            .iter()
-            .filter_map(|r| r.fill_range.map(|x| x.0))
-            .fold(f64::NAN, f64::min),
-        fill_hi: rs
-            .iter()
-            .filter_map(|r| r.fill_range.map(|x| x.1))
-            .fold(f64::NAN, f64::max),
-    })
-}
-
-fn num(x: f64, prec: usize) -> String {
-    if x.is_finite() {
-        format!("{x:.prec$}")
-    } else {
-        "-".into()
-    }
-}
-
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 && a.is_finite() && b.is_finite() {
-        a / b
-    } else {
-        f64::NAN
-    }
-}
-
-fn summarize(plan: &Plan, rep: &Report, fio: &str) -> (String, Value, Value) {
-    let mut t = String::new();
-    let _ = writeln!(
-        t,
-        "tiercache bench wl (target P8): fio 4K randwrite, {fio}, {} s runs (+{}/{} s ramp not-full/full), {} round(s){}, images {} MiB",
-        plan.runtime,
-        plan.ramp(Phase::NotFull),
-        plan.ramp(Phase::Full),
-        plan.rounds,
-        if plan.rounds < 5 {
-            " (P8 asks for at least 5)"
-        } else {
-            ""
-        },
-        plan.image_bytes >> 20
-    );
-    let _ = writeln!(
-        t,
-        "librbd: rbd_cache=false; librbd-wb: rbd_cache=true, policy writeback (32 MiB, 24 MiB dirty); wl: tiercache over NBD, log {} MiB (not full) / {} MiB (full), core opened with rbd_cache=false",
-        plan.cache_nf >> 21,
-        plan.cache_full >> 21
-    );
-    let _ = writeln!(
-        t,
-        "IOPS: median over rounds [min-max]; min bkt: lowest 1-s IOPS bucket; min/med: that / the median bucket; x: wl / librbd, xwb: wl / librbd-wb; cpu/dmn: CPU us per IO (fio incl. librbd / the daemon); log %: wl log fill, lowest-highest sampled in the measured part"
-    );
-    let mut summary = Vec::new();
-    let mut targets = Vec::new();
-    for &p in &plan.phases {
-        let _ = writeln!(
-            t,
-            "\n{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}",
-            p.name(),
-            "QD",
-            "config",
-            "IOPS",
-            "[min-max]",
-            "p50 us",
-            "p99 us",
-            "min bkt",
-            "min/med",
-            "cpu",
-            "dmn",
-            "IOPSx",
-            "p50x",
-            "p99x",
-            "bkt/x",
-            "IOPSxwb",
-            "log %"
-        );
-        for &qd in &plan.qds {
-            let base = row(rep, p, Cfg::Librbd, qd);
-            let wbr = row(rep, p, Cfg::LibrbdWb, qd);
-            for &c in &plan.cfgs {
-                let Some(r) = row(rep, p, c, qd) else {
-                    continue;
-                };
-                let (x, p50x, p99x, bx) = match (c, base) {
-                    (Cfg::Librbd, _) | (_, None) => (f64::NAN, f64::NAN, f64::NAN, f64::NAN),
-                    (_, Some(b)) => (
-                        ratio(r.iops, b.iops),
-                        ratio(r.p50, b.p50),
-                        ratio(r.p99, b.p99),
-                        ratio(r.min_bucket, b.iops),
-                    ),
-                };
-                let xwb = match (c, wbr) {
-                    (Cfg::Wl, Some(w)) => ratio(r.iops, w.iops),
-                    _ => f64::NAN,
-                };
-                let rx = |v: f64| {
-                    if v.is_finite() {
-                        format!("{v:.2}x")
-                    } else {
-                        "-".into()
-                    }
-                };
-                let _ = writeln!(
-                    t,
-                    "{:<8} {:>3} {:<9} {:>7} {:>15} {:>8} {:>9} {:>7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7} {:>7}{}",
-                    "",
-                    qd,
-                    c.name(),
-                    num(r.iops, 0),
-                    if r.runs > 1 {
-                        format!("[{}-{}]", num(r.iops_lo, 0), num(r.iops_hi, 0))
-                    } else {
-                        String::new()
-                    },
-                    num(r.p50, 1),
-                    num(r.p99, 1),
-                    num(r.min_bucket, 0),
-                    num(ratio(r.min_bucket, r.med_bucket), 2),
-                    num(r.fio_cpu, 1),
-                    if c == Cfg::Wl {
-                        num(r.daemon_cpu, 1)
-                    } else {
-                        "-".into()
-                    },
-                    rx(x),
-                    rx(p50x),
-                    rx(p99x),
-                    rx(bx),
-                    rx(xwb),
-                    if r.fill_hi.is_finite() {
-                        format!("{:.0}-{:.0}", r.fill_lo, r.fill_hi)
-                    } else {
-                        "-".into()
-                    },
-                    if r.filled {
-                        "  ! log filled during the run"
-                    } else {
-                        ""
-                    }
-                );
-                summary.push(json!({
-                    "phase": p.name(), "config": c.name(), "qd": qd, "runs": r.runs,
-                    "iops_median": r.iops, "iops_min": r.iops_lo, "iops_max": r.iops_hi,
-                    "p50_us_median": r.p50, "p99_us_median": r.p99,
-                    "min_bucket_iops": r.min_bucket, "median_bucket_iops": r.med_bucket,
-                    "min_over_median_bucket": ratio(r.min_bucket, r.med_bucket),
-                    "fio_cpu_us_per_io": r.fio_cpu,
-                    "daemon_cpu_us_per_io": if c == Cfg::Wl { json!(r.daemon_cpu) } else { Value::Null },
-                    "vs_librbd": {"iops": x, "p50": p50x, "p99": p99x,
-                        "min_bucket_over_librbd_iops": bx},
-                    "wl_vs_librbd_wb_iops": xwb,
-                    "log_filled_during_not_full_run": r.filled,
-                    "log_fill_pct_measured_part": if r.fill_hi.is_finite() {
-                        json!({"min": r.fill_lo, "max": r.fill_hi}) } else { Value::Null },
-                }));
-            }
-        }
-        // SPEC P8's targets, wl against plain librbd.
-        for &qd in &plan.qds {
-            let (Some(w), Some(b)) = (row(rep, p, Cfg::Wl, qd), row(rep, p, Cfg::Librbd, qd))
-            else {
-                continue;
-            };
-            let mut check = |what: &str, v: f64, want: &str, ok: bool| {
-                targets.push(json!({"phase": p.name(), "qd": qd, "target": what,
-                    "value": v, "want": want, "pass": ok}));
-            };
-            match p {
-                Phase::NotFull => {
-                    if qd <= 16 {
-                        let x = ratio(w.iops, b.iops);
-                        check("IOPS vs librbd", x, ">= 3x", x >= 3.0);
-                    }
-                    if qd == 1 {
-                        let x = ratio(w.p50, b.p50);
-                        check("p50 latency vs librbd", x, "<= 0.25x", x <= 0.25);
-                    }
-                }
-                Phase::Full => {
-                    let x = ratio(w.iops, b.iops);
-                    check("IOPS vs librbd", x, ">= 0.7x", x >= 0.7);
-                    let x = ratio(w.p99, b.p99);
-                    check("p99 latency vs librbd", x, "<= 2x", x <= 2.0);
-                    let x = ratio(w.min_bucket, b.iops);
-                    check("lowest 1-s bucket vs librbd IOPS", x, ">= 0.3x", x >= 0.3);
-                }
-            }
-        }
-    }
-    if !targets.is_empty() {
-        let _ = writeln!(
-            t,
-            "\nP8 targets (wl / plain librbd, medians; docs/TARGETS.md):"
-        );
-        let (mut pass, mut miss) = (0, 0);
-        for x in &targets {
-            let ok = x["pass"] == true;
-            if ok {
-                pass += 1;
-            } else {
-                miss += 1;
-            }
-            let _ = writeln!(
-                t,
-                "  {:<8} QD {:>2}  {:<34} {:>7}  want {:<8} {}",
-                x["phase"].as_str().unwrap_or(""),
-                x["qd"].as_u64().unwrap_or(0),
-                x["target"].as_str().unwrap_or(""),
-                num(x["value"].as_f64().unwrap_or(f64::NAN), 2) + "x",
-                x["want"].as_str().unwrap_or(""),
-                if ok { "PASS" } else { "MISS" }
-            );
-        }
-        let _ = writeln!(t, "  {pass} PASS, {miss} MISS");
-    }
-    let nfills = rep.fills.len();
-    if nfills > 0 {
-        let not: usize = rep
-            .fills
-            .iter()
-            .filter(|f| f["fill"]["reached"] != true)
-            .count();
-        let secs: Vec<f64> = rep
-            .fills
-            .iter()
-            .filter_map(|f| f["fill"]["seconds"].as_f64())
-            .collect();
-        let _ = writeln!(
-            t,
-            "\nwl full runs: log filled {} time(s) at QD {} ({}-{} s each){}",
-            nfills,
-            plan.fill_qd,
-            num(secs.iter().copied().fold(f64::INFINITY, f64::min), 1),
-            num(secs.iter().copied().fold(0.0, f64::max), 1),
-            if not > 0 {
-                format!("; {not} time(s) NOT full within the time limit")
-            } else {
-                String::new()
-            }
-        );
-    }
-    for p in [Phase::NotFull, Phase::Full] {
-        let mut r: Vec<f64> = rep
-            .drains
-            .iter()
-            .filter(|d| d["phase"] == p.name() && d["dirty_bytes"].as_u64().unwrap_or(0) >= 4 << 20)
-            .filter_map(|d| d["bytes_per_s"].as_f64())
-            .collect();
-        if !r.is_empty() {
-            let m = median(&mut r);
-            let _ = writeln!(
-                t,
-                "wl writeback to Ceph with no client IO (`writeback` of the {} cache, {} time(s) >= 4 MiB): median {} MiB/s = {} 4K writes/s",
-                p.name(),
-                r.len(),
-                num(m / 1048576.0, 1),
-                num(m / 4096.0, 0)
-            );
-        }
-    }
-    (t, json!(summary), json!(targets))
 }

@@ -127,7 +127,7 @@ fn one(n: u32) -> Result<WaitRun, String> {
             pending.len()
         ));
     }
-    let t = crate::bench_core::summarize(samples);
+    let t = super::core::summarize(samples);
     Ok(WaitRun {
         queued: n,
         mean_ns: t.mean,

@@ -24,13 +24,16 @@
 //! (pointer chase) and one 4 KiB copy from a random place in the same 256 MiB (the engine
 //! hit's copy, when the data is not in CPU cache).
 
+use super::engine::EngineNumbers;
+use super::waiters::WaitRun;
 use crate::alloc_count::live_bytes;
 use std::hint::black_box;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tiercache_core::event::{Action, Event};
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::{CleaningPolicy, EvictionPolicy, Named, PromotionPolicy, RateParams};
+use tiercache_core::stats::ReqCounters;
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
 use tiercache_sim::rng::{Rng, Zipf};
@@ -116,21 +119,21 @@ fn memory_floor(rng: &mut Rng) -> MemoryFloor {
     }
 }
 
-pub(crate) fn summarize(mut v: Vec<u32>) -> Timings {
-    v.sort_unstable();
-    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize] as f64;
-    let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+/// [`Timings`] of a run's samples (ns), by tiercache's one percentile convention
+/// ([`tiercache_stats::Histogram`]: nearest rank, within 1/128 above the exact value).
+pub(crate) fn summarize(v: Vec<u32>) -> Timings {
+    let h = tiercache_stats::Histogram::of(v.into_iter().map(u64::from));
     Timings {
-        p50: at(0.5),
-        p99: at(0.99),
-        mean,
+        p50: h.quantile_ns(0.5) as f64,
+        p99: h.quantile_ns(0.99) as f64,
+        mean: h.mean_ns(),
     }
 }
 
 /// Runs one request to completion, completing every device IO at once. Returns whether it was
 /// served.
 fn run_request(cache: &mut Cache, ev: Event, actions: &mut Vec<Action>, now: Nanos) -> bool {
-    let (done, ok) = crate::bench_waiters::drive(cache, now, ev, actions, None);
+    let (done, ok) = super::waiters::drive(cache, now, ev, actions, None);
     done > 0 && ok
 }
 
@@ -158,6 +161,22 @@ pub fn run(args: Args) -> Result<(), String> {
     if args.ops == 0 {
         return Err("--ops must be at least 1".into());
     }
+    let f = measure(&args, eviction, promotion)?;
+    print_figures(&args, &f);
+    let t = targets(&f);
+    if let Some(path) = &args.json {
+        write_json(&args, &f, &t, path)?;
+    }
+    Ok(())
+}
+
+/// Fills a cache through the load path (heap bytes counted before and after), times the
+/// request phases, then measures the memory floor, the engine and the lock waits.
+fn measure(
+    args: &Args,
+    eviction: EvictionPolicy,
+    promotion: PromotionPolicy,
+) -> Result<Figures, String> {
     let lines = args.lines;
     let before = live_bytes();
     let mut cfg = Config::new(lines, LineSize::K4);
@@ -187,11 +206,17 @@ pub fn run(args: Args) -> Result<(), String> {
     let bytes_per_line = (after - before) as f64 / lines as f64;
 
     let full_lines = lines as u64 - lines as u64 / 5;
-    let zipf = Zipf::new(full_lines, 0.9);
-    let mut rng = Rng::new(42);
-    let mut actions = Vec::with_capacity(16);
-    let mut req = 0u64;
-    let mut now = Nanos(1);
+    let mut reqs = Requests {
+        lines,
+        full_lines,
+        zipf: Zipf::new(full_lines, 0.9),
+        rng: Rng::new(42),
+        actions: Vec::with_capacity(16),
+        req: 0,
+        now: Nanos(1),
+        core,
+        ops: args.ops,
+    };
     // Timer overhead, to read the figures against.
     let mut tov = Vec::with_capacity(100_000);
     for _ in 0..100_000 {
@@ -200,63 +225,9 @@ pub fn run(args: Args) -> Result<(), String> {
         tov.push((t1 - t0).as_nanos() as u32);
     }
     let timer = summarize(tov);
-
-    let pick = |rng: &mut Rng, scattered: bool| -> (u64, bool) {
-        if rng.below(100) < 20 {
-            // A half-valid line: a whole-line read there is a partial hit.
-            (rng.below(lines as u64 / 5) * 5, true)
-        } else {
-            let mut r = zipf.sample(rng);
-            if scattered {
-                r = scatter(r, full_lines);
-            }
-            // Rank r → the r-th fully valid line (skip every fifth).
-            (r / 4 * 5 + r % 4 + 1, false)
-        }
-    };
-
-    let mut run_phase =
-        |name: &str, write: bool, scattered: bool, cache: &mut Cache| -> (Timings, Timings) {
-            eprint!("{name}: {} requests ...", args.ops);
-            let mut full = Vec::with_capacity(args.ops as usize);
-            let mut partial = Vec::new();
-            for _ in 0..args.ops {
-                let (line_idx, is_partial) = pick(&mut rng, scattered);
-                let lba = Lba(line_idx * 2 * 8);
-                req += 1;
-                now = Nanos(now.0 + 1000);
-                let ev = if write {
-                    Event::Write {
-                        req: ReqId(req),
-                        core,
-                        lba,
-                        blocks: 8,
-                        fua: false,
-                    }
-                } else {
-                    Event::Read {
-                        req: ReqId(req),
-                        core,
-                        lba,
-                        blocks: 8,
-                    }
-                };
-                let t0 = Instant::now();
-                let ok = run_request(cache, ev, &mut actions, now);
-                let dt = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
-                black_box(ok);
-                if is_partial {
-                    partial.push(dt)
-                } else {
-                    full.push(dt)
-                }
-            }
-            eprintln!(" done");
-            (summarize(full), summarize(partial))
-        };
-    let (read_hit, read_partial) = run_phase("read", false, false, &mut cache);
-    let (read_scattered, _) = run_phase("read, hot keys scattered", false, true, &mut cache);
-    let (write_hit, write_partial) = run_phase("write", true, false, &mut cache);
+    let (read_hit, read_partial) = reqs.phase("read", false, false, &mut cache);
+    let (read_scattered, _) = reqs.phase("read, hot keys scattered", false, true, &mut cache);
+    let (write_hit, write_partial) = reqs.phase("write", true, false, &mut cache);
     let counters = cache.core_counters(core).copied().unwrap_or_default();
 
     // One 4 KiB copy.
@@ -275,15 +246,33 @@ pub fn run(args: Args) -> Result<(), String> {
 
     // Through the engine, with a RAM cache (a smaller one: the cache's data lives in RAM here).
     eprint!("  engine: 4K read hits through the engine, ram: cache ...");
-    let en = crate::bench_engine::measure(lines.min(1 << 18), args.ops.min(1_000_000))?;
+    let en = super::engine::measure(lines.min(1 << 18), args.ops.min(1_000_000))?;
     eprintln!(" done");
     eprint!("  lock waits: N reads queued behind N slow core reads, N = 100 to 100k ...");
-    let waits = crate::bench_waiters::measure(lines)?;
+    let waits = super::waiters::measure(lines)?;
     eprintln!(" done");
+    Ok(Figures {
+        lines,
+        bytes_per_line,
+        timer,
+        read_hit,
+        read_partial,
+        read_scattered,
+        write_hit,
+        write_partial,
+        counters,
+        memcpy_ns,
+        floor,
+        en,
+        waits,
+    })
+}
 
+/// Prints the figures.
+fn print_figures(args: &Args, f: &Figures) {
     println!(
-        "tiercache bench core: {lines} lines of 4 KiB, {} requests per phase",
-        args.ops
+        "tiercache bench core: {} lines of 4 KiB, {} requests per phase",
+        f.lines, args.ops
     );
     println!(
         "  eviction {}, promotion {}, mode wb, cleaning nop",
@@ -295,46 +284,46 @@ pub fn run(args: Args) -> Result<(), String> {
         "request (core decision, ns)", "p50", "p99", "mean"
     );
     for (n, t) in [
-        ("4K read, full hit", &read_hit),
-        ("4K read, full hit, hot keys scattered", &read_scattered),
-        ("4K read, partial hit + backfill", &read_partial),
-        ("4K write hit (wb)", &write_hit),
-        ("4K write, partial line (wb)", &write_partial),
+        ("4K read, full hit", &f.read_hit),
+        ("4K read, full hit, hot keys scattered", &f.read_scattered),
+        ("4K read, partial hit + backfill", &f.read_partial),
+        ("4K write hit (wb)", &f.write_hit),
+        ("4K write, partial line (wb)", &f.write_partial),
     ] {
         println!("  {:<38} {:>9.0} {:>9.0} {:>9.0}", n, t.p50, t.p99, t.mean);
     }
     println!(
         "  {:<38} {:>9.0}",
-        "timer overhead (included above)", timer.p50
+        "timer overhead (included above)", f.timer.p50
     );
-    println!("  {:<38} {:>9.1}", "one 4 KiB memcpy (mean)", memcpy_ns);
+    println!("  {:<38} {:>9.1}", "one 4 KiB memcpy (mean)", f.memcpy_ns);
     println!(
         "  {:<38} {:>9.0} {:>9.0} {:>9.0}",
-        "engine 4K read hit, ram:, QD1", en.hit_p50, en.hit_p99, en.hit_mean
+        "engine 4K read hit, ram:, QD1", f.en.hit_p50, f.en.hit_p99, f.en.hit_mean
     );
     println!(
         "  {:<38} {:>9.0} {:>9.0} {:>9.0}",
-        "engine, Zipf 0.9 keys scattered", en.zipf_p50, en.zipf_p99, en.zipf_mean
+        "engine, Zipf 0.9 keys scattered", f.en.zipf_p50, f.en.zipf_p99, f.en.zipf_mean
     );
     println!();
     println!(
         "  memory (256 MiB, mean): one dependent random read {:.0} ns, one 4 KiB copy from a random place {:.0} ns",
-        floor.load_ns, floor.cold_copy_ns
+        f.floor.load_ns, f.floor.cold_copy_ns
     );
     println!(
         "  so a hit whose slot and line records are not in CPU cache needs >= {:.0} ns (two dependent reads),",
-        2.0 * floor.load_ns
+        2.0 * f.floor.load_ns
     );
     println!(
         "  and an engine hit on data not in CPU cache >= {:.0} ns (the slot's read, then the copy: the engine starts loading the data once the slot names its line)",
-        floor.load_ns + floor.cold_copy_ns
+        f.floor.load_ns + f.floor.cold_copy_ns
     );
     println!();
     println!(
         "  engine ({} lines, ram: cache), 4K read hits by queues (threads, QD1 each):",
-        en.lines
+        f.en.lines
     );
-    for (q, iops) in &en.queues {
+    for (q, iops) in &f.en.queues {
         println!(
             "    {q} queue{}: {:>10.0} IOPS",
             if *q == 1 { " " } else { "s" },
@@ -346,25 +335,42 @@ pub fn run(args: Args) -> Result<(), String> {
         "  lock waits: core work per wake-up (a slow core read completes, its line's waiter starts and hits), ns:"
     );
     println!("    {:>8} {:>9} {:>9}", "queued", "mean", "p99");
-    for w in &waits {
+    for w in &f.waits {
         println!("    {:>8} {:>9.0} {:>9.0}", w.queued, w.mean_ns, w.p99_ns);
     }
     println!();
     println!(
         "  metadata RAM: {:.3} bytes per 4 KiB line (allocator-counted, all per-line structures)",
-        bytes_per_line
+        f.bytes_per_line
     );
     println!(
         "  read requests: {} full hits, {} partial hits, {} misses",
-        counters.read.full_hit, counters.read.partial_hit, counters.read.miss
+        f.counters.read.full_hit, f.counters.read.partial_hit, f.counters.read.miss
     );
+}
+
+/// P6 and P7 against their targets.
+struct Targets {
+    /// Whether the run has the 16M lines the targets are defined at.
+    at_scale: bool,
+    /// P6's bound on the core's decision: 2.5 dependent DRAM reads, ns.
+    decision_max: f64,
+    p6_core: bool,
+    p6_engine: bool,
+    p7: bool,
+}
+
+/// P6 and P7 against their targets, printed.
+fn targets(f: &Figures) -> Targets {
+    let (lines, floor, read_hit, en, bytes_per_line) =
+        (f.lines, &f.floor, &f.read_hit, &f.en, f.bytes_per_line);
     // The targets (docs/TARGETS.md): P6's decision against the DRAM floor measured above.
     // P6's decision and P7 are defined at 16M lines: a smaller run prints its numbers
     // without a verdict.
     let at_scale = lines >= 1 << 24;
     let scaled = |met: bool| {
         if at_scale {
-            crate::bench_run::verdict(met).to_string()
+            super::kit::report::verdict(met).to_string()
         } else {
             format!("(at {lines} lines; the target is defined at 16M)")
         }
@@ -380,54 +386,153 @@ pub fn run(args: Args) -> Result<(), String> {
     );
     println!(
         "  {} P6 engine: 4K read hit, ram:, QD1 p50 {:.0} ns (target <= 1000 ns)",
-        crate::bench_run::verdict(p6_engine),
+        super::kit::report::verdict(p6_engine),
         en.hit_p50
     );
     println!(
         "  {} P7 metadata RAM: {bytes_per_line:.3} bytes per 4 KiB line (target <= 20)",
         scaled(p7)
     );
-
-    if let Some(path) = args.json {
-        let j = serde_json::json!({
-            "lines": lines,
-            "ops": args.ops,
-            "eviction": args.eviction,
-            "promotion": args.promotion,
-            "targets": {
-                "at_16m_lines": at_scale,
-                "p6_core": {"decision_p50_ns": read_hit.p50, "target_ns": decision_max, "met": p6_core},
-                "p6_engine": {"hit_p50_ns": en.hit_p50, "target_ns": 1000.0, "met": p6_engine},
-                "p7": {"bytes_per_line": bytes_per_line, "target": 20.0, "met": p7},
-            },
-            "read_hit_ns": read_hit.p50,
-            "read_hit_ns_p99": read_hit.p99,
-            "read_hit_scattered_ns": read_scattered.p50,
-            "read_hit_scattered_ns_p99": read_scattered.p99,
-            "read_partial_ns": read_partial.p50,
-            "read_partial_ns_p99": read_partial.p99,
-            "write_hit_ns": write_hit.p50,
-            "write_hit_ns_p99": write_hit.p99,
-            "timer_overhead_ns": timer.p50,
-            "memcpy_4k_ns": memcpy_ns,
-            "mem_dependent_read_ns": floor.load_ns,
-            "mem_cold_copy_4k_ns": floor.cold_copy_ns,
-            "ram_bytes_per_line": bytes_per_line,
-            "read_full_hits": counters.read.full_hit,
-            "read_partial_hits": counters.read.partial_hit,
-            "engine_lines": en.lines,
-            "engine_ram_hit_ns": en.hit_p50,
-            "engine_ram_hit_ns_p99": en.hit_p99,
-            "engine_ram_hit_zipf_ns": en.zipf_p50,
-            "engine_ram_hit_zipf_ns_p99": en.zipf_p99,
-            "lock_wait": waits.iter().map(|w| serde_json::json!({"queued": w.queued, "wake_up_ns": w.mean_ns, "wake_up_ns_p99": w.p99_ns})).collect::<Vec<_>>(),
-            "engine_queues": en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
-        });
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&j).expect("json") + "\n",
-        )
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Targets {
+        at_scale,
+        decision_max,
+        p6_core,
+        p6_engine,
+        p7,
     }
+}
+
+/// `--json`: the figures and the targets as one JSON object.
+fn write_json(args: &Args, f: &Figures, t: &Targets, path: &Path) -> Result<(), String> {
+    let j = serde_json::json!({
+        "lines": f.lines,
+        "ops": args.ops,
+        "eviction": args.eviction,
+        "promotion": args.promotion,
+        "targets": {
+            "at_16m_lines": t.at_scale,
+            "p6_core": {"decision_p50_ns": f.read_hit.p50, "target_ns": t.decision_max, "met": t.p6_core},
+            "p6_engine": {"hit_p50_ns": f.en.hit_p50, "target_ns": 1000.0, "met": t.p6_engine},
+            "p7": {"bytes_per_line": f.bytes_per_line, "target": 20.0, "met": t.p7},
+        },
+        "read_hit_ns": f.read_hit.p50,
+        "read_hit_ns_p99": f.read_hit.p99,
+        "read_hit_scattered_ns": f.read_scattered.p50,
+        "read_hit_scattered_ns_p99": f.read_scattered.p99,
+        "read_partial_ns": f.read_partial.p50,
+        "read_partial_ns_p99": f.read_partial.p99,
+        "write_hit_ns": f.write_hit.p50,
+        "write_hit_ns_p99": f.write_hit.p99,
+        "timer_overhead_ns": f.timer.p50,
+        "memcpy_4k_ns": f.memcpy_ns,
+        "mem_dependent_read_ns": f.floor.load_ns,
+        "mem_cold_copy_4k_ns": f.floor.cold_copy_ns,
+        "ram_bytes_per_line": f.bytes_per_line,
+        "read_full_hits": f.counters.read.full_hit,
+        "read_partial_hits": f.counters.read.partial_hit,
+        "engine_lines": f.en.lines,
+        "engine_ram_hit_ns": f.en.hit_p50,
+        "engine_ram_hit_ns_p99": f.en.hit_p99,
+        "engine_ram_hit_zipf_ns": f.en.zipf_p50,
+        "engine_ram_hit_zipf_ns_p99": f.en.zipf_p99,
+        "lock_wait": f.waits.iter().map(|w| serde_json::json!({"queued": w.queued, "wake_up_ns": w.mean_ns, "wake_up_ns_p99": w.p99_ns})).collect::<Vec<_>>(),
+        "engine_queues": f.en.queues.iter().map(|(q, iops)| serde_json::json!({"queues": q, "iops": iops})).collect::<Vec<_>>(),
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&j).expect("json") + "\n")
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     Ok(())
+}
+
+/// What `bench core` measured.
+struct Figures {
+    lines: u32,
+    bytes_per_line: f64,
+    timer: Timings,
+    read_hit: Timings,
+    read_partial: Timings,
+    read_scattered: Timings,
+    write_hit: Timings,
+    write_partial: Timings,
+    counters: ReqCounters,
+    memcpy_ns: f64,
+    floor: MemoryFloor,
+    en: EngineNumbers,
+    waits: Vec<WaitRun>,
+}
+
+/// The requests of the timed phases: Zipf(0.9) keys, 20% aimed at the half-valid lines.
+struct Requests {
+    lines: u32,
+    full_lines: u64,
+    zipf: Zipf,
+    rng: Rng,
+    actions: Vec<Action>,
+    req: u64,
+    now: Nanos,
+    core: CoreId,
+    ops: u64,
+}
+
+impl Requests {
+    /// The next request's line, and whether it is a half-valid one.
+    fn pick(&mut self, scattered: bool) -> (u64, bool) {
+        let rng = &mut self.rng;
+        if rng.below(100) < 20 {
+            // A half-valid line: a whole-line read there is a partial hit.
+            (rng.below(self.lines as u64 / 5) * 5, true)
+        } else {
+            let mut r = self.zipf.sample(rng);
+            if scattered {
+                r = scatter(r, self.full_lines);
+            }
+            // Rank r → the r-th fully valid line (skip every fifth).
+            (r / 4 * 5 + r % 4 + 1, false)
+        }
+    }
+
+    /// `ops` 4K requests (reads, or writes) timed one by one: (full hits, partial hits).
+    fn phase(
+        &mut self,
+        name: &str,
+        write: bool,
+        scattered: bool,
+        cache: &mut Cache,
+    ) -> (Timings, Timings) {
+        eprint!("{name}: {} requests ...", self.ops);
+        let mut full = Vec::with_capacity(self.ops as usize);
+        let mut partial = Vec::new();
+        for _ in 0..self.ops {
+            let (line_idx, is_partial) = self.pick(scattered);
+            let lba = Lba(line_idx * 2 * 8);
+            self.req += 1;
+            self.now = Nanos(self.now.0 + 1000);
+            let ev = if write {
+                Event::Write {
+                    req: ReqId(self.req),
+                    core: self.core,
+                    lba,
+                    blocks: 8,
+                    fua: false,
+                }
+            } else {
+                Event::Read {
+                    req: ReqId(self.req),
+                    core: self.core,
+                    lba,
+                    blocks: 8,
+                }
+            };
+            let t0 = Instant::now();
+            let ok = run_request(cache, ev, &mut self.actions, self.now);
+            let dt = t0.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+            black_box(ok);
+            if is_partial {
+                partial.push(dt)
+            } else {
+                full.push(dt)
+            }
+        }
+        eprintln!(" done");
+        (summarize(full), summarize(partial))
+    }
 }

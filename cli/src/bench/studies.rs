@@ -17,7 +17,7 @@
 //! They run on their own small cache (so filling it takes seconds) with two emulated cores of
 //! the same preset, served by their own NBD server, driven by tiercache's load generator.
 
-use crate::bench_run::verdict;
+use super::kit::report::verdict;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -238,8 +238,34 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
     let mut doc = json!({"cache_bytes": plan.cache_bytes, "cache_data_bytes": data,
         "preset": plan.preset});
     let stopped = || ui.stop.load(Ordering::Relaxed);
+    let s = Study {
+        plan,
+        rig,
+        ui,
+        data,
+    };
+    p4_stream(&s, &mut doc, &mut text)?;
+    if stopped() {
+        return Ok((doc, text));
+    }
+    p4_dirty_read(&s, &mut doc, &mut text)?;
+    p5_dirty_full(&s, &mut doc, &mut text)?;
+    Ok((doc, text))
+}
 
-    // --- P4: a 512K stream of 4x the cache beside a Zipf reader ---
+/// What every study reads: the plan, the rig, the UI, the bytes of cache data.
+struct Study<'a> {
+    plan: &'a Plan,
+    rig: &'a Rig,
+    ui: &'a Ui<'a>,
+    data: u64,
+}
+
+/// P4: a 512K stream of 4x the cache beside a Zipf reader (the reader's hit ratio, the
+/// stream's bandwidth).
+fn p4_stream(s: &Study, doc: &mut Value, text: &mut String) -> Result<(), String> {
+    let (plan, rig, ui, data) = (s.plan, s.rig, s.ui, s.data);
+    let stopped = || ui.stop.load(Ordering::Relaxed);
     rig.reg.io_class_load(
         1,
         "IO class id,IO class name,Eviction priority,Allocation\n\
@@ -272,7 +298,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
     stream.duration = None;
     stream.io_count = Some(stream_bytes / (512 << 10));
     if stopped() {
-        return Ok((doc, text));
+        return Ok(());
     }
     let stream_base = job(rig, ui, "P4 stream alone (bare)", "baseline", &stream)?;
     let (n2, h2) = rig.class_hits(1)?;
@@ -307,7 +333,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         "target": "reader hit ratio drops <= 2 points; stream >= 0.95x uncached",
         "met": drop_points <= 2.0 && stream_ratio >= 0.95,
     });
-    text += &format!(
+    *text += &format!(
         "{} P4 stream beside a Zipf reader: reader hits {:.1}% alone, {:.1}% beside a {} MiB 512K stream (drop {:.1} points; target <= 2); stream {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.95x)\n",
         verdict(drop_points <= 2.0 && stream_ratio >= 0.95),
         hit_alone * 100.0,
@@ -319,11 +345,12 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         stream_ratio
     );
     println!("  {}", text.lines().last().unwrap_or(""));
-    if stopped() {
-        return Ok((doc, text));
-    }
+    Ok(())
+}
 
-    // --- P4: sequential read over a 50%-dirty range ---
+/// P4: a 512K sequential read over a 50%-dirty range, against the bare core.
+fn p4_dirty_read(s: &Study, doc: &mut Value, text: &mut String) -> Result<(), String> {
+    let (plan, rig, ui, data) = (s.plan, s.rig, s.ui, s.data);
     rig.param("cleaning", &[("policy", "nop")])?;
     let range_off = plan.cache_bytes * 12;
     let range = data / 2;
@@ -350,12 +377,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
     let sb = job(rig, ui, "P4 50%-dirty seq read (bare)", "baseline", &seq)?;
     let sc = job(rig, ui, "P4 50%-dirty seq read (cached)", "cached", &seq)?;
     let r50 = sc.bw_mbps / sb.bw_mbps.max(1e-9);
-    doc["seq_read_50pct_dirty"] = json!({
-        "range_bytes": range, "dirty_pct_of_cache": dirty_now,
-        "mbps_bare": sb.bw_mbps, "mbps_cached": sc.bw_mbps, "ratio": r50,
-        "target": ">= 0.8x uncached", "met": r50 >= 0.8,
-    });
-    text += &format!(
+    *text += &format!(
         "{} P4 512K sequential read over a 50%-dirty {} MiB range: {:.1} MB/s vs {:.1} bare ({:.2}x; target >= 0.8x)\n",
         verdict(r50 >= 0.8),
         range >> 20,
@@ -364,8 +386,19 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         r50
     );
     println!("  {}", text.lines().last().unwrap_or(""));
+    doc["seq_read_50pct_dirty"] = json!({
+        "range_bytes": range, "dirty_pct_of_cache": dirty_now,
+        "mbps_bare": sb.bw_mbps, "mbps_cached": sc.bw_mbps, "ratio": r50,
+        "target": ">= 0.8x uncached", "met": r50 >= 0.8,
+    });
 
-    // --- P5: dirty-full random writes at QD 1..64 ---
+    Ok(())
+}
+
+/// P5: dirty-full 4K random writes at QD 1 to 64, against the bare core.
+fn p5_dirty_full(s: &Study, doc: &mut Value, text: &mut String) -> Result<(), String> {
+    let (plan, rig, ui, data) = (s.plan, s.rig, s.ui, s.data);
+    let stopped = || ui.stop.load(Ordering::Relaxed);
     let mut rows = Vec::new();
     let p5_ws = plan.cache_bytes * 2;
     let p5_off = plan.cache_bytes * 14;
@@ -376,7 +409,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         plan.p5_cached_s
     );
     print!("  {head}");
-    text += &head;
+    *text += &head;
     for qd in [1u32, 8, 16, 32, 64] {
         if stopped() {
             break;
@@ -417,8 +450,8 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
             verdict(ratio >= 0.9 && worst_ratio >= 0.5)
         );
         println!("{line}");
-        text += &line;
-        text += "\n";
+        *text += &line;
+        *text += "\n";
         rows.push(json!({
             "qd": qd, "baseline_iops": b.iops, "cached_iops": r.iops, "ratio": ratio,
             "worst_second_iops": worst, "worst_second_ratio": worst_ratio,
@@ -433,7 +466,7 @@ fn studies(plan: &Plan, rig: &Rig, ui: &Ui, data: u64) -> Result<(Value, String)
         "cached_s": plan.p5_cached_s, "runs": rows,
         "target": ">= 0.9x uncached IOPS at each QD, no 1-second bucket below 0.5x",
     });
-    Ok((doc, text))
+    Ok(())
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

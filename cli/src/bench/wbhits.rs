@@ -11,12 +11,15 @@
 //! targets: during ≥ 0.8× idle, p99 ≤ 2× idle. The writeback must still be running when the
 //! measurement ends, or the row says so. Nothing is asserted (a benchmark, not a test).
 
-use crate::bench_peers::{Daemon, Procs};
-use crate::bench_run::{Bar, PERCENTILES, fio_json, install_sigint, parse_fio};
+use super::kit::daemon::Daemon;
+use super::kit::fio::{fio_json, fio_version, json_with_percentiles, parse_fio};
+use super::kit::host::host;
+use super::kit::procs::{Procs, install_sigint};
+use super::kit::report::{Bar, git_commit};
 use serde_json::{Value, json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tiercache_daemon::admin::Request;
 
@@ -87,11 +90,8 @@ fn fio(
         .arg(format!("--bs={bs}"))
         .arg(format!("--iodepth={qd}"))
         .arg(format!("--offset={offset}"))
-        .arg(format!("--size={size}"))
-        .arg(format!("--percentile_list={PERCENTILES}"))
-        .arg("--output-format=json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg(format!("--size={size}"));
+    json_with_percentiles(&mut cmd);
     let total = match (runtime, number_ios) {
         (Some(t), _) => {
             cmd.arg("--time_based")
@@ -290,7 +290,7 @@ pub fn run(a: Args) -> Result<(), String> {
     if !(1..=3600).contains(&runtime) {
         return Err(format!("--runtime {runtime}: give 1 to 3600 seconds"));
     }
-    if crate::bench_run::fio_version().is_none() {
+    if fio_version().is_none() {
         return Err("fio is not installed (apt-get install fio)".into());
     }
     install_sigint();
@@ -333,7 +333,7 @@ pub fn run(a: Args) -> Result<(), String> {
     println!("  targets: hits during writeback >= 0.8x idle IOPS, p99 <= 2x idle");
     if let Some(p) = a.json {
         let j = json!({"dirty_lines": dirty, "runtime_s": runtime, "quick": a.quick,
-            "commit": crate::bench_run::git_commit(), "host": crate::bench_run::host(), "paths": out});
+            "commit": git_commit(), "host": host(), "paths": out});
         std::fs::write(&p, serde_json::to_string_pretty(&j).expect("json") + "\n")
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?;
     }
