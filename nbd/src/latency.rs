@@ -12,7 +12,7 @@
 //! counted.
 
 use crate::proto::cmd;
-use crate::server::Conn;
+use crate::transmission::Conn;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 

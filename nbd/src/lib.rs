@@ -118,21 +118,24 @@
 #![warn(missing_docs)]
 
 mod export;
+mod handshake;
 pub mod latency;
 pub mod proto;
 mod reactor;
 mod server;
 mod tls;
 mod tls_key;
+mod transmission;
 mod unaligned;
 
 pub use export::{
     BackendExport, BlockSizes, EngineExport, Export, ExportError, ExportMap, Exports, MAX_BLOCK,
     ReadReply, ReadStart,
 };
+pub use handshake::{Handshake, serve_handshake};
 pub use latency::RequestStats;
 pub use server::{
-    BoundAddr, Closer, Handshake, ListenAddr, NbdStream, Server, ServerConfig, ServerStats,
-    non_loopback_refusal, serve_handshake,
+    BoundAddr, Closer, ListenAddr, NbdStream, Server, ServerConfig, ServerStats,
+    non_loopback_refusal,
 };
 pub use tls::TlsConfig;

@@ -25,7 +25,8 @@
 
 use crate::export::{EngineExport, ExportError};
 use crate::proto::{self, Request, cmd};
-use crate::server::{Conn, InFlight, Reply, ServerConfig, execute, lock};
+use crate::server::{ServerConfig, lock};
+use crate::transmission::{Conn, InFlight, Reply, execute};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -34,7 +34,8 @@
 
 use crate::export::{BlockSizes, Export, ExportError};
 use crate::proto::{Request, cmd};
-use crate::server::{Conn, InFlight, answer, answer_read, lock};
+use crate::server::lock;
+use crate::transmission::{Conn, InFlight, answer, answer_read};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
