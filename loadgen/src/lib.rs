@@ -52,6 +52,7 @@ mod hist;
 mod job;
 mod pattern;
 mod uri;
+mod worker;
 
 pub use conn::{Connection, flags};
 pub use hist::{CdfPoint, Histogram, LatencyStats};
