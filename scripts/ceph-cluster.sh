@@ -6,6 +6,8 @@
 #                             [--watch-pid PID]
 #   ceph-cluster.sh add-osd DIR --block PATH [--db PATH --db-size SIZE] [--opt KEY=VALUE]...
 #   ceph-cluster.sh remove-osd DIR ID
+#   ceph-cluster.sh stop-osd DIR ID     # stop it, keep it in the cluster (its data stays)
+#   ceph-cluster.sh start-osd DIR ID    # start it again, with the options it was added with
 #   ceph-cluster.sh stop DIR
 #   ceph-cluster.sh env DIR      # prints `export CEPH_CONF=...` lines (eval them)
 #   ceph-cluster.sh status DIR   # the processes it started, and whether each is alive
@@ -18,7 +20,11 @@
 # RocksDB and WAL on PATH too, or on a file --db of --db-size created by mkfs; --opt adds a
 # `--KEY=VALUE` ceph option to this OSD's command lines only). It prints the new OSD's id as the
 # last line once the OSD is up. `remove-osd` stops that OSD (TERM, then KILL) and purges it from
-# the cluster (its id can be reused); its devices are left to the caller. Plain background processes: no
+# the cluster (its id can be reused); its devices are left to the caller. `stop-osd` stops an
+# OSD (TERM, then KILL; nothing if it already exited, e.g. after an abort on an IO error) and
+# marks it down (a lone OSD has no peer to report it, so the mon would show it up for
+# minutes); `start-osd` starts it again with the options `add-osd` gave it (kept in its data
+# directory) and prints its id once it is up again. Plain background processes: no
 # systemd, no containers; works as root. The PIDs it starts are recorded in DIR/pids and `stop`
 # signals exactly those (checking each still runs with DIR's config), OSDs first, then the mgr
 # and the mon: TERM, then KILL after a timeout. It never uses pkill or killall.
@@ -49,7 +55,7 @@ die() {
 }
 
 usage() {
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -541,6 +547,8 @@ cmd_add_osd() {
         purge_osd "$id" || true
         die "ceph-osd --mkfs of osd.$id on $block failed (see $DIR/log/osd.$id.mkfs.out)"
     }
+    # For start-osd: the options this OSD runs with.
+    printf '%s\n' "${opts[@]}" >"$DIR/osd/ceph-$id/add-osd.opts"
     spawn "osd.$id" ceph-osd -f -c "$CONF" -i "$id" "${opts[@]}"
     wait_until 60 "osd.$id to come up" osd_is_up "$id" || {
         tail -n 15 "$DIR/log/osd.$id.log" >&2 || true
@@ -551,14 +559,37 @@ cmd_add_osd() {
     echo "$id"
 }
 
-cmd_remove_osd() {
+cmd_stop_osd() {
     local id=${1:-}
-    [[ $id =~ ^[0-9]+$ ]] || die "remove-osd wants an OSD id (got '$id')"
+    [[ $id =~ ^[0-9]+$ ]] || die "$VERB wants an OSD id (got '$id')"
     [ -f "$DIR/pids" ] || die "$DIR: no cluster was started here"
     stop_group "^osd\.$id\$"
     ceph_ osd down "$id" >/dev/null 2>&1 || true
-    purge_osd "$id" || die "could not remove osd.$id from the cluster"
-    rm -rf "$DIR/osd/ceph-$id"
+}
+
+cmd_remove_osd() {
+    cmd_stop_osd "${1:-}"
+    purge_osd "$1" || die "could not remove osd.$1 from the cluster"
+    rm -rf "$DIR/osd/ceph-$1"
+}
+
+cmd_start_osd() {
+    local id=${1:-} name pid
+    [[ $id =~ ^[0-9]+$ ]] || die "start-osd wants an OSD id (got '$id')"
+    [ -f "$DIR/pids" ] && [ ! -f "$DIR/stopped" ] || die "$DIR: no running cluster here (start one first)"
+    [ -f "$DIR/osd/ceph-$id/add-osd.opts" ] || die "osd.$id was not added with add-osd here"
+    while read -r name pid; do
+        [ "$name" = "osd.$id" ] && ours "$pid" && die "osd.$id is running (pid $pid)"
+    done <"$DIR/pids"
+    local opts=()
+    mapfile -t opts <"$DIR/osd/ceph-$id/add-osd.opts"
+    spawn "osd.$id" ceph-osd -f -c "$CONF" -i "$id" "${opts[@]}"
+    wait_until 60 "osd.$id to come up" osd_is_up "$id" || {
+        tail -n 15 "$DIR/log/osd.$id.log" >&2 || true
+        stop_group "^osd\.$id\$"
+        die "osd.$id did not come up"
+    }
+    echo "$id"
 }
 
 [ $# -ge 2 ] || usage
@@ -567,11 +598,16 @@ DIR=$2
 shift 2
 case $VERB in
 start) cmd_start "$@" ;;
-add-osd | remove-osd)
+add-osd | remove-osd | stop-osd | start-osd)
     [ -d "$DIR" ] || die "$DIR: no such directory"
     DIR=$(cd "$DIR" && pwd)
     CONF=$DIR/ceph.conf
-    if [ "$VERB" = add-osd ]; then cmd_add_osd "$@"; else cmd_remove_osd "$@"; fi
+    case $VERB in
+    add-osd) cmd_add_osd "$@" ;;
+    remove-osd) cmd_remove_osd "$@" ;;
+    stop-osd) cmd_stop_osd "$@" ;;
+    start-osd) cmd_start_osd "$@" ;;
+    esac
     ;;
 stop | env | status)
     [ $# -eq 0 ] || die "$VERB takes only DIR"

@@ -27,7 +27,6 @@ use crate::bench_ceph::{Cluster, FioTarget};
 use serde_json::{Value, json};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -37,6 +36,14 @@ use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, RequestS
 
 #[path = "bench_osd_predict.rs"]
 mod predict;
+
+/// Shared with cli/tests/osd_kill.rs.
+#[path = "nbd_attach.rs"]
+pub(crate) mod nbd_attach;
+use nbd_attach::{
+    Attach, choose_attach, find_prog, free_nbd_dev, nbd_client_attach, nbd_client_detach,
+    nbdfuse_args, unmount_fuse, wait_fuse_file,
+};
 
 /// The layouts, in the order they run.
 pub(crate) const LAYOUTS: [&str; 3] = ["hdd", "hdd+db", "tiercache"];
@@ -94,56 +101,6 @@ const RATIOS: [(&str, &str, &str); 3] = [
     ("tiercache/hdd+db", "tiercache", "hdd+db"),
     ("hdd+db/hdd", "hdd+db", "hdd"),
 ];
-
-/// How an OSD's data device is attached.
-#[derive(Clone, Debug, PartialEq)]
-enum Attach {
-    /// `nbd-client` (this program) onto `/dev/nbdX`.
-    NbdClient(PathBuf),
-    /// `nbdfuse` (this program): the export as a file in a FUSE mount.
-    Nbdfuse(PathBuf),
-}
-
-impl Attach {
-    fn name(&self) -> &'static str {
-        match self {
-            Attach::NbdClient(_) => "nbd-client",
-            Attach::Nbdfuse(_) => "nbdfuse",
-        }
-    }
-}
-
-/// `name` in `$PATH` (and in /usr/sbin and /sbin, where nbd-client lives).
-fn find_prog(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(
-            (name == "nbd-client")
-                .then(|| [PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-                .into_iter()
-                .flatten(),
-        )
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// `nbd-client` where the kernel has nbd devices, else `nbdfuse`.
-fn choose_attach(nbd0: bool) -> Result<Attach, String> {
-    if nbd0 && let Some(p) = find_prog("nbd-client") {
-        return Ok(Attach::NbdClient(p));
-    }
-    if let Some(p) = find_prog("nbdfuse") {
-        return Ok(Attach::Nbdfuse(p));
-    }
-    Err(format!(
-        "--study ceph-osd: an OSD's data device cannot be attached here: {} and nbdfuse is not installed (apt-get install nbdfuse)",
-        if nbd0 {
-            "nbd-client is not installed (apt-get install nbd-client)"
-        } else {
-            "there is no /dev/nbd0 (modprobe nbd, with nbd-client)"
-        }
-    ))
-}
 
 /// What the study runs and on what.
 struct Plan {
@@ -756,31 +713,10 @@ impl Drop for Rig<'_> {
         }
         self.procs.stop_all();
         for (prog, dev) in std::mem::take(&mut self.nbd_devs) {
-            let _ = Command::new(prog)
-                .arg("-d")
-                .arg(&dev)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            nbd_client_detach(&prog, &dev);
         }
-        let mounted = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         for m in std::mem::take(&mut self.mounts) {
-            let shown = m.display().to_string();
-            if mounted.lines().any(|l| l.split(' ').nth(1) == Some(&shown)) {
-                // nbdfuse unmounts at SIGTERM; this is for one that was killed.
-                for prog in ["fusermount3", "fusermount"] {
-                    let ok = Command::new(prog)
-                        .args(["-u", "-z"])
-                        .arg(&m)
-                        .stderr(Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    if ok {
-                        break;
-                    }
-                }
-            }
-            let _ = std::fs::remove_dir_all(&m);
+            unmount_fuse(&m);
         }
         if let Some(s) = self.server.take() {
             s.shutdown();
@@ -800,34 +736,6 @@ fn file(path: &Path, bytes: u64) -> Result<String, String> {
     f.set_len(bytes)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path.display().to_string())
-}
-
-/// Waits until nbdfuse (child `pid`) shows `file` with `bytes`.
-fn wait_fuse_file(procs: &mut Procs, pid: u32, file: &Path, bytes: u64) -> Result<(), String> {
-    let t = Instant::now();
-    loop {
-        if std::fs::metadata(file).is_ok_and(|m| m.len() == bytes) {
-            return Ok(());
-        }
-        procs.check(pid)?;
-        if t.elapsed() > Duration::from_secs(30) {
-            return Err(format!("nbdfuse did not show {} in 30 s", file.display()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// A `/dev/nbdX` that no client holds.
-fn free_nbd_dev(taken: &[(PathBuf, PathBuf)]) -> Result<PathBuf, String> {
-    (0..64)
-        .map(|i| (i, PathBuf::from(format!("/dev/nbd{i}"))))
-        .find(|(i, d)| {
-            d.exists()
-                && !Path::new(&format!("/sys/block/nbd{i}/pid")).exists()
-                && !taken.iter().any(|(_, t)| t == d)
-        })
-        .map(|(_, d)| d)
-        .ok_or_else(|| "no free /dev/nbdX".to_string())
 }
 
 fn param(reg: &Registry, id: u16, group: &str, kv: &[(&str, &str)]) -> Result<(), String> {
@@ -931,33 +839,16 @@ fn run_layout(
                     &format!("nbdfuse {export}"),
                     None,
                     prog,
-                    &[
-                        data.display().to_string(),
-                        format!("nbd+unix:///{export}?socket={}", sock.display()),
-                    ],
+                    &nbdfuse_args(&data, &export, &sock),
                     &[],
                     scratch.join(format!("nbdfuse-{tag}-osd{i}.log")),
                 )?;
-                wait_fuse_file(&mut rig.procs, pid, &data, plan.hdd_bytes)?;
+                wait_fuse_file(&data, plan.hdd_bytes, &mut || rig.procs.check(pid))?;
                 data
             }
             Attach::NbdClient(prog) => {
                 let dev = free_nbd_dev(&rig.nbd_devs)?;
-                let o = Command::new(prog)
-                    .args(["-u", "-N", &export])
-                    .arg(&sock)
-                    .arg(&dev)
-                    .args(["-b", "4096", "-t", "60"])
-                    .stdin(Stdio::null())
-                    .output()
-                    .map_err(|e| format!("nbd-client: {e}"))?;
-                if !o.status.success() {
-                    return Err(format!(
-                        "nbd-client {}: {}",
-                        dev.display(),
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    ));
-                }
+                nbd_client_attach(prog, &export, &sock, &dev)?;
                 rig.nbd_devs.push((prog.clone(), dev.clone()));
                 dev
             }
