@@ -34,7 +34,9 @@ section "packages"
 need=()
 command -v nbdkit >/dev/null 2>&1 || need+=(nbdkit)
 command -v qemu-nbd >/dev/null 2>&1 || need+=(qemu-utils)
-command -v nbdinfo >/dev/null 2>&1 || need+=(libnbd-bin)
+# libnbd-bin also brings nbdfuse: an export as a file where the kernel has no nbd module (the
+# ceph-osd study's OSDs and the daemon-kill test under a live OSD need it).
+command -v nbdinfo >/dev/null 2>&1 && command -v nbdfuse >/dev/null 2>&1 || need+=(libnbd-bin)
 python3 -c 'import nbd' >/dev/null 2>&1 || need+=(python3-libnbd)
 command -v fio >/dev/null 2>&1 || need+=(fio)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
