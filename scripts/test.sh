@@ -61,10 +61,6 @@ fi
 /usr/bin/python3 -c 'import rbd' >/dev/null 2>&1 || need+=(python3-rbd)
 # prometheus_client's parser reads the daemon's whole /metrics exposition (cli/tests/metrics.rs).
 /usr/bin/python3 -c 'import prometheus_client' >/dev/null 2>&1 || need+=(python3-prometheus-client)
-# libnbd's nbdfuse: an export as a file where the kernel has no nbd module, for the BlueStore
-# OSDs of the ceph-osd study and the daemon-kill test under a live OSD (cli/tests/osd_study.rs,
-# osd_kill.rs; both skip without it).
-command -v nbdfuse >/dev/null 2>&1 || need+=(nbdfuse)
 # Debian's nbd-client: the block-device recipe's negotiation (cli/tests/nbd_client.rs).
 command -v nbd-client >/dev/null 2>&1 || [ -x /usr/sbin/nbd-client ] || need+=(nbd-client)
 # The aarch64 CRC32C path (format/src/crc.rs), cross-built and run under qemu-user.
