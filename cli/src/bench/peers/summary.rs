@@ -214,8 +214,31 @@ fn p1_summary(s: &Sums, t: &mut String, targets: &mut Vec<Value>) -> Option<Valu
             fmt_opt(cmax),
             verdict_met(met)
         );
+        // The load generator's own ceiling: fio's nbd engine on one pinned CPU. When it is
+        // (nearly) saturated for both servers, the ratio measures the client, not the servers.
+        let busy = |v: &[&Run]| {
+            median_min_max(
+                &v.iter()
+                    .map(|r| r.fio_usr_pct + r.fio_sys_pct)
+                    .collect::<Vec<_>>(),
+            )
+            .0
+        };
+        let (bt, bn) = (busy(&ram), busy(&mem));
+        let bound = bt >= 90.0;
+        let _ = writeln!(
+            t,
+            "P1 ram: the client (fio, pinned to CPU {}) was {bt:.0}% busy with tiercache and {bn:.0}% with nbdkit memory{}",
+            plan.client_cpu,
+            if bound {
+                ": tiercache's figure is the load generator's ceiling on this machine, not the server's"
+            } else {
+                ""
+            }
+        );
         ratios["ram_over_nbdkit_memory"] = json!({"ratio": x, "per_round": per,
-            "target": 1.5, "cpu_us_per_io": c, "cpu_target_us": cmax, "met": met});
+            "target": 1.5, "cpu_us_per_io": c, "cpu_target_us": cmax, "met": met,
+            "client_busy_pct": bt, "nbdkit_client_busy_pct": bn, "client_bound": bound});
         targets.push(json!({"id": "P1-ram", "ratio": x, "target": 1.5, "met": met}));
     }
     if !file.is_empty() && !mem.is_empty() && !dev.is_empty() {
