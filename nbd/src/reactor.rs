@@ -55,8 +55,8 @@ const WRITEV_REPLIES: usize = 64;
 /// without waiting for the rest of the wake-up. A client at queue depth 16 sends its requests
 /// together and a virtio disk completes reads together, so handing off only once per wake-up
 /// moved each burst through the server as one convoy while the device (or the client) sat
-/// idle; every 4 keeps both busy for a few more system calls (docs/ARCHITECTURE.md, "Life of
-/// a READ", measured there).
+/// idle; every 4 keeps both busy for a few more system calls (measured: docs/BENCHMARKS.md,
+/// "Bursts through the reactor").
 const HAND_OFF: usize = 4;
 
 /// Bytes at the front of the engine's IO buffer pool registered with a connection's ring
@@ -734,15 +734,20 @@ impl State<'_> {
         let mut done = std::mem::take(&mut self.done);
         let r = self.ring.wait(1, Duration::from_millis(100), &mut done);
         let mut n = 0usize;
-        for d in done.drain(..) {
-            let io = d.token < WAKE;
-            self.completed(d);
-            if io {
-                n += 1;
-                if n.is_multiple_of(HAND_OFF) {
-                    self.hand_off();
+        while !done.is_empty() {
+            for d in done.drain(..) {
+                let io = d.token < WAKE;
+                self.completed(d);
+                if io {
+                    n += 1;
+                    if n.is_multiple_of(HAND_OFF) {
+                        self.hand_off();
+                    }
                 }
             }
+            // A hand-off that found the submission queue full reaped completions into
+            // `self.done` (`Ring::push`): they are taken here, not dropped.
+            std::mem::swap(&mut done, &mut self.done);
         }
         self.done = done;
         r
