@@ -153,7 +153,7 @@ impl Reactor {
     pub(crate) fn new(fd: RawFd, cfg: &ServerConfig) -> io::Result<Reactor> {
         Ok(Reactor {
             fd,
-            ring: Ring::new(256)?,
+            ring: Ring::new(cfg.ring_entries.max(1))?,
             waker: Arc::new(Waker::new()?),
             write_timeout: cfg.write_timeout,
         })

@@ -164,6 +164,9 @@ pub struct ServerConfig {
     /// Run plain-socket connections to engine exports on an io_uring reactor each
     /// (`reactor.rs`); off: worker threads, as TLS connections always are.
     pub reactor: bool,
+    /// Submission queue entries of each reactor's ring (256; the kernel rounds up to a power
+    /// of two). A full queue is submitted and reaped, never refused: tests make it tiny.
+    pub ring_entries: u32,
 }
 
 /// One log line through the daemon's one formatter (`tiercache_io::log`).
@@ -187,6 +190,7 @@ impl Default for ServerConfig {
             socket_group: None,
             log_connections: false,
             reactor: true,
+            ring_entries: 256,
         }
     }
 }
