@@ -26,10 +26,29 @@ fn sample(name: &str) -> String {
     format!("{}/../sim/tests/traces/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn tmp(tag: &str) -> PathBuf {
+/// A scratch directory, removed when the test is done with it (kept after a failure, for
+/// its files).
+struct Tmp(PathBuf);
+
+impl std::ops::Deref for Tmp {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn tmp(tag: &str) -> Tmp {
     let d = std::env::temp_dir().join(format!("tiercache-mrc-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Tmp(d)
 }
 
 /// 3000 requests over 400 lines, a hot tenth, one write in three.
