@@ -250,11 +250,7 @@ impl Ring {
                 return Ok(());
             }
             // The submission queue is full: hand it to the kernel, and take what completed.
-            match self.ring.submit() {
-                Ok(_) => {}
-                Err(e) if transient(&e) => {}
-                Err(e) => return Err(e),
-            }
+            self.submit()?;
             self.reap(out);
         }
     }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::{IoClassTable, IoInfo};
 use tiercache_core::policy::{
-    AcpParams, AlruParams, CleaningPolicy, CutoffParams, CutoffPolicy, Named, RateParams,
+    AcpParams, AlruParams, CleaningPolicy, CutoffParams, Named, RateParams,
 };
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos};
 use tiercache_core::{Cache, Config};
@@ -260,6 +260,17 @@ pub struct Run {
     pub result: RunResult,
 }
 
+/// The policy `name` (the core's names, `policy::Named`), or "WHERE: unknown WHAT policy
+/// 'NAME' (one of ...)".
+fn named<T: Named>(place: &str, what: &str, name: &str) -> Result<T, String> {
+    T::parse(name).ok_or_else(|| {
+        format!(
+            "{place}: unknown {what} policy '{name}' (one of {})",
+            T::one_of()
+        )
+    })
+}
+
 impl Scenario {
     /// A shipped scenario by name, or a file by path.
     pub fn load(name_or_path: &str) -> Result<Scenario, String> {
@@ -302,13 +313,7 @@ impl Scenario {
             return Err("scenario: sample_s must be > 0 and warmup_s >= 0".into());
         }
         // The cache's default cleaning policy, even where every config names its own.
-        if CleaningPolicy::parse(&s.cache.cleaning).is_none() {
-            return Err(format!(
-                "cache: unknown cleaning policy '{}' (one of {})",
-                s.cache.cleaning,
-                CleaningPolicy::one_of()
-            ));
-        }
+        named::<CleaningPolicy>("cache", "cleaning", &s.cache.cleaning)?;
         // Build every config once (small) to surface errors before running.
         for c in &s.config {
             s.cache_config(c, 1024)?;
@@ -329,13 +334,7 @@ impl Scenario {
         cfg.mode = CacheMode::parse(&cs.mode)
             .ok_or_else(|| format!("cache: unknown mode '{}'", cs.mode))?;
         let cleaning = c.cleaning.as_deref().unwrap_or(&cs.cleaning);
-        cfg.cleaning = CleaningPolicy::parse(cleaning).ok_or_else(|| {
-            format!(
-                "config {}: unknown cleaning policy '{cleaning}' (one of {})",
-                c.name,
-                CleaningPolicy::one_of()
-            )
-        })?;
+        cfg.cleaning = named(&format!("config {}", c.name), "cleaning", cleaning)?;
         let d = AlruParams::default();
         cfg.alru = AlruParams {
             activity_threshold_ms: cs
@@ -356,13 +355,7 @@ impl Scenario {
         let cutoff = match &cs.cutoff {
             None => None,
             Some(x) => Some(CutoffParams {
-                policy: CutoffPolicy::parse(&x.policy).ok_or_else(|| {
-                    format!(
-                        "cache: unknown cutoff policy '{}' (one of {})",
-                        x.policy,
-                        CutoffPolicy::one_of()
-                    )
-                })?,
+                policy: named("cache", "cutoff", &x.policy)?,
                 threshold_bytes: x.threshold_kib * 1024,
                 ..CutoffParams::default()
             }),
