@@ -19,7 +19,7 @@
 
 use crate::bench::kit::fio::{Workload, fio_version, parse_fio, run_fio, run_fio_size};
 use crate::bench::kit::host::host;
-use crate::bench::kit::procs::{Procs, STOP, install_sigint};
+use crate::bench::kit::procs::{Procs, STOP, install_stop_signals, stopped_by};
 use crate::bench::kit::report::{Bar, close_run, git_commit, open_report};
 use crate::bench::kit::stats::pct;
 use crate::bench::run::{Args, MATRIX, hits_dirty, seq_cutoff};
@@ -241,7 +241,7 @@ pub fn run(a: Args) -> Result<(), String> {
     let out = open_report(a.out.as_deref())?;
     let scratch = base.join(format!("tiercache-osd-study-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    install_sigint();
+    install_stop_signals();
     let res = study(&a, &plan, &attach, &fio, &scratch, &out);
     close_run(&scratch);
     res
@@ -477,9 +477,9 @@ fn study(
         git_commit(),
         if a.quick { ", --quick" } else { "" },
         if stopped {
-            " Stopped early (Ctrl-C): partial results."
+            format!(" Stopped early ({}): partial results.", stopped_by())
         } else {
-            ""
+            String::new()
         }
     );
     let mut plots = Vec::new();

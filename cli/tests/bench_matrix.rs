@@ -183,3 +183,92 @@ fn without_out_the_report_goes_to_a_temporary_directory() {
     assert!(report.with_file_name("daemon.log").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Processes whose command line names `marker` (fio and servers started for one run).
+fn procs_naming(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(marker) {
+                found.push(format!("{}: {c}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+/// SIGTERM (a `kill`, a CI timeout, `systemctl stop`) stops a run the way Ctrl-C does: fio
+/// stops, the report is written with what was measured and says why it is short, and no
+/// process the run started is left behind.
+#[test]
+fn sigterm_stops_the_bench_and_leaves_nothing() {
+    if !have("fio") {
+        println!("SKIPPED: fio is not installed");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tc-bench-term-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = dir.join("scratch");
+    let mut child = Command::new(BIN)
+        .args(["bench", "--quick", "--runtime", "60", "--only", "randread"])
+        .args(["--working-set", "16m", "--cache-size", "64m"])
+        .args(["--load-generator", "fio", "--peers", "none", "--no-studies"])
+        .arg("--out")
+        .arg(dir.join("out"))
+        .arg("--scratch")
+        .arg(&scratch)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run tiercache bench");
+    let marker = scratch.to_string_lossy().to_string();
+    let t = std::time::Instant::now();
+    // fio measuring (time-based; the warm-up's pass is not): the bench's own command line
+    // says "fio" too.
+    while !procs_naming(&marker)
+        .iter()
+        .any(|p| p.contains(": fio ") && p.contains("--time_based"))
+    {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(120)
+                && child.try_wait().unwrap().is_none(),
+            "fio never started under the bench"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // SAFETY: SIGTERM to the bench process this test started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the bench did not stop within 60 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let o = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{}: {}\n{stdout}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("(stopped by SIGTERM"), "{stdout}");
+    let md = std::fs::read_to_string(dir.join("out/report.md")).expect("report.md written");
+    assert!(md.contains("Stopped early (SIGTERM)"), "{md}");
+    let t = std::time::Instant::now();
+    loop {
+        let left = procs_naming(&marker);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "left running after the bench exited: {left:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -14,7 +14,7 @@
 use super::kit::daemon::Daemon;
 use super::kit::fio::{fio_json, fio_version, json_with_percentiles, parse_fio};
 use super::kit::host::host;
-use super::kit::procs::{Procs, install_sigint};
+use super::kit::procs::{Procs, install_stop_signals};
 use super::kit::report::{Bar, git_commit};
 use serde_json::{Value, json};
 use std::io::IsTerminal;
@@ -293,7 +293,7 @@ pub fn run(a: Args) -> Result<(), String> {
     if fio_version().is_none() {
         return Err("fio is not installed (apt-get install fio)".into());
     }
-    install_sigint();
+    install_stop_signals();
     let (scratch, own) = match &a.scratch {
         Some(p) => (p.clone(), false),
         None => {

@@ -1,7 +1,7 @@
 //! fio: the workload of a run, fio's command line and its JSON parsed into the numbers the
 //! reports print; the same runs with tiercache's own load generator (`--load-generator own`).
 
-use super::procs::STOP;
+use super::procs::{STOP, own_group_dying_with_us, stopped_by};
 use crate::bench_ceph::FioTarget;
 use serde_json::Value;
 use std::process::{Command, Stdio};
@@ -74,6 +74,9 @@ pub(crate) fn fio_json(
     total: f64,
     progress: &(dyn Fn(f64) + Sync),
 ) -> Result<Value, String> {
+    // fio dies with this process, even on SIGKILL; Ctrl-C and SIGTERM reach it through
+    // `STOP` below, so it still reports what it measured.
+    own_group_dying_with_us(&mut cmd);
     let child = cmd.spawn().map_err(|e| format!("cannot run fio: {e}"))?;
     let t0 = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
@@ -121,6 +124,9 @@ pub(crate) fn fio_json(
         let text = String::from_utf8_lossy(&out.stdout);
         // fio may print notes before the JSON.
         let start = text.find('{').ok_or_else(|| {
+            if STOP.load(Ordering::Relaxed) {
+                return format!("stopped by {}", stopped_by());
+            }
             format!(
                 "fio gave no results: {}",
                 String::from_utf8_lossy(&out.stderr)
@@ -262,39 +268,25 @@ pub(crate) fn warm_own(uri: &str, size: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// A sequential pass over `size` bytes, at most `max_secs`.
+/// A sequential pass over `size` bytes, at most `max_secs` (stopped early, like every fio
+/// run, by Ctrl-C or SIGTERM).
 pub(crate) fn run_fio_size(
     target: &FioTarget,
     w: &Workload,
     size: u64,
     max_secs: u64,
-    progress: &dyn Fn(f64),
+    progress: &(dyn Fn(f64) + Sync),
 ) -> Result<Value, String> {
     let mut cmd = Command::new("fio");
     cmd.arg(format!("--name={}", w.name));
     target.apply(&mut cmd);
-    let out = cmd
-        .arg(format!("--rw={}", w.rw))
+    cmd.arg(format!("--rw={}", w.rw))
         .arg(format!("--bs={}", w.bs))
         .arg("--iodepth=4")
         .arg(format!("--size={size}"))
         .arg(format!("--runtime={max_secs}"))
         .arg("--output-format=json")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run fio: {e}"))?;
-    progress(0.0);
-    let o = out.wait_with_output().map_err(|e| e.to_string())?;
-    progress(1.0);
-    if !o.status.success() {
-        return Err(String::from_utf8_lossy(&o.stderr)
-            .lines()
-            .next()
-            .unwrap_or("fio failed")
-            .to_string());
-    }
-    let text = String::from_utf8_lossy(&o.stdout);
-    let start = text.find('{').ok_or("fio gave no results")?;
-    serde_json::from_str(&text[start..]).map_err(|e| e.to_string())
+        .stderr(Stdio::piped());
+    fio_json(cmd, max_secs as f64, progress)
 }

@@ -4,20 +4,48 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Set by Ctrl-C (SIGINT): runs stop early and the report holds what was measured.
+/// Set by Ctrl-C (SIGINT), SIGTERM or SIGHUP: runs stop early, the report holds what was
+/// measured, and everything the run started is torn down (servers, fio, mounts).
 pub(crate) static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_sigint(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
+/// The signals that ask a benchmark to stop.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// The signal that set `STOP` (0 while none has).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::Relaxed);
+    if STOP.swap(true, Ordering::Relaxed) {
+        // A second signal: the default action (the children die with us: PR_SET_PDEATHSIG).
+        // SAFETY: signal and raise are async-signal-safe.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
 }
 
-pub(crate) fn install_sigint() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+/// Makes Ctrl-C, SIGTERM (`kill`, `systemctl stop`, a CI timeout) and SIGHUP (a closed
+/// terminal) stop the run cleanly; a second one ends the process at once.
+pub(crate) fn install_stop_signals() {
+    for sig in STOP_SIGNALS {
+        // SAFETY: the handler only touches an atomic and async-signal-safe calls.
+        unsafe {
+            libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// How the run was stopped, for the report: "Ctrl-C", "SIGTERM" or "SIGHUP".
+pub(crate) fn stopped_by() -> &'static str {
+    match STOP_SIGNAL.load(Ordering::Relaxed) {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "Ctrl-C",
     }
 }
 

@@ -31,7 +31,9 @@ use super::kit::daemon::Daemon;
 use super::kit::fill_file;
 use super::kit::fio::{fio_version, warm_own};
 use super::kit::host::tool_version;
-use super::kit::procs::{Procs, STOP, deleted_file_bytes, install_sigint, opened_direct};
+use super::kit::procs::{
+    Procs, STOP, deleted_file_bytes, install_stop_signals, opened_direct, stopped_by,
+};
 use super::kit::report::{Bar, report_header, write_results};
 use measure::{measure, print_run};
 use serde_json::{Value, json};
@@ -205,7 +207,7 @@ pub fn run(a: Args) -> Result<(), String> {
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("tiercache-peers-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    install_sigint();
+    install_stop_signals();
     let mut procs = Procs::default();
     let mut rep = Report::default();
     let res = run_in(&plan, &scratch, &mut procs, &mut rep);
@@ -221,7 +223,10 @@ pub fn run(a: Args) -> Result<(), String> {
         println!("note: servers and fio share a CPU here; the targets want them pinned apart");
     }
     if stopped {
-        println!("(stopped by Ctrl-C: the tables hold what was measured)");
+        println!(
+            "(stopped by {}: the tables hold what was measured)",
+            stopped_by()
+        );
     }
     if let Err(e) = &res {
         println!("(ended early: {e})");

@@ -21,7 +21,7 @@ mod report;
 
 use super::kit::fio::{Workload, fio_version};
 use super::kit::host::tool_version;
-use super::kit::procs::{STOP, install_sigint};
+use super::kit::procs::{STOP, install_stop_signals, stopped_by};
 use super::kit::report::{Bar, close_run, open_report};
 use crate::bench_ceph::CephArgs;
 use bed::{Bed, Cores, Servers};
@@ -399,7 +399,7 @@ struct Plan<'a> {
 /// Runs the matrix in `p.scratch`: the cores, the servers, the warm-up, every run, then the
 /// targets and the report.
 fn run_in(p: &Plan) -> Result<(), String> {
-    install_sigint();
+    install_stop_signals();
     let bar = Bar {
         tty: std::io::stderr().is_terminal(),
     };
@@ -447,7 +447,10 @@ fn conclude(p: &Plan, cores: &Cores, results: &[RunResult], bar: &Bar) -> Result
     })?;
     println!("report: {}", a.out_dir().join("report.html").display());
     if stopped {
-        println!("(stopped by Ctrl-C: the report holds what was measured)");
+        println!(
+            "(stopped by {}: the report holds what was measured)",
+            stopped_by()
+        );
     }
     Ok(())
 }

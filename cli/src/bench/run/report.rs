@@ -3,6 +3,7 @@
 
 use super::{Args, CACHED_RAM, LIBRBD, LIBRBD_WB, NBDKIT_CACHE, RunResult};
 use crate::bench::kit::fio::{Workload, parse_fio, run_fio, run_fio_size};
+use crate::bench::kit::procs::stopped_by;
 use crate::bench::kit::report::{Bar, git_commit, report_header, verdict};
 use crate::bench_ceph::FioTarget;
 use crate::svg;
@@ -388,9 +389,9 @@ fn report_md(r: &ReportInfo, over_time: bool) -> String {
         a.cache_size,
         a.working_set,
         if stopped {
-            " Stopped early (Ctrl-C): partial results."
+            format!(" Stopped early ({}): partial results.", stopped_by())
         } else {
-            ""
+            String::new()
         },
         table,
         if over_time {
@@ -446,9 +447,9 @@ fn report_html(r: &ReportInfo, plots: Plots) -> String {
         a.cache_size,
         a.working_set,
         if stopped {
-            " <b>Stopped early (Ctrl-C): partial results.</b>"
+            format!(" <b>Stopped early ({}): partial results.</b>", stopped_by())
         } else {
-            ""
+            String::new()
         },
         (table.to_string() + targets.1.as_deref().unwrap_or(""))
             .replace('&', "&amp;")

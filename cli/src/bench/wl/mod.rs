@@ -41,7 +41,7 @@
 
 use super::kit::fill_file;
 use super::kit::fio::fio_version;
-use super::kit::procs::{STOP, install_sigint, proc_cpu_secs};
+use super::kit::procs::{STOP, install_stop_signals, proc_cpu_secs, stopped_by};
 use super::kit::report::{report_header, write_results};
 use crate::bench_ceph::{CephArgs, ClientConfs, Cluster, FioTarget};
 use serde_json::{Value, json};
@@ -218,7 +218,7 @@ pub fn run(a: Args) -> Result<(), String> {
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("tiercache-bench-wl-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
-    install_sigint();
+    install_stop_signals();
     let t0 = Instant::now();
     let mut rep = Report::default();
     let res = run_in(&a, &plan, &scratch, &mut rep);
@@ -235,7 +235,10 @@ pub fn run(a: Args) -> Result<(), String> {
     }
     println!("total time: {total_s:.1} s");
     if stopped {
-        println!("(stopped by Ctrl-C: the tables hold what was measured)");
+        println!(
+            "(stopped by {}: the tables hold what was measured)",
+            stopped_by()
+        );
     }
     if let Err(e) = &res {
         println!("(ended early: {e})");
