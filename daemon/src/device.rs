@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_engine::Device;
 use tiercache_format::tables::CoreIdentity;
 use tiercache_io::{
@@ -79,7 +80,7 @@ impl DeviceSpec {
         }
         if let Some(size) = s.strip_prefix("ram:") {
             let b = parse_size(size)?;
-            if b == 0 || b % 512 != 0 {
+            if b == 0 || b % BLOCK_BYTES != 0 {
                 return Err(format!(
                     "ram:{size}: the size must be a non-zero multiple of 512"
                 ));
@@ -154,7 +155,7 @@ impl DeviceSpec {
             DeviceSpec::Path(p) => {
                 Arc::new(FileBackend::open(p).map_err(|e| format!("{shown}: cannot open: {e}"))?)
             }
-            DeviceSpec::Ram(b) => Arc::new(RamBackend::new(b / 512)),
+            DeviceSpec::Ram(b) => Arc::new(RamBackend::new(b / BLOCK_BYTES)),
             DeviceSpec::PowerCut(p) => Arc::new(
                 tiercache_io::OverlayBackend::open(p)
                     .map_err(|e| format!("{shown}: cannot open: {e}"))?,

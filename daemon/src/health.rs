@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tiercache_core::Machine;
 use tiercache_core::cache::{DeviceErrors, HealthState, Problem};
 use tiercache_core::event::IoError;
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_core::units::{CoreId, Nanos};
 use tiercache_engine::Engine;
 
@@ -117,7 +118,7 @@ pub fn problem_json(p: &Problem, now: Nanos) -> Value {
             v["failures"] = json!(failures);
             v["retries"] = json!(retries);
             v["next_retry_in_s"] = json!(ms3(secs(next_retry, now)));
-            v["dirty_bytes"] = json!(dirty_blocks * 512);
+            v["dirty_bytes"] = json!(dirty_blocks * BLOCK_BYTES);
         }
         Problem::WritebackRead {
             failures,
@@ -180,7 +181,7 @@ pub fn cache_health_json(m: &Machine, now: Nanos) -> Value {
     let mut v = json!({
         "state": h.state.as_str(),
         "problems": h.problems.iter().map(|p| problem_json(p, now)).collect::<Vec<_>>(),
-        "dirty_at_risk_bytes": h.dirty_at_risk_blocks * 512,
+        "dirty_at_risk_bytes": h.dirty_at_risk_blocks * BLOCK_BYTES,
         "writeback": {
             "failing_cores": failing,
             "failures": failures + f.writeback_reads.failures,
@@ -224,7 +225,7 @@ pub fn core_health_json(m: &Machine, core: CoreId, now: Nanos) -> Value {
     json!({
         "state": h.state.as_str(),
         "problems": h.problems.iter().map(|p| problem_json(p, now)).collect::<Vec<_>>(),
-        "dirty_at_risk_bytes": h.dirty_at_risk_blocks * 512,
+        "dirty_at_risk_bytes": h.dirty_at_risk_blocks * BLOCK_BYTES,
         "errors": device_errors(&k.device),
         "writeback": {
             "failing": w.since.is_some(),
@@ -262,7 +263,7 @@ pub fn states(e: &Engine) -> (Option<String>, BTreeMap<u16, String>) {
         if h.dirty_at_risk_blocks > 0 {
             all.push(format!(
                 "{} of dirty data at risk",
-                human(h.dirty_at_risk_blocks * 512)
+                human(h.dirty_at_risk_blocks * BLOCK_BYTES)
             ));
         }
         let mut per_core = BTreeMap::new();

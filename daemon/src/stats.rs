@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use std::fmt::Write;
 use tiercache_core::Machine;
 use tiercache_core::stats::ReqCounters;
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_core::units::CoreId;
 
 fn pct(a: u64, b: u64) -> f64 {
@@ -37,7 +38,7 @@ fn requests(r: &ReqCounters) -> Value {
 }
 
 fn blocks(r: &ReqCounters) -> Value {
-    json!({"client_bytes_read": r.blocks_read * 512, "client_bytes_written": r.blocks_written * 512})
+    json!({"client_bytes_read": r.blocks_read * BLOCK_BYTES, "client_bytes_written": r.blocks_written * BLOCK_BYTES})
 }
 
 /// Statistics of one cache (and optionally one core or IO class of it).
@@ -76,17 +77,17 @@ pub fn cache_stats(
                 "clean_lines": c.occupancy() - c.dirty_lines(),
                 "dirty_lines": c.dirty_lines(),
                 "dirty_pct": pct(c.dirty_lines() as u64, cfg.lines as u64),
-                "dirty_bytes": dirty_blocks * 512,
+                "dirty_bytes": dirty_blocks * BLOCK_BYTES,
             },
             "blocks": {
-                "cache_bytes_read": k.cache_blocks_read * 512,
-                "cache_bytes_written": k.cache_blocks_written * 512,
-                "core_bytes_read": k.core_blocks_read * 512,
-                "core_bytes_written": k.core_blocks_written * 512,
+                "cache_bytes_read": k.cache_blocks_read * BLOCK_BYTES,
+                "cache_bytes_written": k.cache_blocks_written * BLOCK_BYTES,
+                "core_bytes_read": k.core_blocks_read * BLOCK_BYTES,
+                "core_bytes_written": k.core_blocks_written * BLOCK_BYTES,
             },
             "errors": {"cache": k.cache_errors, "core": k.core_errors,
                 "writeback": k.writeback_errors},
-            "writeback": {"lines": k.writeback_lines, "bytes": k.writeback_blocks * 512,
+            "writeback": {"lines": k.writeback_lines, "bytes": k.writeback_blocks * BLOCK_BYTES,
                 "ios": k.writeback_ios, "running": c.writeback_running()},
             "throttle": {"writes": k.throttled_writes, "seconds": k.throttle_ns as f64 / 1e9},
             "evictions": k.evictions, "deferred": k.deferred, "alloc_failures": k.alloc_failures,
@@ -120,7 +121,7 @@ pub fn cache_stats(
             cores.push(json!({
                 "core_id": id.0,
                 "export": s.record.as_ref().map(|r| r.export_name.clone()),
-                "size_bytes": s.size_blocks * 512,
+                "size_bytes": s.size_blocks * BLOCK_BYTES,
                 "occupancy_lines": lines,
                 "dirty_lines": dirty,
                 "dirty_bytes_max": dirty as u64 * line,
@@ -175,8 +176,8 @@ pub fn cache_stats(
     }
     // Dirty-data risk (SPEC C20): bytes at risk if the cache device dies, and how long the
     // cleaner needs at the rate it has been writing back.
-    let wb_blocks = v["writeback"]["bytes"].as_u64().unwrap_or(0) / 512;
-    let rate = reg.writeback_rate(cache_id, wb_blocks) * 512.0;
+    let wb_blocks = v["writeback"]["bytes"].as_u64().unwrap_or(0) / BLOCK_BYTES;
+    let rate = reg.writeback_rate(cache_id, wb_blocks) * BLOCK_BYTES as f64;
     let dirty = v["usage"]["dirty_bytes"].as_u64().unwrap_or(0);
     v["risk"] = json!({
         "dirty_bytes": dirty,
@@ -196,19 +197,19 @@ fn wl_block(w: &tiercache_core::wl::WriteLog) -> Value {
     json!({
         "present": true,
         "clean": w.is_clean(),
-        "dirty_bytes": dirty * 512,
+        "dirty_bytes": dirty * BLOCK_BYTES,
         "entries": entries,
         "generation_lag": w.generation_lag(),
-        "log_bytes_used": used * 512,
-        "log_bytes": ring * 512,
+        "log_bytes_used": used * BLOCK_BYTES,
+        "log_bytes": ring * BLOCK_BYTES,
         "log_fill_pct": pct(used, ring),
         "read_hits_full": k.read_hits_full,
         "read_hits_partial": k.read_hits_partial,
         "read_misses": k.read_misses,
         "entries_logged": k.entries_logged,
-        "logged_bytes": k.blocks_logged * 512,
+        "logged_bytes": k.blocks_logged * BLOCK_BYTES,
         "entries_written_back": k.entries_written_back,
-        "written_back_bytes": k.blocks_written_back * 512,
+        "written_back_bytes": k.blocks_written_back * BLOCK_BYTES,
         "generations_retired": k.gens_retired,
         "prefix_retires": k.prefix_retires,
         "writes_waited_for_space": k.waited_for_space,

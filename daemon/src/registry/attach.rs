@@ -2,6 +2,7 @@
 //! is free and not another user's, IO timeouts, lookups.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 /// Gives attached core `core` the IO timeout `t`: a device already behind a timeout gets the
 /// new limit (IOs started afterwards use it); one without is wrapped, and `engine`, when the
@@ -352,8 +353,8 @@ impl Registry {
                     return Err(format!(
                         "core {} of cache {cache_id} was {} bytes, {device} is {}: it shrank, or it is not the same device",
                         e.id,
-                        e.size_blocks * 512,
-                        dev.blocks() * 512
+                        e.size_blocks * BLOCK_BYTES,
+                        dev.blocks() * BLOCK_BYTES
                     ));
                 }
                 let id = e.id as u16;

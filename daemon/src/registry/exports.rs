@@ -1,6 +1,7 @@
 //! NBD exports: resolving an export name to its target, the export list, the server's statistics.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 /// The longest a new connection waits for an RBD image's current size (the registry is locked
 /// meanwhile): the core's IO timeout, at most this, and this when it has none.
@@ -14,7 +15,7 @@ pub(super) fn current_blocks(device: &str) -> Option<u64> {
     let p = spec.path()?;
     let md = std::fs::metadata(p).ok()?;
     if md.is_file() {
-        Some(md.len() / 512)
+        Some(md.len() / BLOCK_BYTES)
     } else if md.file_type().is_block_device() {
         spec.open(device).ok().map(|d| d.blocks())
     } else {
@@ -76,8 +77,8 @@ impl Registry {
                         "core resized",
                         cache = cid,
                         core = i,
-                        from_bytes = k.size_blocks * 512,
-                        to_bytes = now * 512
+                        from_bytes = k.size_blocks * BLOCK_BYTES,
+                        to_bytes = now * BLOCK_BYTES
                     );
                     k.size_blocks = now;
                     k.dev = Some(dev);

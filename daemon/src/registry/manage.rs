@@ -1,6 +1,7 @@
 //! Verbs on a running cache: `set-mode`, `io-class load`/`list`, `invalidate`, `reset-counters`.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 impl Registry {
     /// Runs `f` on a cache's core (parameters, modes, counters).
@@ -99,7 +100,7 @@ impl Registry {
             );
             return Ok(
                 json!({"cache_id": cache_id, "core_id": core_id, "lines_dropped": lines,
-                "dirty_bytes_dropped": dropped * 512}),
+                "dirty_bytes_dropped": dropped * BLOCK_BYTES}),
             );
         }
         let mut tries = 0;
@@ -124,7 +125,7 @@ impl Registry {
         );
         Ok(
             json!({"cache_id": cache_id, "core_id": core_id, "lines_dropped": lines,
-            "dirty_bytes_dropped": dirty * 512}),
+            "dirty_bytes_dropped": dirty * BLOCK_BYTES}),
         )
     }
 

@@ -55,6 +55,7 @@ use tiercache_core::event::IoError;
 use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::ioclass::IoClassTable;
 use tiercache_core::policy::{CutoffParams, CutoffPolicy, Named};
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos};
 use tiercache_core::wl::WlConfig;
 use tiercache_core::wl::pace::Pacing;
@@ -319,8 +320,8 @@ fn core_has_dirty(e: &Engine, i: u16) -> bool {
 /// Dirty bytes of a cache (for `wl`: log data not yet written back).
 fn dirty_bytes(e: &Engine) -> u64 {
     e.with_machine(|m| match m.wl() {
-        Some(w) => w.pending(None).1 * 512,
-        None => m.cache().dirty_blocks() * 512,
+        Some(w) => w.pending(None).1 * BLOCK_BYTES,
+        None => m.cache().dirty_blocks() * BLOCK_BYTES,
     })
 }
 
@@ -335,12 +336,12 @@ enum Holds {
 fn holds(dev: &Device) -> Holds {
     let d = dev.clone();
     let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-        d.read(off / 512, buf).map_err(|e| e.to_string())
+        d.read(off / BLOCK_BYTES, buf).map_err(|e| e.to_string())
     };
     if let Ok((sb, _, _)) = tiercache_core::cache::read_superblock(&mut read) {
         return Holds::Cache(hex(&sb.cache_id));
     }
-    let n = dev.blocks().min(2048) as usize * 512;
+    let n = (dev.blocks().min(2048) * BLOCK_BYTES) as usize;
     let mut b = vec![0u8; n];
     match dev.read(0, &mut b) {
         Ok(()) if b.iter().all(|&x| x == 0) => Holds::Nothing,

@@ -1,6 +1,7 @@
 //! Planning a new cache: its configuration and the space it needs on a device of a given size.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 /// Metadata RAM per line (measured by `tiercache bench core`, rounded up) and the staging pool.
 pub(super) const RAM_PER_LINE: u64 = 20;
@@ -31,14 +32,14 @@ pub fn plan_cache(
             )
         })?;
         cfg = Config::new(lines, ls);
-        cfg.data_offset = Lba(layout.data.offset / 512);
+        cfg.data_offset = Lba(layout.data.offset / BLOCK_BYTES);
         cfg.persist = Some(Persist::new_cache(new_uuid(), bytes, ls, lines, layout));
         meta_bytes = layout.data.offset;
     }
     cfg.mode = mode;
     cfg.validate()?;
-    let ram =
-        cfg.lines as u64 * RAM_PER_LINE + cfg.pool_slots as u64 * cfg.pool_slot_blocks as u64 * 512;
+    let ram = cfg.lines as u64 * RAM_PER_LINE
+        + cfg.pool_slots as u64 * cfg.pool_slot_blocks as u64 * BLOCK_BYTES;
     let space = json!({
         "lines": cfg.lines,
         "line_size": ls.bytes(),
@@ -62,14 +63,14 @@ pub fn plan_wl_cache(bytes: u64, ls: LineSize) -> Result<(WlConfig, Value), Stri
             })?;
     let mut rc = Config::new(lines, ls);
     rc.mode = CacheMode::Wa;
-    rc.data_offset = Lba(layout.data.offset / 512);
+    rc.data_offset = Lba(layout.data.offset / BLOCK_BYTES);
     rc.persist = Some(Persist::new_cache(new_uuid(), bytes, ls, lines, layout));
     rc.validate()?;
     let cfg = WlConfig::on_device(rc)?;
     cfg.validate()?;
     let rc = &cfg.read_cache;
     let ram = rc.lines as u64 * RAM_PER_LINE
-        + (rc.pool_slots + cfg.staging_slots) as u64 * rc.pool_slot_blocks as u64 * 512;
+        + (rc.pool_slots + cfg.staging_slots) as u64 * rc.pool_slot_blocks as u64 * BLOCK_BYTES;
     let space = json!({
         "lines": rc.lines,
         "line_size": ls.bytes(),

@@ -1,6 +1,7 @@
 //! `start-cache`: a new cache, or one loaded from its device, and the cores it records.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 impl Registry {
     /// `start-cache`.
@@ -91,7 +92,7 @@ impl Registry {
         let (run, volatile, line_size, report) = if p.load {
             let d = dev.clone();
             let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-                d.read(off / 512, buf)
+                d.read(off / BLOCK_BYTES, buf)
                     .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
             };
             let (cache, report) = tiercache_core::cache::open(&base_config(), &mut read)?;
@@ -124,7 +125,7 @@ impl Registry {
                 }
             }
             if p.dry_run {
-                let bytes = dev.blocks() * 512;
+                let bytes = dev.blocks() * BLOCK_BYTES;
                 let space = if wl {
                     plan_wl_cache(bytes, ls)?.1
                 } else {
@@ -139,12 +140,13 @@ impl Registry {
                 preallocate(path)?;
             }
             let e = if wl {
-                let (cfg, space) = plan_wl_cache(dev.blocks() * 512, ls)?;
+                let (cfg, space) = plan_wl_cache(dev.blocks() * BLOCK_BYTES, ls)?;
                 let e = Engine::create_wl(cfg, dev.clone(), vec![], engine_config())?;
                 (e, space)
             } else {
                 let mode = mode.unwrap_or(CacheMode::Wt);
-                let (cfg, space) = plan_cache(dev.blocks() * 512, ls, mode, spec.volatile())?;
+                let (cfg, space) =
+                    plan_cache(dev.blocks() * BLOCK_BYTES, ls, mode, spec.volatile())?;
                 (
                     Engine::create(cfg, dev.clone(), vec![], engine_config())?,
                     space,

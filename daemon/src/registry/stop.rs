@@ -1,6 +1,7 @@
 //! `remove-core`, `stop-cache` and the daemon's shutdown.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 /// A stop step's core flush result: the first failure is logged (one warning) and kept for
 /// the answer's `core_flush_failed`; later ones of the same stop add nothing.
@@ -56,7 +57,7 @@ impl Registry {
             };
             return Err(format!(
                 "core {core_id} of cache {cache_id} has dirty data (up to {}) and --no-writeback removes a core only when it has none: write it back with `tiercache writeback --cache-id {cache_id} --core-id {core_id}`, keep it on the cache device with `tiercache stop-cache --cache-id {cache_id} --no-writeback`, or drop it with `tiercache invalidate --cache-id {cache_id} --core-id {core_id} --force` (lost)",
-                human(blocks * 512)
+                human(blocks * BLOCK_BYTES)
             ));
         }
         let mut tries = 0;
@@ -144,8 +145,8 @@ impl Registry {
             // next load find), including entries written back in a generation the stop
             // left unretired.
             dirty_b = e.with_machine(|m| match m.wl() {
-                Some(w) => w.logged_blocks() * 512,
-                None => m.cache().dirty_blocks() * 512,
+                Some(w) => w.logged_blocks() * BLOCK_BYTES,
+                None => m.cache().dirty_blocks() * BLOCK_BYTES,
             });
             // Stopped: nothing can become dirty any more; an RBD core keeps its marker only if
             // dirty lines of it stay on the cache device.

@@ -2,6 +2,7 @@
 //! timeouts, the writeback rate.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 /// The state word and reason of every core of a cache (one health walk for all of them).
 pub(super) fn core_states(c: &CacheEntry) -> BTreeMap<u16, (&'static str, String)> {
@@ -63,7 +64,7 @@ pub(super) fn load_summary(r: &LoadReport) -> Value {
     json!({"clean_stop": r.clean, "lines": r.lines, "dirty_lines": r.dirty_lines,
         "dropped_clean_lines": r.dropped_clean_lines, "journal_records": r.journal_records,
         "cores": r.cores.iter().map(|e| json!({"core_id": e.id, "export": e.export_name,
-            "size_bytes": e.size_blocks * 512})).collect::<Vec<_>>()})
+            "size_bytes": e.size_blocks * BLOCK_BYTES})).collect::<Vec<_>>()})
 }
 
 impl Registry {
@@ -129,7 +130,7 @@ impl Registry {
                     reads += all;
                     read_hits += hits;
                     json!({"core_id": i, "device": k.device, "export": k.export,
-                        "size_bytes": k.size_blocks * 512, "state": state, "reason": why,
+                        "size_bytes": k.size_blocks * BLOCK_BYTES, "state": state, "reason": why,
                         "io_timeout_ms": k.io_timeout.map(|t| t.as_millis() as u64),
                         "dirty_lines": dirty_lines, "read_hit_ratio": ratio(all, hits)})
                 })

@@ -2,6 +2,7 @@
 //! when it stalls (module docs of `registry`); the `wl` drain.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
 
 impl Registry {
     /// Writes every dirty line back; `only` waits for one core's lines only. Calls `progress`
@@ -35,7 +36,7 @@ impl Registry {
             dirty_lines = lines
         );
         Ok(json!({"cache_id": cache_id, "was_running": was,
-            "dirty_lines": lines, "dirty_bytes": blocks * 512}))
+            "dirty_lines": lines, "dirty_bytes": blocks * BLOCK_BYTES}))
     }
 
     pub(super) fn wb_cancel_count(&self, cache_id: u16) -> u64 {
@@ -174,7 +175,7 @@ impl Registry {
                 })
                 .unwrap_or(0),
             None => c.dirty_blocks(),
-        }) * 512;
+        }) * BLOCK_BYTES;
         let what = match core {
             Some(k) => {
                 let dev = self
@@ -271,7 +272,7 @@ impl Registry {
                 return Err(format!(
                     "writeback of the write log of cache {cache_id} is failing: {why}; {} writeback errors since this command began; {} of logged data stay in the log on the cache device; {}",
                     errors - errors0,
-                    human(blocks * 512),
+                    human(blocks * BLOCK_BYTES),
                     Self::instead(cache_id, only, who)
                 ));
             }
@@ -279,7 +280,7 @@ impl Registry {
         }
         self.markers_after_writeback(cache_id, e, only)?;
         Ok(
-            json!({"cache_id": cache_id, "bytes_written_back": total * 512,
+            json!({"cache_id": cache_id, "bytes_written_back": total * BLOCK_BYTES,
             "seconds": t0.elapsed().as_secs_f64()}),
         )
     }
