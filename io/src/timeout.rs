@@ -52,28 +52,8 @@ pub struct TimeoutStats {
     pub threads_max: u64,
 }
 
-/// One request with its own buffers.
-enum Op {
-    Read {
-        lba: u64,
-        buf: AlignedBuf,
-    },
-    Write {
-        lba: u64,
-        buf: AlignedBuf,
-        fua: bool,
-    },
-    WriteZeroes {
-        lba: u64,
-        blocks: u64,
-        fua: bool,
-    },
-    Trim {
-        lba: u64,
-        blocks: u64,
-    },
-    Flush,
-}
+/// One request with its own buffers: the request of [`Backend::submit_async`].
+type Op = crate::AsyncReq;
 
 impl Op {
     /// The range a write-type request changes.
