@@ -98,3 +98,78 @@ fn the_life_of_a_request_names_files_and_functions_that_exist() {
         "docs/ARCHITECTURE.md's Life of a READ/WRITE names what no longer exists: {missing:?}"
     );
 }
+
+/// Every file of the repository (paths relative to the root), outside `target` and dot folders.
+fn repo_files(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        if name == "target" || name.to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if p.is_dir() {
+            repo_files(root, &p, out);
+        } else if let Ok(rel) = p.strip_prefix(root) {
+            out.push(rel.to_string_lossy().to_string());
+        }
+    }
+}
+
+/// The file maps of the docs (ARCHITECTURE's crate and module tables, TESTING's table of
+/// tests, the others' references) name files that exist: a `code span` that is a source file
+/// name (`*.rs`, `*.sh`; a `:line` suffix allowed) must be the end of some file's path in the
+/// repository (`wl/pace.rs`, `engine/src/drive.rs`, `reactor.rs`). A rename or a split that
+/// forgets the docs fails here.
+#[test]
+fn the_docs_file_maps_name_files_that_exist() {
+    let root = root();
+    let mut files = Vec::new();
+    repo_files(&root, &root, &mut files);
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for doc in [
+        "ARCHITECTURE.md",
+        "TESTING.md",
+        "SAFETY.md",
+        "FORMAT.md",
+        "BAD_INPUT.md",
+        "CASADM.md",
+        "METRICS.md",
+    ] {
+        let text = std::fs::read_to_string(root.join("docs").join(doc)).expect("a doc");
+        for s in spans(&text) {
+            let name = s.split(':').next().unwrap_or("");
+            let name = name.strip_prefix("./").unwrap_or(name);
+            // Placeholders (`fuzz/fuzz_targets/NAME.rs`) name no file.
+            if name.contains("NAME")
+                || name.contains(' ')
+                || name.contains('*')
+                || name.contains('{')
+                || name.starts_with('/')
+                || !(name.ends_with(".rs") || name.ends_with(".sh"))
+            {
+                continue;
+            }
+            checked += 1;
+            let found = files
+                .iter()
+                .any(|f| f == name || f.ends_with(&format!("/{name}")));
+            if !found {
+                missing.push(format!("{doc}: {name}"));
+            }
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(
+        checked >= 100,
+        "the docs name too few files to check ({checked})"
+    );
+    assert!(
+        missing.is_empty(),
+        "the docs name files that do not exist: {missing:?}"
+    );
+}
