@@ -2,6 +2,7 @@
 //! places a core's [`BufRef`] names (a request's buffer, the staging pool, metadata).
 
 use super::*;
+use tiercache_io::BLOCK;
 
 impl Shared {
     /// A buffer of `blocks` for IO action `a` from the pool; `None` if `a` was queued to wait
@@ -10,7 +11,7 @@ impl Shared {
         if let Some(b) = g.handoff.take() {
             return Some(b);
         }
-        let len = blocks as usize * 512;
+        let len = blocks as usize * BLOCK;
         if !g.bufs.fits(len) {
             g.stats.buffer_oversize += 1;
             return Some(AlignedBuf::new(len));
@@ -38,7 +39,7 @@ impl Shared {
                 g.starved.clear();
                 return;
             }
-            let Some(b) = g.bufs.try_get(blocks as usize * 512) else {
+            let Some(b) = g.bufs.try_get(blocks as usize * BLOCK) else {
                 return;
             };
             let a = g.starved.pop_front().expect("front exists");
@@ -50,20 +51,20 @@ impl Shared {
 }
 
 pub(crate) fn buf_ref(g: &Inner, b: BufRef, blocks: u32) -> &[u8] {
-    let len = blocks as usize * 512;
+    let len = blocks as usize * BLOCK;
     match b {
         BufRef::Req { req, offset } => {
             // A request's buffer is a source only after data was written into it (a write's
             // payload; a read's data on its way to the cache), so it exists (`Slot::data`).
-            let s = offset as usize * 512;
+            let s = offset as usize * BLOCK;
             &g.reqs[&req].buf[s..s + len]
         }
         BufRef::Pool { slot, offset } => {
-            let s = offset as usize * 512;
+            let s = offset as usize * BLOCK;
             &g.pool[slot as usize][s..s + len]
         }
         BufRef::Meta { id, offset } => {
-            let s = offset as usize * 512;
+            let s = offset as usize * BLOCK;
             &g.m.meta_buf(id)[s..s + len]
         }
     }
@@ -81,14 +82,14 @@ pub(crate) fn buf_mut_in<'a>(
     b: BufRef,
     blocks: u32,
 ) -> &'a mut [u8] {
-    let len = blocks as usize * 512;
+    let len = blocks as usize * BLOCK;
     match b {
         BufRef::Req { req, offset } => {
-            let s = offset as usize * 512;
+            let s = offset as usize * BLOCK;
             &mut reqs.get_mut(&req).expect("buffer of a live request").data()[s..s + len]
         }
         BufRef::Pool { slot, offset } => {
-            let s = offset as usize * 512;
+            let s = offset as usize * BLOCK;
             &mut pool[slot as usize][s..s + len]
         }
         BufRef::Meta { .. } => unreachable!("metadata buffers are write sources only"),

@@ -3,6 +3,7 @@
 //! that completion started (no thread hop on a chain of IOs).
 
 use super::*;
+use tiercache_io::BLOCK;
 
 pub(crate) fn io_error(e: &IoErr) -> IoError {
     match e {
@@ -124,7 +125,7 @@ impl Shared {
             && let Some(b) = buf
             && r.is_ok()
         {
-            let blocks = (b.len() / 512) as u32;
+            let blocks = (b.len() / BLOCK) as u32;
             if let Err(b) = Self::lend(g, dst, b) {
                 buf_mut(g, dst, blocks).copy_from_slice(&b);
             }

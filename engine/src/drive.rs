@@ -3,6 +3,8 @@
 //! (`completion.rs`). Contiguous writes to one device become one IO.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
+use tiercache_io::BLOCK;
 
 impl Shared {
     pub(crate) fn now(&self) -> Nanos {
@@ -245,7 +247,7 @@ impl Shared {
                 } if *d == dev
                     && l.0 == end
                     && *f == fua
-                    && (total + *b as u64) * 512 <= MERGE_MAX_BYTES =>
+                    && (total + *b as u64) * BLOCK_BYTES <= MERGE_MAX_BYTES =>
                 {
                     end += *b as u64;
                     total += *b as u64;
@@ -272,7 +274,7 @@ impl Shared {
         let total: usize = acts
             .iter()
             .map(|a| match a {
-                Action::Write { blocks, .. } => *blocks as usize * 512,
+                Action::Write { blocks, .. } => *blocks as usize * BLOCK,
                 _ => 0,
             })
             .sum();
@@ -299,7 +301,7 @@ impl Shared {
                 io, blocks, buf, ..
             } = a
             {
-                let len = *blocks as usize * 512;
+                let len = *blocks as usize * BLOCK;
                 b[off..off + len].copy_from_slice(buf_ref(g, *buf, *blocks));
                 off += len;
                 ios.push(*io);

@@ -16,6 +16,7 @@
 use crate::Engine;
 use tiercache_core::Machine;
 use tiercache_core::event::ReqError;
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_core::units::{CoreId, mask_runs};
 use tiercache_io::{Backend, Extent};
 
@@ -37,7 +38,7 @@ fn dirty_runs(m: &Machine, core: CoreId, lba: u64, blocks: u64) -> Dirty {
     if c.dirty_lines() == 0 {
         return (Some(Vec::new()), end);
     }
-    let per_line = c.config().line_size.bytes() / 512;
+    let per_line = c.config().line_size.bytes() / BLOCK_BYTES;
     let first_line = lba / per_line;
     let last_line = (end - 1) / per_line;
     let stop_line = last_line.min(first_line + MAX_LINES - 1);

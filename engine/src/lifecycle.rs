@@ -2,6 +2,8 @@
 //! detach cores, management under the lock, the ticker, stop and kill.
 
 use super::*;
+use tiercache_core::units::BLOCK_BYTES;
+use tiercache_io::BLOCK;
 
 impl Shared {
     /// The ticker: `Tick` at the core's deadline, at least every 50 ms. It sleeps parked: a
@@ -29,7 +31,7 @@ impl Shared {
 /// checkpoint (none when the superblock cannot be read: the load then says why).
 pub(crate) fn load_plan(dev: &dyn Backend) -> Vec<(u64, u64)> {
     let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-        dev.read(off / 512, buf).map_err(|e| e.to_string())
+        dev.read(off / BLOCK_BYTES, buf).map_err(|e| e.to_string())
     };
     let Ok((sb, _, other)) = tiercache_core::cache::read_superblock(&mut read) else {
         return Vec::new();
@@ -46,7 +48,9 @@ pub(crate) fn load_plan(dev: &dyn Backend) -> Vec<(u64, u64)> {
                 .min(region.bytes);
         plan.push((region.offset, bytes));
     }
-    plan.retain(|&(off, bytes)| bytes > 0 && off.is_multiple_of(512) && bytes.is_multiple_of(512));
+    plan.retain(|&(off, bytes)| {
+        bytes > 0 && off.is_multiple_of(BLOCK_BYTES) && bytes.is_multiple_of(BLOCK_BYTES)
+    });
     plan
 }
 
@@ -60,7 +64,7 @@ impl Engine {
         let (slots, slot_blocks) = m.pool();
         let wl = m.wl().is_some();
         let pool = (0..slots)
-            .map(|_| AlignedBuf::new(slot_blocks as usize * 512))
+            .map(|_| AlignedBuf::new(slot_blocks as usize * BLOCK))
             .collect();
         let mut devs: Vec<Option<Device>> = Vec::new();
         for (id, d) in cores {
@@ -453,7 +457,7 @@ impl Engine {
     ) -> Result<(Engine, LoadReport), String> {
         let dev = cache_dev.clone();
         let mut read = |off: u64, buf: &mut [u8]| -> Result<(), String> {
-            dev.read(off / 512, buf)
+            dev.read(off / BLOCK_BYTES, buf)
                 .map_err(|e| format!("reading the cache device at byte {off}: {e}"))
         };
         // The core table only (the read cache's records, in mode `wl` too): no log scan here.

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_io::{AlignedBuf, Backend, IoErr};
 
 /// Bytes per piece.
@@ -135,7 +136,7 @@ impl ReadAhead {
         let Some((first, last)) = (len > 0).then(|| self.find(&st, off, len)).flatten() else {
             drop(st);
             self.direct += 1;
-            return self.dev.read(off / 512, buf);
+            return self.dev.read(off / BLOCK_BYTES, buf);
         };
         self.served += 1;
         let end = off + len;
@@ -168,7 +169,7 @@ impl ReadAhead {
         drop(st);
         if failed {
             self.direct += 1;
-            return self.dev.read(off / 512, buf);
+            return self.dev.read(off / BLOCK_BYTES, buf);
         }
         Ok(())
     }
@@ -203,7 +204,7 @@ fn fetch(sh: &Shared, dev: &dyn Backend) {
         let p = st.plan[k];
         drop(st);
         let mut b = AlignedBuf::new(p.len as usize);
-        let r = dev.read(p.off / 512, &mut b).ok().map(|()| b);
+        let r = dev.read(p.off / BLOCK_BYTES, &mut b).ok().map(|()| b);
         st = sh.lock();
         if k >= st.low {
             st.data.insert(k, r);

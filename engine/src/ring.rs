@@ -13,7 +13,9 @@ use super::{Capture, Engine, Event, Inner, Job, JobOp, Op, Shared};
 use std::os::unix::io::RawFd;
 use std::sync::Arc;
 use tiercache_core::event::ReqError;
+use tiercache_core::units::BLOCK_BYTES;
 use tiercache_core::units::{CoreId, IoId};
+use tiercache_io::BLOCK;
 use tiercache_io::{AlignedBuf, IoErr, RingCompleted, RingOp};
 
 /// Where the reply of a request submitted with [`Engine::submit`] goes.
@@ -70,7 +72,7 @@ impl EngineIo {
             JobOp::Read { lba, buf } => (
                 RingOp::Read {
                     fd,
-                    off: lba * 512,
+                    off: lba * BLOCK_BYTES,
                     buf,
                 },
                 Kind::Read { lba },
@@ -78,7 +80,7 @@ impl EngineIo {
             JobOp::Write { lba, buf, fua } => (
                 RingOp::Write {
                     fd,
-                    off: lba * 512,
+                    off: lba * BLOCK_BYTES,
                     buf,
                     dsync: fua,
                 },
@@ -197,12 +199,12 @@ impl Engine {
     ) {
         let blocks = match op {
             Op::Read if buf.is_empty() => blocks,
-            Op::Read | Op::Write { .. } => (buf.len() / 512) as u32,
+            Op::Read | Op::Write { .. } => (buf.len() / BLOCK) as u32,
             _ => blocks,
         };
         let mut slot = self.sh.slot(op, buf, Some(reply));
         if op == Op::Read {
-            slot.want = blocks as usize * 512;
+            slot.want = blocks as usize * BLOCK;
         }
         let mut g = self.sh.lock();
         let (_, ev) = Shared::open_request(&mut g, op, core, lba, blocks, slot);

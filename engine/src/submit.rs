@@ -3,6 +3,7 @@
 //! thread that waits for it.
 
 use super::*;
+use tiercache_io::BLOCK;
 
 /// A client request's kind (its range and buffer are given beside it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,7 +223,7 @@ impl Engine {
         lba: u64,
         buf: AlignedBuf,
     ) -> Result<(Result<(), ReqError>, AlignedBuf), Pending> {
-        let blocks = (buf.len() / 512) as u32;
+        let blocks = (buf.len() / BLOCK) as u32;
         self.start_request(Op::Read, core, lba, blocks, buf)
     }
 
@@ -234,7 +235,7 @@ impl Engine {
         lba: u64,
         buf: AlignedBuf,
     ) -> (Result<(), ReqError>, AlignedBuf) {
-        let blocks = (buf.len() / 512) as u32;
+        let blocks = (buf.len() / BLOCK) as u32;
         self.request(Op::Read, core, lba, blocks, buf)
     }
 
@@ -246,7 +247,7 @@ impl Engine {
         buf: AlignedBuf,
         fua: bool,
     ) -> (Result<(), ReqError>, AlignedBuf) {
-        let blocks = (buf.len() / 512) as u32;
+        let blocks = (buf.len() / BLOCK) as u32;
         self.request(Op::Write { fua }, core, lba, blocks, buf)
     }
 
