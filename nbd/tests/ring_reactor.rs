@@ -165,8 +165,11 @@ fn a_burst_of_requests_is_answered_in_parts() {
     }
     assert!(seen.iter().all(|&x| x));
     let writes = s.server().stats().reply_writes - before;
+    // A hand-off every 4 requests makes 16 writes; one hand-off per wake-up made 3. A socket
+    // that is not writable at a hand-off (a client slow to read, on a loaded machine) merges
+    // two parts into one write, so the bound is half of 16 (15 was seen under load).
     assert!(
-        writes >= 64 / 4,
+        writes >= 64 / 4 / 2,
         "64 replies left in {writes} writes: answered as one convoy"
     );
     drop(c);
