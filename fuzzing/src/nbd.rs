@@ -28,8 +28,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tiercache_io::RamBackend;
 use tiercache_nbd::proto::{
-    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, OPT_REPLY_MAGIC, REQUEST_LEN, Request, cmd, errno,
-    info, opt, rep, reply,
+    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, OPT_REPLY_MAGIC, REQUEST_LEN, Request,
+    RequestChecks, cmd, errno, info, opt, rep, reply,
 };
 use tiercache_nbd::{
     BackendExport, BlockSizes, Export, ExportError, ExportMap, Exports, ReadStart, Server,

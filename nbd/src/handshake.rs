@@ -198,11 +198,9 @@ pub(crate) enum Step {
 
 /// Sends the greeting and reads the client's flags. `None`: the connection ends.
 pub(crate) fn greet<S: Read + Write + ?Sized>(s: &mut S, tls: Tls) -> io::Result<Option<Haggle>> {
-    let mut hello = Vec::with_capacity(18);
-    hello.extend_from_slice(&proto::NBDMAGIC.to_be_bytes());
-    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
-    s.write_all(&hello)?;
+    s.write_all(&proto::greeting(
+        proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES,
+    ))?;
     s.flush()?;
     let cflags = read_u32(s)?;
     if cflags & !(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES) != 0 {
@@ -234,12 +232,9 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
         let structured = st.structured;
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;
-        let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
-        let option = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
-        let len = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
-        if magic != proto::IHAVEOPT {
+        let Some((option, len)) = proto::parse_option_header(&h) else {
             return Ok(Step::End);
-        }
+        };
         if len > proto::MAX_OPTION_LEN {
             // Nothing this server understands is that long; do not read (or buffer) it.
             let _ = send_err(
@@ -405,10 +400,7 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
                 }
                 let size = export.size();
                 let read_only = export.read_only();
-                let mut d = Vec::with_capacity(12);
-                d.extend_from_slice(&info::EXPORT.to_be_bytes());
-                d.extend_from_slice(&size.to_be_bytes());
-                d.extend_from_slice(&transmission_flags(read_only, structured).to_be_bytes());
+                let d = proto::info_export(size, transmission_flags(read_only, structured));
                 send_opt(s, option, rep::INFO, &d)?;
                 if infos.contains(&info::NAME) {
                     let mut d = info::NAME.to_be_bytes().to_vec();
@@ -424,10 +416,7 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
                 }
                 // Always sent: clients that did not ask may ignore it, and the server's
                 // minimum (512) is above the protocol's default of 1.
-                let mut d = info::BLOCK_SIZE.to_be_bytes().to_vec();
-                d.extend_from_slice(&sizes.min.to_be_bytes());
-                d.extend_from_slice(&sizes.preferred.to_be_bytes());
-                d.extend_from_slice(&sizes.max.to_be_bytes());
+                let d = proto::info_block_size(sizes.min, sizes.preferred, sizes.max);
                 send_opt(s, option, rep::INFO, &d)?;
                 if option == opt::GO {
                     chosen(&name);
@@ -593,32 +582,7 @@ mod tests {
     }
 
     fn option(buf: &mut Vec<u8>, o: u32, data: &[u8]) {
-        buf.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-        buf.extend_from_slice(&o.to_be_bytes());
-        buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        buf.extend_from_slice(data);
-    }
-
-    #[test]
-    fn info_request_parsing() {
-        assert_eq!(
-            parse_info_request(&[0, 0, 0, 1, b'a', 0, 1, 0, 3]),
-            Some(("a".into(), vec![3]))
-        );
-        assert_eq!(
-            parse_info_request(&[0, 0, 0, 0, 0, 0]),
-            Some((String::new(), vec![]))
-        );
-        for bad in [
-            &[][..],
-            &[0, 0, 0, 5, b'a'],
-            &[0, 0, 0, 1, b'a', 0, 2, 0, 3],
-            &[0, 0, 0, 1, b'a', 0, 0, 9],
-            &[0, 0, 0, 1, 0xff, 0, 0],
-            &[0xff, 0xff, 0xff, 0xff, 0, 0],
-        ] {
-            assert_eq!(parse_info_request(bad), None, "{bad:?}");
-        }
+        buf.extend_from_slice(&proto::option_request(o, data));
     }
 
     #[test]
@@ -749,9 +713,8 @@ mod tests {
             let out = &m.out[18..];
             let mut k = 0;
             while k + 20 <= out.len() {
-                let o = u32::from_be_bytes(out[k + 8..k + 12].try_into().unwrap());
-                let t = u32::from_be_bytes(out[k + 12..k + 16].try_into().unwrap());
-                let l = u32::from_be_bytes(out[k + 16..k + 20].try_into().unwrap()) as usize;
+                let h = proto::OptionReplyHeader::decode(out[k..k + 20].try_into().unwrap());
+                let (o, t, l) = (h.option, h.typ, h.len as usize);
                 match t {
                     rep::ACK => assert!(o == opt::STARTTLS || o == opt::ABORT, "ACK to {o}"),
                     rep::ERR_INVALID => assert_eq!(o, opt::STARTTLS),
