@@ -1,11 +1,12 @@
 //! An NBD client as a [`Backend`] (SPEC C2: a core device served by another NBD server);
-//! see [`NbdBackend`]. The wire protocol is in `proto`, URIs in `uri`, connections in `conn`.
+//! see [`NbdBackend`]. The wire protocol and URIs are `tiercache-nbd-proto`'s; the socket and
+//! the handshake's use are in `proto`, connections in `conn`.
 
 mod conn;
 mod proto;
-mod uri;
 
-pub use uri::endpoints as nbd_endpoints;
+use tiercache_nbd_proto::uri;
+pub use tiercache_nbd_proto::uri::endpoints as nbd_endpoints;
 
 use crate::{BLOCK, Backend, IoErr, Req, check_blocks, check_bytes};
 use conn::{Conn, OnDeath, Ticket};
