@@ -28,8 +28,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tiercache_io::RamBackend;
 use tiercache_nbd::proto::{
-    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, OPT_REPLY_MAGIC, REQUEST_LEN, Request,
-    RequestChecks, cmd, errno, info, opt, rep, reply,
+    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, OPT_REPLY_MAGIC, OptionReplyHeader, REQUEST_LEN,
+    Request, RequestChecks, SimpleReply, StructuredHeader, be32, be64, cmd, errno, info, opt, rep,
+    reply,
 };
 use tiercache_nbd::{
     BackendExport, BlockSizes, Export, ExportError, ExportMap, Exports, ReadStart, Server,
@@ -201,12 +202,6 @@ impl Write for Mem<'_> {
 fn be16(b: &[u8]) -> u16 {
     u16::from_be_bytes([b[0], b[1]])
 }
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().expect("4 bytes"))
-}
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
-}
 
 // ===== option haggling =====
 
@@ -245,9 +240,7 @@ fn run_handshake(data: &[u8]) -> HandshakeRun {
 /// Replays the client's options against the server's output.
 fn check_handshake(input: &[u8], run: &HandshakeRun) {
     let out = &run.out[..];
-    let mut hello = proto::NBDMAGIC.to_be_bytes().to_vec();
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    let hello = proto::greeting(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES);
     assert_eq!(out.get(..18), Some(&hello[..]), "greeting");
     let mut o = 18; // position in the output
     let fail = |what: String| -> ! { panic!("NBD handshake: {what}") };
@@ -275,10 +268,10 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
             let Some(h) = out.get(*o..*o + 20) else {
                 fail(format!("option {code}: reply truncated at output byte {o}"));
             };
-            assert_eq!(be64(h), OPT_REPLY_MAGIC, "option reply magic");
-            assert_eq!(be32(&h[8..]), code, "reply to another option");
-            let typ = be32(&h[12..]);
-            let len = be32(&h[16..]) as usize;
+            let h = OptionReplyHeader::decode(h.try_into().expect("20 bytes"));
+            assert_eq!(h.magic, OPT_REPLY_MAGIC, "option reply magic");
+            assert_eq!(h.option, code, "reply to another option");
+            let (typ, len) = (h.typ, h.len as usize);
             let Some(d) = out.get(*o + 20..*o + 20 + len) else {
                 fail(format!("option {code}: reply data truncated"));
             };
@@ -547,10 +540,7 @@ fn gen_handshake(rng: &mut Rng, fields: &mut Vec<Field>) -> (Vec<u8>, Option<&'s
             8 => (opt::ABORT, vec![]),
             _ => (opt::INFO, proto::encode_info_request("a", &[info::NAME])),
         };
-        b.extend_from_slice(&IHAVEOPT.to_be_bytes());
-        b.extend_from_slice(&code.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(&data);
+        b.extend_from_slice(&proto::option_request(code, &data));
         fields.extend([
             Field::be(start, 8),
             Field::be(start + 8, 4),
@@ -931,9 +921,10 @@ fn check_replies(out: &[u8], exp: &[Expect], structured: bool) {
             let h = out
                 .get(o..o + 20)
                 .expect("structured reply header truncated");
-            assert_eq!(be32(h), proto::STRUCTURED_REPLY_MAGIC, "reply magic");
-            assert_eq!(be16(&h[4..]), reply::FLAG_DONE, "one chunk per reply");
-            let (typ, cookie, len) = (be16(&h[6..]), be64(&h[8..]), be32(&h[16..]) as usize);
+            let h = StructuredHeader::decode(h.try_into().expect("20 bytes"));
+            assert_eq!(h.magic, proto::STRUCTURED_REPLY_MAGIC, "reply magic");
+            assert_eq!(h.flags, reply::FLAG_DONE, "one chunk per reply");
+            let (typ, cookie, len) = (h.typ, h.cookie, h.len as usize);
             let p = out
                 .get(o + 20..o + 20 + len)
                 .expect("reply payload truncated");
@@ -958,8 +949,9 @@ fn check_replies(out: &[u8], exp: &[Expect], structured: bool) {
             }
         } else {
             let h = out.get(o..o + 16).expect("simple reply truncated");
-            assert_eq!(be32(h), proto::SIMPLE_REPLY_MAGIC, "reply magic");
-            let (err, cookie) = (be32(&h[4..]), be64(&h[8..]));
+            let h = SimpleReply::decode(h.try_into().expect("16 bytes"));
+            assert_eq!(h.magic, proto::SIMPLE_REPLY_MAGIC, "reply magic");
+            let (err, cookie) = (h.error, h.cookie);
             let e = left
                 .remove(&cookie)
                 .unwrap_or_else(|| panic!("reply to unknown or answered cookie {cookie:#x}"));
