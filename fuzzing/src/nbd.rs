@@ -21,16 +21,16 @@
 
 use crate::mutate::{Field, Rng, Sample};
 use crate::round_trip_checked;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tiercache_io::RamBackend;
 use tiercache_nbd::proto::{
-    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, OPT_REPLY_MAGIC, OptionReplyHeader, REQUEST_LEN,
-    Request, RequestChecks, SimpleReply, StructuredHeader, be32, be64, cmd, errno, info, opt, rep,
-    reply,
+    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, MemStream, OPT_REPLY_MAGIC, OptionReplyHeader,
+    REQUEST_LEN, Request, RequestChecks, SimpleReply, StructuredHeader, be32, be64, cmd, errno,
+    info, opt, rep, reply,
 };
 use tiercache_nbd::{
     BackendExport, BlockSizes, Export, ExportError, ExportMap, Exports, ReadStart, Server,
@@ -172,33 +172,6 @@ fn served(name: &str) -> Option<(u64, BlockSizes, bool)> {
         .map(|&(_, b, s, r)| (b * 512, s, r))
 }
 
-// ===== an in-memory stream =====
-
-struct Mem<'a> {
-    input: &'a [u8],
-    pos: usize,
-    out: Vec<u8>,
-}
-
-impl Read for Mem<'_> {
-    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        let n = b.len().min(self.input.len() - self.pos);
-        b[..n].copy_from_slice(&self.input[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
-impl Write for Mem<'_> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.out.extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn be16(b: &[u8]) -> u16 {
     u16::from_be_bytes([b[0], b[1]])
 }
@@ -214,11 +187,7 @@ struct HandshakeRun {
 }
 
 fn run_handshake(data: &[u8]) -> HandshakeRun {
-    let mut m = Mem {
-        input: data,
-        pos: 0,
-        out: Vec::new(),
-    };
+    let mut m = MemStream::new(data);
     let r = serve_handshake(&mut m, &**exports());
     let result = match r {
         Ok(x) => x,
@@ -230,7 +199,7 @@ fn run_handshake(data: &[u8]) -> HandshakeRun {
     };
     let run = HandshakeRun {
         out: m.out,
-        consumed: m.pos,
+        consumed: m.input.position() as usize,
         result,
     };
     check_handshake(data, &run);

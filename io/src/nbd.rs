@@ -253,7 +253,7 @@ impl Link {
         let (sock, x) =
             open_one(&self.target, &self.export, timeout).map_err(|_| Reopen::Failed)?;
         if x != self.expect {
-            let _ = sock.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+            let _ = sock.send_all(&[&proto::request(cmd::DISC, 0, 0, 0, 0)]);
             let (a, b) = (&self.expect, &x);
             return Err(Reopen::Mismatch(format!(
                 "the server now offers {} bytes, flags {:#06x}, block sizes {}/{}/{} (was {} bytes, {:#06x}, {}/{}/{}); not used",
@@ -471,7 +471,7 @@ fn open_more(
         match open_one(target, export, timeout) {
             Ok((s, y)) if y == *x => socks.push(s),
             Ok((s, _)) => {
-                let _ = s.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+                let _ = s.send_all(&[&proto::request(cmd::DISC, 0, 0, 0, 0)]);
                 break;
             }
             Err(_) => break,

@@ -7,9 +7,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use crate::{Error, Target};
-use tiercache_nbd_proto::{Request, SimpleReply, client};
+use tiercache_nbd_proto::{SimpleReply, client};
 
-pub(crate) use tiercache_nbd_proto::{SIMPLE_REPLY_MAGIC, cmd};
+pub(crate) use tiercache_nbd_proto::{SIMPLE_REPLY_MAGIC, cmd, request as encode_request};
 
 /// Transmission flags the server advertises (`NBD_FLAG_*`).
 pub mod flags {
@@ -70,18 +70,6 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
-}
-
-/// Encodes a 28-byte transmission request header.
-pub(crate) fn encode_request(cmd: u16, flags: u16, handle: u64, offset: u64, len: u32) -> [u8; 28] {
-    Request {
-        flags,
-        typ: cmd,
-        cookie: handle,
-        offset,
-        len,
-    }
-    .encode()
 }
 
 /// One NBD connection in transmission phase, with blocking one-at-a-time calls (the load

@@ -296,36 +296,12 @@ pub fn errno(e: u32) -> (io::ErrorKind, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{greeting, info_block_size, info_export, option_reply, parse_option_header};
-    use std::io::Cursor;
-
-    /// A scripted server: reads come from `input`, writes go to `out`.
-    struct Duplex {
-        input: Cursor<Vec<u8>>,
-        out: Vec<u8>,
-    }
-
-    impl Read for Duplex {
-        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-            self.input.read(b)
-        }
-    }
-
-    impl Write for Duplex {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.out.extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::{
+        MemStream, greeting, info_block_size, info_export, option_reply, parse_option_header,
+    };
 
     fn run(input: Vec<u8>, wants: Wants) -> (Result<Export, HandshakeError>, Vec<u8>) {
-        let mut d = Duplex {
-            input: Cursor::new(input),
-            out: Vec::new(),
-        };
+        let mut d = MemStream::new(input);
         (handshake(&mut d, "vm", wants), d.out)
     }
 

@@ -318,6 +318,19 @@ impl Request {
     }
 }
 
+/// The header a client sends for a request of command `typ` ([`Request::encode`] of these
+/// fields).
+pub fn request(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> [u8; REQUEST_LEN] {
+    let r = Request {
+        flags,
+        typ,
+        cookie,
+        offset,
+        len,
+    };
+    r.encode()
+}
+
 /// Parses `NBD_OPT_INFO`/`NBD_OPT_GO` data: name length, name, count, info types. `None` if it
 /// is malformed (the option is answered `NBD_REP_ERR_INVALID`).
 pub fn parse_info_request(d: &[u8]) -> Option<(String, Vec<u16>)> {
@@ -508,6 +521,43 @@ pub fn info_block_size(min: u32, preferred: u32, max: u32) -> [u8; 14] {
     d[6..10].copy_from_slice(&preferred.to_be_bytes());
     d[10..14].copy_from_slice(&max.to_be_bytes());
     d
+}
+
+/// An in-memory stream to run either side of a handshake on (the unit tests and the fuzz
+/// targets): reads come from `input` (its position is what was consumed), writes collect in
+/// `out`.
+#[derive(Debug, Default)]
+pub struct MemStream<B> {
+    /// What the peer sent.
+    pub input: std::io::Cursor<B>,
+    /// What was written.
+    pub out: Vec<u8>,
+}
+
+impl<B: AsRef<[u8]>> MemStream<B> {
+    /// A stream that reads `input`.
+    pub fn new(input: B) -> MemStream<B> {
+        MemStream {
+            input: std::io::Cursor::new(input),
+            out: Vec::new(),
+        }
+    }
+}
+
+impl<B: AsRef<[u8]>> std::io::Read for MemStream<B> {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        self.input.read(b)
+    }
+}
+
+impl<B> std::io::Write for MemStream<B> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.out.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The big-endian `u32` at the start of `b` (which has at least 4 bytes).

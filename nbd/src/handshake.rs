@@ -545,30 +545,10 @@ pub fn serve_handshake<S: Read + Write + ?Sized>(
 mod tests {
     use super::*;
     use crate::export::{BackendExport, ExportMap};
-    use std::io::Cursor;
     use tiercache_io::RamBackend;
 
     /// An in-memory stream: reads from `input`, collects what is written.
-    struct Mem {
-        input: Cursor<Vec<u8>>,
-        out: Vec<u8>,
-    }
-
-    impl Read for Mem {
-        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-            self.input.read(b)
-        }
-    }
-
-    impl Write for Mem {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.out.extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    type Mem = proto::MemStream<Vec<u8>>;
 
     fn exports() -> ExportMap {
         let m = ExportMap::new();
@@ -593,10 +573,7 @@ mod tests {
         option(&mut i, opt::GO, &[0, 0, 0, 1, b'b', 0, 0]);
         option(&mut i, opt::STRUCTURED_REPLY, &[]);
         option(&mut i, opt::GO, &[0, 0, 0, 1, b'a', 0, 0]);
-        let mut m = Mem {
-            input: Cursor::new(i),
-            out: vec![],
-        };
+        let mut m = Mem::new(i);
         let n = handshake(&mut m, &exports(), &AtomicBool::new(false), &mut |_| {})
             .unwrap()
             .expect("GO succeeds");
@@ -651,10 +628,7 @@ mod tests {
             if rnd() % 4 == 0 {
                 i.truncate(cut);
             }
-            let mut m = Mem {
-                input: Cursor::new(i),
-                out: vec![],
-            };
+            let mut m = Mem::new(i);
             match handshake(&mut m, &ex, &quit, &mut |_| {}) {
                 Ok(Some(_)) => went += 1,
                 _ => ended += 1,
@@ -696,10 +670,7 @@ mod tests {
                 let cut = (rnd() as usize) % (i.len() + 1);
                 i.truncate(cut);
             }
-            let mut m = Mem {
-                input: Cursor::new(i),
-                out: vec![],
-            };
+            let mut m = Mem::new(i);
             let step = greet(&mut m, Tls::Required)
                 .ok()
                 .flatten()

@@ -6,43 +6,34 @@
 use crate::export::BlockSizes;
 pub use tiercache_nbd_proto::*;
 
+/// An answer to a request that fails its checks: `(errno, message)`.
+pub type Refusal = (u32, String);
+
 /// The server's checks of a transmission request against the export it addresses.
 pub trait RequestChecks {
-    /// Checks a request against an export of `size` bytes with block sizes `sizes` (see the
-    /// implementation on [`Request`]).
-    fn check(&self, size: u64, sizes: BlockSizes, read_only: bool) -> Result<(), (u32, String)>;
-
-    /// [`RequestChecks::check`] on a connection that negotiated `base:allocation` if
-    /// `block_status`.
-    fn check_on(
-        &self,
-        size: u64,
-        sizes: BlockSizes,
-        read_only: bool,
-        block_status: bool,
-    ) -> Result<(), (u32, String)>;
-}
-
-impl RequestChecks for Request {
     /// Checks a request against an export of `size` bytes with block sizes `sizes` (for a
     /// connection that did not negotiate block sizes, the server passes a `min` of 1: any
-    /// alignment), on a connection that negotiated no metadata context; `Err((errno, message))` to answer it
-    /// with. `NBD_CMD_DISC` is not a request here (the caller ends the connection before
-    /// checking).
-    fn check(&self, size: u64, sizes: BlockSizes, read_only: bool) -> Result<(), (u32, String)> {
+    /// alignment), on a connection that negotiated no metadata context; `Err((errno, message))`
+    /// to answer it with. `NBD_CMD_DISC` is not a request here (the caller ends the connection
+    /// before checking).
+    fn check(&self, size: u64, sizes: BlockSizes, read_only: bool) -> Result<(), Refusal> {
         self.check_on(size, sizes, read_only, false)
     }
 
-    /// [`Request::check`] on a connection that negotiated `base:allocation` if
+    /// [`RequestChecks::check`] on a connection that negotiated `base:allocation` if
     /// `block_status` (then `NBD_CMD_BLOCK_STATUS` is a command: checked like a read, of any
     /// length but 0).
+    fn check_on(&self, size: u64, s: BlockSizes, ro: bool, bs: bool) -> Result<(), Refusal>;
+}
+
+impl RequestChecks for Request {
     fn check_on(
         &self,
         size: u64,
         sizes: BlockSizes,
         read_only: bool,
         block_status: bool,
-    ) -> Result<(), (u32, String)> {
+    ) -> Result<(), Refusal> {
         let r = self;
         if r.flags & !cmd::FLAGS_KNOWN != 0 {
             return Err((

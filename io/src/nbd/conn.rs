@@ -215,7 +215,7 @@ impl Conn {
             );
             c
         };
-        let hdr = proto::request(flags, command, cookie, offset, len);
+        let hdr = proto::request(command, flags, cookie, offset, len);
         let _g = lock(&self.send_lock);
         if self.is_dead() {
             return ticket; // died while we queued: our waiter was drained
@@ -235,7 +235,7 @@ impl Conn {
     /// Sends `NBD_CMD_DISC` (if still connected), closes the socket and joins the reader.
     pub fn close(&self) {
         if !self.is_dead() {
-            let hdr = proto::request(0, cmd::DISC, u64::MAX, 0, 0);
+            let hdr = proto::request(cmd::DISC, 0, u64::MAX, 0, 0);
             let _g = lock(&self.send_lock);
             let _ = self.sock.send_all(&[&hdr]);
         }

@@ -7,11 +7,13 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
+use tiercache_nbd_proto::client;
 use tiercache_nbd_proto::uri::Target;
-use tiercache_nbd_proto::{Request, client};
 
 pub(crate) use tiercache_nbd_proto::client::{Export, errno};
-pub(crate) use tiercache_nbd_proto::{SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, cmd, tflag};
+pub(crate) use tiercache_nbd_proto::{
+    SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, cmd, request, tflag,
+};
 
 /// A connected stream socket, unix or TCP.
 #[derive(Debug)]
@@ -172,17 +174,4 @@ pub(crate) fn handshake(s: &mut Sock, export: &str) -> Result<Export, HsErr> {
         fixed_newstyle: false,
     };
     client::handshake(s, export, wants).map_err(|e| (e.kind, e.msg))
-}
-
-/// The 28-byte request header.
-pub(crate) fn request(flags: u16, command: u16, cookie: u64, offset: u64, len: u32) -> [u8; 28] {
-    let typ = command;
-    Request {
-        flags,
-        typ,
-        cookie,
-        offset,
-        len,
-    }
-    .encode()
 }

@@ -22,15 +22,7 @@ pub struct Client<S: Stream> {
 
 /// A request header.
 pub fn request(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
-    proto::Request {
-        flags,
-        typ,
-        cookie,
-        offset,
-        len,
-    }
-    .encode()
-    .to_vec()
+    proto::request(typ, flags, cookie, offset, len).to_vec()
 }
 
 pub use proto::{be32, be64};
