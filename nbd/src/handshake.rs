@@ -582,19 +582,23 @@ mod tests {
         assert_eq!(m.input.position() as usize, m.input.get_ref().len());
     }
 
+    /// A seeded xorshift64 generator.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     /// Seeded structure-aware loop (SPEC R5): option sequences with random types, lengths and
     /// bytes, cut at random points; the handshake must end cleanly, never panic.
     #[test]
     fn handshake_never_panics_on_random_input() {
         let ex = exports();
         let quit = AtomicBool::new(false);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15u64);
         let (mut went, mut ended) = (0, 0);
         for _ in 0..20_000 {
             let mut i = match rnd() % 8 {
@@ -604,7 +608,7 @@ mod tests {
             for _ in 0..rnd() % 5 {
                 let o = [1, 2, 3, 5, 6, 7, 8, 9, rnd() as u32][(rnd() % 9) as usize];
                 let mut d: Vec<u8> = (0..rnd() % 24).map(|_| rnd() as u8).collect();
-                if rnd() % 2 == 0 && (o == opt::GO || o == opt::INFO) {
+                if rnd().is_multiple_of(2) && (o == opt::GO || o == opt::INFO) {
                     let name = [&b"a"[..], b"b", b"zz"][(rnd() % 3) as usize];
                     d = (name.len() as u32).to_be_bytes().to_vec();
                     d.extend_from_slice(name);
@@ -614,18 +618,18 @@ mod tests {
                         d.extend_from_slice(&((rnd() % 5) as u16).to_be_bytes());
                     }
                 }
-                if rnd() % 16 == 0 {
+                if rnd().is_multiple_of(16) {
                     i.extend_from_slice(&rnd().to_be_bytes()); // a bad magic
                 } else {
                     option(&mut i, o, &d);
                 }
-                if rnd() % 16 == 0 {
+                if rnd().is_multiple_of(16) {
                     let l = i.len();
                     i[l - 3..].copy_from_slice(&[0xff, 0xff, 0xff]); // a huge length
                 }
             }
             let cut = (rnd() as usize) % (i.len() + 1);
-            if rnd() % 4 == 0 {
+            if rnd().is_multiple_of(4) {
                 i.truncate(cut);
             }
             let mut m = Mem::new(i);
@@ -645,20 +649,14 @@ mod tests {
     fn forced_tls_answers_nothing_before_starttls() {
         let ex = exports();
         let quit = AtomicBool::new(false);
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(0x2545_f491_4f6c_dd1du64);
         let (mut upgraded, mut ended, mut refused) = (0, 0, 0u64);
         for _ in 0..20_000 {
             let mut i = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
             for _ in 0..rnd() % 6 {
                 let o = [1, 2, 3, 5, 6, 7, 8, 9, rnd() as u32][(rnd() % 9) as usize];
                 let mut d: Vec<u8> = (0..rnd() % 12).map(|_| rnd() as u8).collect();
-                if o == opt::STARTTLS && rnd() % 2 == 0 {
+                if o == opt::STARTTLS && rnd().is_multiple_of(2) {
                     d.clear();
                 }
                 if o == opt::GO || o == opt::INFO {
@@ -666,7 +664,7 @@ mod tests {
                 }
                 option(&mut i, o, &d);
             }
-            if rnd() % 4 == 0 {
+            if rnd().is_multiple_of(4) {
                 let cut = (rnd() as usize) % (i.len() + 1);
                 i.truncate(cut);
             }
