@@ -9,7 +9,9 @@
 //!   `NBD_OPT_EXPORT_NAME`) and the meaning of NBD error values;
 //! - [`uri`]: NBD URIs (`nbd://`, `nbd+unix://`).
 //!
-//! No dependency on the rest of tiercache (nor on anything outside std).
+//! No dependency on the rest of tiercache (nor on anything outside std). The small codecs the
+//! server runs per request (request decode, reply headers) are `#[inline]`, as they were when
+//! they lived in the server's crate.
 
 pub mod client;
 pub mod uri;
@@ -240,6 +242,7 @@ pub fn option_reply(option: u32, typ: u32, data: &[u8]) -> Vec<u8> {
 }
 
 /// A simple reply header.
+#[inline]
 pub fn simple_reply(error: u32, cookie: u64) -> [u8; 16] {
     let mut h = [0u8; 16];
     h[0..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -249,6 +252,7 @@ pub fn simple_reply(error: u32, cookie: u64) -> [u8; 16] {
 }
 
 /// A structured reply chunk header for a payload of `len` bytes.
+#[inline]
 pub fn structured_header(flags: u16, typ: u16, cookie: u64, len: u32) -> [u8; 20] {
     let mut h = [0u8; 20];
     h[0..4].copy_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
@@ -276,6 +280,7 @@ pub struct Request {
 
 impl Request {
     /// Encodes the header a client sends for this request (the inverse of [`Request::decode`]).
+    #[inline]
     pub fn encode(&self) -> [u8; REQUEST_LEN] {
         let mut h = [0u8; REQUEST_LEN];
         h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
@@ -289,6 +294,7 @@ impl Request {
 
     /// The data bytes the request moves (a READ's reply data, a WRITE's payload); 0 for the
     /// others. The in-flight byte bound counts these.
+    #[inline]
     pub fn data_bytes(&self) -> usize {
         match self.typ {
             cmd::READ | cmd::WRITE => self.len as usize,
@@ -297,6 +303,7 @@ impl Request {
     }
 
     /// Decodes a request header; `None` if the magic is wrong (the connection is then closed).
+    #[inline]
     pub fn decode(b: &[u8; REQUEST_LEN]) -> Option<Request> {
         let u32at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u16at = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
@@ -320,6 +327,7 @@ impl Request {
 
 /// The header a client sends for a request of command `typ` ([`Request::encode`] of these
 /// fields).
+#[inline]
 pub fn request(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> [u8; REQUEST_LEN] {
     let r = Request {
         flags,
@@ -442,6 +450,7 @@ pub struct OptionReplyHeader {
 
 impl OptionReplyHeader {
     /// Decodes the header (any magic: the caller checks it).
+    #[inline]
     pub fn decode(h: &[u8; 20]) -> OptionReplyHeader {
         OptionReplyHeader {
             magic: be64(&h[0..8]),
@@ -466,6 +475,7 @@ pub struct SimpleReply {
 
 impl SimpleReply {
     /// Decodes the header (any magic: the caller checks it).
+    #[inline]
     pub fn decode(h: &[u8; 16]) -> SimpleReply {
         SimpleReply {
             magic: be32(&h[0..4]),
@@ -492,6 +502,7 @@ pub struct StructuredHeader {
 
 impl StructuredHeader {
     /// Decodes the header (any magic: the caller checks it).
+    #[inline]
     pub fn decode(h: &[u8; 20]) -> StructuredHeader {
         StructuredHeader {
             magic: be32(&h[0..4]),
@@ -561,11 +572,13 @@ impl<B> std::io::Write for MemStream<B> {
 }
 
 /// The big-endian `u32` at the start of `b` (which has at least 4 bytes).
+#[inline]
 pub fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
 /// The big-endian `u64` at the start of `b` (which has at least 8 bytes).
+#[inline]
 pub fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
