@@ -21,14 +21,15 @@
 
 use crate::mutate::{Field, Rng, Sample};
 use crate::round_trip_checked;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tiercache_io::RamBackend;
 use tiercache_nbd::proto::{
-    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, OPT_REPLY_MAGIC, REQUEST_LEN, Request, cmd, errno,
+    self, IHAVEOPT, MAX_OPTION_LEN, MAX_STRING, MemStream, OPT_REPLY_MAGIC, OptionReplyHeader,
+    REQUEST_LEN, Request, RequestChecks, SimpleReply, StructuredHeader, be32, be64, cmd, errno,
     info, opt, rep, reply,
 };
 use tiercache_nbd::{
@@ -171,41 +172,8 @@ fn served(name: &str) -> Option<(u64, BlockSizes, bool)> {
         .map(|&(_, b, s, r)| (b * 512, s, r))
 }
 
-// ===== an in-memory stream =====
-
-struct Mem<'a> {
-    input: &'a [u8],
-    pos: usize,
-    out: Vec<u8>,
-}
-
-impl Read for Mem<'_> {
-    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
-        let n = b.len().min(self.input.len() - self.pos);
-        b[..n].copy_from_slice(&self.input[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
-impl Write for Mem<'_> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.out.extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn be16(b: &[u8]) -> u16 {
     u16::from_be_bytes([b[0], b[1]])
-}
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().expect("4 bytes"))
-}
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
 }
 
 // ===== option haggling =====
@@ -219,11 +187,7 @@ struct HandshakeRun {
 }
 
 fn run_handshake(data: &[u8]) -> HandshakeRun {
-    let mut m = Mem {
-        input: data,
-        pos: 0,
-        out: Vec::new(),
-    };
+    let mut m = MemStream::new(data);
     let r = serve_handshake(&mut m, &**exports());
     let result = match r {
         Ok(x) => x,
@@ -235,7 +199,7 @@ fn run_handshake(data: &[u8]) -> HandshakeRun {
     };
     let run = HandshakeRun {
         out: m.out,
-        consumed: m.pos,
+        consumed: m.input.position() as usize,
         result,
     };
     check_handshake(data, &run);
@@ -245,9 +209,7 @@ fn run_handshake(data: &[u8]) -> HandshakeRun {
 /// Replays the client's options against the server's output.
 fn check_handshake(input: &[u8], run: &HandshakeRun) {
     let out = &run.out[..];
-    let mut hello = proto::NBDMAGIC.to_be_bytes().to_vec();
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    let hello = proto::greeting(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES);
     assert_eq!(out.get(..18), Some(&hello[..]), "greeting");
     let mut o = 18; // position in the output
     let fail = |what: String| -> ! { panic!("NBD handshake: {what}") };
@@ -275,10 +237,10 @@ fn check_handshake(input: &[u8], run: &HandshakeRun) {
             let Some(h) = out.get(*o..*o + 20) else {
                 fail(format!("option {code}: reply truncated at output byte {o}"));
             };
-            assert_eq!(be64(h), OPT_REPLY_MAGIC, "option reply magic");
-            assert_eq!(be32(&h[8..]), code, "reply to another option");
-            let typ = be32(&h[12..]);
-            let len = be32(&h[16..]) as usize;
+            let h = OptionReplyHeader::decode(h.try_into().expect("20 bytes"));
+            assert_eq!(h.magic, OPT_REPLY_MAGIC, "option reply magic");
+            assert_eq!(h.option, code, "reply to another option");
+            let (typ, len) = (h.typ, h.len as usize);
             let Some(d) = out.get(*o + 20..*o + 20 + len) else {
                 fail(format!("option {code}: reply data truncated"));
             };
@@ -547,10 +509,7 @@ fn gen_handshake(rng: &mut Rng, fields: &mut Vec<Field>) -> (Vec<u8>, Option<&'s
             8 => (opt::ABORT, vec![]),
             _ => (opt::INFO, proto::encode_info_request("a", &[info::NAME])),
         };
-        b.extend_from_slice(&IHAVEOPT.to_be_bytes());
-        b.extend_from_slice(&code.to_be_bytes());
-        b.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        b.extend_from_slice(&data);
+        b.extend_from_slice(&proto::option_request(code, &data));
         fields.extend([
             Field::be(start, 8),
             Field::be(start + 8, 4),
@@ -931,9 +890,10 @@ fn check_replies(out: &[u8], exp: &[Expect], structured: bool) {
             let h = out
                 .get(o..o + 20)
                 .expect("structured reply header truncated");
-            assert_eq!(be32(h), proto::STRUCTURED_REPLY_MAGIC, "reply magic");
-            assert_eq!(be16(&h[4..]), reply::FLAG_DONE, "one chunk per reply");
-            let (typ, cookie, len) = (be16(&h[6..]), be64(&h[8..]), be32(&h[16..]) as usize);
+            let h = StructuredHeader::decode(h.try_into().expect("20 bytes"));
+            assert_eq!(h.magic, proto::STRUCTURED_REPLY_MAGIC, "reply magic");
+            assert_eq!(h.flags, reply::FLAG_DONE, "one chunk per reply");
+            let (typ, cookie, len) = (h.typ, h.cookie, h.len as usize);
             let p = out
                 .get(o + 20..o + 20 + len)
                 .expect("reply payload truncated");
@@ -958,8 +918,9 @@ fn check_replies(out: &[u8], exp: &[Expect], structured: bool) {
             }
         } else {
             let h = out.get(o..o + 16).expect("simple reply truncated");
-            assert_eq!(be32(h), proto::SIMPLE_REPLY_MAGIC, "reply magic");
-            let (err, cookie) = (be32(&h[4..]), be64(&h[8..]));
+            let h = SimpleReply::decode(h.try_into().expect("16 bytes"));
+            assert_eq!(h.magic, proto::SIMPLE_REPLY_MAGIC, "reply magic");
+            let (err, cookie) = (h.error, h.cookie);
             let e = left
                 .remove(&cookie)
                 .unwrap_or_else(|| panic!("reply to unknown or answered cookie {cookie:#x}"));

@@ -1,11 +1,12 @@
 //! An NBD client as a [`Backend`] (SPEC C2: a core device served by another NBD server);
-//! see [`NbdBackend`]. The wire protocol is in `proto`, URIs in `uri`, connections in `conn`.
+//! see [`NbdBackend`]. The wire protocol and URIs are `tiercache-nbd-proto`'s; the socket and
+//! the handshake's use are in `proto`, connections in `conn`.
 
 mod conn;
 mod proto;
-mod uri;
 
-pub use uri::endpoints as nbd_endpoints;
+use tiercache_nbd_proto::uri;
+pub use tiercache_nbd_proto::uri::endpoints as nbd_endpoints;
 
 use crate::{BLOCK, Backend, IoErr, Req, check_blocks, check_bytes};
 use conn::{Conn, OnDeath, Ticket};
@@ -252,7 +253,7 @@ impl Link {
         let (sock, x) =
             open_one(&self.target, &self.export, timeout).map_err(|_| Reopen::Failed)?;
         if x != self.expect {
-            let _ = sock.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+            let _ = sock.send_all(&[&proto::request(cmd::DISC, 0, 0, 0, 0)]);
             let (a, b) = (&self.expect, &x);
             return Err(Reopen::Mismatch(format!(
                 "the server now offers {} bytes, flags {:#06x}, block sizes {}/{}/{} (was {} bytes, {:#06x}, {}/{}/{}); not used",
@@ -470,7 +471,7 @@ fn open_more(
         match open_one(target, export, timeout) {
             Ok((s, y)) if y == *x => socks.push(s),
             Ok((s, _)) => {
-                let _ = s.send_all(&[&proto::request(0, cmd::DISC, 0, 0, 0)]);
+                let _ = s.send_all(&[&proto::request(cmd::DISC, 0, 0, 0, 0)]);
                 break;
             }
             Err(_) => break,

@@ -14,6 +14,7 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 use tiercache_io::conformance::{self, pattern};
 use tiercache_io::{BLOCK, Backend, IoErr, NbdBackend, NbdOptions, Req};
+use tiercache_nbd_proto as proto;
 
 /// Export size used throughout (64 MiB).
 const SIZE_MIB: u64 = 64;
@@ -814,45 +815,42 @@ fn fake_server(l: TcpListener) -> Vec<u8> {
         b
     }
     let (mut s, _) = l.accept().unwrap();
-    s.write_all(&0x4e42_444d_4147_4943u64.to_be_bytes())
-        .unwrap();
-    s.write_all(&0x4948_4156_454f_5054u64.to_be_bytes())
-        .unwrap();
-    s.write_all(&1u16.to_be_bytes()).unwrap(); // FIXED_NEWSTYLE only
-    assert_eq!(u32::from_be_bytes(rd(&mut s)), 1, "client flags");
+    s.write_all(&proto::greeting(proto::FLAG_FIXED_NEWSTYLE))
+        .unwrap(); // FIXED_NEWSTYLE only
+    assert_eq!(
+        u32::from_be_bytes(rd(&mut s)),
+        proto::FLAG_C_FIXED_NEWSTYLE,
+        "client flags"
+    );
     let names = loop {
-        assert_eq!(u64::from_be_bytes(rd(&mut s)), 0x4948_4156_454f_5054);
-        let opt = u32::from_be_bytes(rd(&mut s));
-        let len = u32::from_be_bytes(rd(&mut s));
+        let (opt, len) = proto::parse_option_header(&rd(&mut s)).expect("IHAVEOPT");
         let mut data = vec![0u8; len as usize];
         s.read_exact(&mut data).unwrap();
-        if opt == 7 {
-            s.write_all(&0x0003_e889_0455_65a9u64.to_be_bytes())
+        if opt == proto::opt::GO {
+            s.write_all(&proto::option_reply(opt, proto::rep::ERR_UNSUP, &[]))
                 .unwrap();
-            s.write_all(&7u32.to_be_bytes()).unwrap();
-            s.write_all(&0x8000_0001u32.to_be_bytes()).unwrap(); // NBD_REP_ERR_UNSUP
-            s.write_all(&0u32.to_be_bytes()).unwrap();
             continue;
         }
-        assert_eq!(opt, 1, "NBD_OPT_EXPORT_NAME after NBD_OPT_GO was refused");
+        assert_eq!(
+            opt,
+            proto::opt::EXPORT_NAME,
+            "NBD_OPT_EXPORT_NAME after NBD_OPT_GO was refused"
+        );
         s.write_all(&(1u64 << 20).to_be_bytes()).unwrap();
-        s.write_all(&0b101u16.to_be_bytes()).unwrap(); // HAS_FLAGS | SEND_FLUSH
+        let flags = proto::tflag::HAS_FLAGS | proto::tflag::SEND_FLUSH;
+        s.write_all(&flags.to_be_bytes()).unwrap();
         s.write_all(&[0u8; 124]).unwrap();
         break data;
     };
     for bad in [false, true] {
-        let req: [u8; 28] = rd(&mut s);
-        assert_eq!(&req[..4], &0x2560_9513u32.to_be_bytes());
-        assert_eq!(&req[6..8], &0u16.to_be_bytes(), "a READ");
-        let len = u32::from_be_bytes(req[24..28].try_into().unwrap());
-        let mut cookie = u64::from_be_bytes(req[8..16].try_into().unwrap());
+        let req = proto::Request::decode(&rd(&mut s)).expect("request magic");
+        assert_eq!(req.typ, proto::cmd::READ, "a READ");
+        let mut cookie = req.cookie;
         if bad {
             cookie = cookie.wrapping_add(12345);
         }
-        s.write_all(&0x6744_6698u32.to_be_bytes()).unwrap();
-        s.write_all(&0u32.to_be_bytes()).unwrap();
-        s.write_all(&cookie.to_be_bytes()).unwrap();
-        s.write_all(&vec![0xAB; len as usize]).unwrap();
+        s.write_all(&proto::simple_reply(0, cookie)).unwrap();
+        s.write_all(&vec![0xAB; req.len as usize]).unwrap();
     }
     names
 }

@@ -1,13 +1,15 @@
-//! NBD URIs (the subset of the NBD URI spec a load generator needs).
+//! NBD URIs as the load generator keeps them (parsed by `tiercache-nbd-proto`).
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::Error;
+use tiercache_nbd_proto::uri;
 
 /// Where an NBD export lives: parsed from `nbd+unix:///NAME?socket=PATH` or
-/// `nbd://HOST[:PORT]/NAME` (port 10809 by default; `[v6addr]` accepted).
+/// `nbd://HOST[:PORT]/NAME` (port 10809 by default; `[v6addr]` accepted; percent-encoding
+/// decoded).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub enum Target {
     /// A unix-domain socket.
@@ -29,58 +31,21 @@ pub enum Target {
 }
 
 impl Target {
-    /// Parses an NBD URI; see [`Target`] for the accepted forms.
+    /// Parses an NBD URI (`tiercache-nbd-proto`'s parser); see [`Target`] for the accepted
+    /// forms.
     pub fn parse(uri: &str) -> Result<Target, Error> {
-        let bad = |why: &str| Error::Uri(format!("{uri}: {why}"));
-        if let Some(rest) = uri.strip_prefix("nbd+unix://") {
-            let (path, query) = match rest.split_once('?') {
-                Some((p, q)) => (p, q),
-                None => return Err(bad("missing ?socket=PATH")),
-            };
-            if !path.is_empty() && !path.starts_with('/') {
-                return Err(bad(
-                    "nbd+unix URIs have no authority (use nbd+unix:///NAME?...)",
-                ));
-            }
-            let export = percent_decode(path.strip_prefix('/').unwrap_or(path));
-            let mut socket = None;
-            for kv in query.split('&') {
-                if let Some(v) = kv.strip_prefix("socket=") {
-                    socket = Some(PathBuf::from(percent_decode(v)));
-                }
-            }
-            let socket = socket.ok_or_else(|| bad("missing socket= in the query"))?;
-            Ok(Target::Unix { socket, export })
-        } else if let Some(rest) = uri.strip_prefix("nbd://") {
-            let rest = rest.split('?').next().unwrap_or("");
-            let (auth, path) = match rest.find('/') {
-                Some(i) => (&rest[..i], &rest[i + 1..]),
-                None => (rest, ""),
-            };
-            let (host, port) = if let Some(r) = auth.strip_prefix('[') {
-                let (h, after) = r.split_once(']').ok_or_else(|| bad("unclosed ["))?;
-                (h, after.strip_prefix(':'))
-            } else {
-                match auth.rsplit_once(':') {
-                    Some((h, p)) => (h, Some(p)),
-                    None => (auth, None),
-                }
-            };
-            if host.is_empty() {
-                return Err(bad("missing host"));
-            }
-            let port = match port {
-                Some(p) => p.parse().map_err(|_| bad("bad port"))?,
-                None => 10809,
-            };
-            Ok(Target::Tcp {
-                host: host.to_string(),
+        let u = uri::parse(uri).map_err(|why| Error::Uri(format!("{uri}: {why}")))?;
+        Ok(match u.target {
+            uri::Target::Unix(socket) => Target::Unix {
+                socket,
+                export: u.export,
+            },
+            uri::Target::Tcp { host, port } => Target::Tcp {
+                host,
                 port,
-                export: percent_decode(path),
-            })
-        } else {
-            Err(bad("expected nbd+unix:// or nbd://"))
-        }
+                export: u.export,
+            },
+        })
     }
 
     /// The export name.
@@ -110,25 +75,6 @@ impl fmt::Display for Target {
             Target::Tcp { host, port, export } => write!(f, "nbd://{host}:{port}/{export}"),
         }
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            let hex = |c: u8| (c as char).to_digit(16);
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

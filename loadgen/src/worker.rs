@@ -7,13 +7,12 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::conn::{
-    CMD_FLAG_FUA, CMD_FLUSH, CMD_READ, CMD_WRITE, Connection, SIMPLE_REPLY_MAGIC, encode_request,
-};
+use crate::conn::{Connection, SIMPLE_REPLY_MAGIC, cmd, encode_request};
 use crate::hist::{self, Histogram};
 use crate::job::*;
 use crate::pattern::{self, Rng, Zipf};
 use crate::{Error, Target, errno_name};
+use tiercache_nbd_proto::SimpleReply;
 
 #[derive(Default)]
 #[repr(align(64))]
@@ -336,7 +335,7 @@ impl<'a> Worker<'a> {
                 unsure: false,
                 measured,
             };
-            let hdr = encode_request(CMD_FLUSH, 0, slot_ix as u64, 0, 0);
+            let hdr = encode_request(cmd::FLUSH, 0, slot_ix as u64, 0, 0);
             self.out.push_back(Out {
                 hdr,
                 payload: Payload::None,
@@ -383,13 +382,13 @@ impl<'a> Worker<'a> {
                 slot.epoch = t.epoch[b];
             }
             (
-                encode_request(CMD_READ, 0, slot_ix as u64, offset, bs),
+                encode_request(cmd::READ, 0, slot_ix as u64, offset, bs),
                 Payload::None,
             )
         } else {
             self.writes_since_flush += 1;
             let fua = self.rng.percent(spec.fua_pct);
-            let fl = if fua { CMD_FLAG_FUA } else { 0 };
+            let fl = if fua { cmd::FLAG_FUA } else { 0 };
             let payload = if let Some(t) = &mut self.tracker {
                 let b = block as usize;
                 slot.unsure = t.inflight_writes[b] > 0;
@@ -408,7 +407,7 @@ impl<'a> Worker<'a> {
                 Payload::Shared(bs as usize)
             };
             (
-                encode_request(CMD_WRITE, fl, slot_ix as u64, offset, bs),
+                encode_request(cmd::WRITE, fl, slot_ix as u64, offset, bs),
                 payload,
             )
         };
@@ -516,12 +515,11 @@ impl<'a> Worker<'a> {
                 break;
             }
             let h = &buf[self.in_start..self.in_start + 16];
-            let magic = u32::from_be_bytes(h[0..4].try_into().unwrap());
+            let r = SimpleReply::decode(h.try_into().expect("16 bytes"));
+            let (magic, err, handle) = (r.magic, r.error, r.cookie);
             if magic != SIMPLE_REPLY_MAGIC {
                 return Err(Error::Protocol(format!("bad reply magic {magic:#x}")));
             }
-            let err = u32::from_be_bytes(h[4..8].try_into().unwrap());
-            let handle = u64::from_be_bytes(h[8..16].try_into().unwrap());
             let slot = match self.slots.get(handle as usize) {
                 Some(s) if s.busy => *s,
                 _ => {

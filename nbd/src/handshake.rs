@@ -198,11 +198,9 @@ pub(crate) enum Step {
 
 /// Sends the greeting and reads the client's flags. `None`: the connection ends.
 pub(crate) fn greet<S: Read + Write + ?Sized>(s: &mut S, tls: Tls) -> io::Result<Option<Haggle>> {
-    let mut hello = Vec::with_capacity(18);
-    hello.extend_from_slice(&proto::NBDMAGIC.to_be_bytes());
-    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
-    s.write_all(&hello)?;
+    s.write_all(&proto::greeting(
+        proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES,
+    ))?;
     s.flush()?;
     let cflags = read_u32(s)?;
     if cflags & !(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES) != 0 {
@@ -234,12 +232,9 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
         let structured = st.structured;
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;
-        let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
-        let option = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
-        let len = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
-        if magic != proto::IHAVEOPT {
+        let Some((option, len)) = proto::parse_option_header(&h) else {
             return Ok(Step::End);
-        }
+        };
         if len > proto::MAX_OPTION_LEN {
             // Nothing this server understands is that long; do not read (or buffer) it.
             let _ = send_err(
@@ -405,10 +400,7 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
                 }
                 let size = export.size();
                 let read_only = export.read_only();
-                let mut d = Vec::with_capacity(12);
-                d.extend_from_slice(&info::EXPORT.to_be_bytes());
-                d.extend_from_slice(&size.to_be_bytes());
-                d.extend_from_slice(&transmission_flags(read_only, structured).to_be_bytes());
+                let d = proto::info_export(size, transmission_flags(read_only, structured));
                 send_opt(s, option, rep::INFO, &d)?;
                 if infos.contains(&info::NAME) {
                     let mut d = info::NAME.to_be_bytes().to_vec();
@@ -424,10 +416,7 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
                 }
                 // Always sent: clients that did not ask may ignore it, and the server's
                 // minimum (512) is above the protocol's default of 1.
-                let mut d = info::BLOCK_SIZE.to_be_bytes().to_vec();
-                d.extend_from_slice(&sizes.min.to_be_bytes());
-                d.extend_from_slice(&sizes.preferred.to_be_bytes());
-                d.extend_from_slice(&sizes.max.to_be_bytes());
+                let d = proto::info_block_size(sizes.min, sizes.preferred, sizes.max);
                 send_opt(s, option, rep::INFO, &d)?;
                 if option == opt::GO {
                     chosen(&name);
@@ -556,30 +545,10 @@ pub fn serve_handshake<S: Read + Write + ?Sized>(
 mod tests {
     use super::*;
     use crate::export::{BackendExport, ExportMap};
-    use std::io::Cursor;
     use tiercache_io::RamBackend;
 
     /// An in-memory stream: reads from `input`, collects what is written.
-    struct Mem {
-        input: Cursor<Vec<u8>>,
-        out: Vec<u8>,
-    }
-
-    impl Read for Mem {
-        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-            self.input.read(b)
-        }
-    }
-
-    impl Write for Mem {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.out.extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
+    type Mem = proto::MemStream<Vec<u8>>;
 
     fn exports() -> ExportMap {
         let m = ExportMap::new();
@@ -593,32 +562,7 @@ mod tests {
     }
 
     fn option(buf: &mut Vec<u8>, o: u32, data: &[u8]) {
-        buf.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
-        buf.extend_from_slice(&o.to_be_bytes());
-        buf.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        buf.extend_from_slice(data);
-    }
-
-    #[test]
-    fn info_request_parsing() {
-        assert_eq!(
-            parse_info_request(&[0, 0, 0, 1, b'a', 0, 1, 0, 3]),
-            Some(("a".into(), vec![3]))
-        );
-        assert_eq!(
-            parse_info_request(&[0, 0, 0, 0, 0, 0]),
-            Some((String::new(), vec![]))
-        );
-        for bad in [
-            &[][..],
-            &[0, 0, 0, 5, b'a'],
-            &[0, 0, 0, 1, b'a', 0, 2, 0, 3],
-            &[0, 0, 0, 1, b'a', 0, 0, 9],
-            &[0, 0, 0, 1, 0xff, 0, 0],
-            &[0xff, 0xff, 0xff, 0xff, 0, 0],
-        ] {
-            assert_eq!(parse_info_request(bad), None, "{bad:?}");
-        }
+        buf.extend_from_slice(&proto::option_request(o, data));
     }
 
     #[test]
@@ -629,10 +573,7 @@ mod tests {
         option(&mut i, opt::GO, &[0, 0, 0, 1, b'b', 0, 0]);
         option(&mut i, opt::STRUCTURED_REPLY, &[]);
         option(&mut i, opt::GO, &[0, 0, 0, 1, b'a', 0, 0]);
-        let mut m = Mem {
-            input: Cursor::new(i),
-            out: vec![],
-        };
+        let mut m = Mem::new(i);
         let n = handshake(&mut m, &exports(), &AtomicBool::new(false), &mut |_| {})
             .unwrap()
             .expect("GO succeeds");
@@ -641,19 +582,23 @@ mod tests {
         assert_eq!(m.input.position() as usize, m.input.get_ref().len());
     }
 
+    /// A seeded xorshift64 generator.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     /// Seeded structure-aware loop (SPEC R5): option sequences with random types, lengths and
     /// bytes, cut at random points; the handshake must end cleanly, never panic.
     #[test]
     fn handshake_never_panics_on_random_input() {
         let ex = exports();
         let quit = AtomicBool::new(false);
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15u64);
         let (mut went, mut ended) = (0, 0);
         for _ in 0..20_000 {
             let mut i = match rnd() % 8 {
@@ -663,7 +608,7 @@ mod tests {
             for _ in 0..rnd() % 5 {
                 let o = [1, 2, 3, 5, 6, 7, 8, 9, rnd() as u32][(rnd() % 9) as usize];
                 let mut d: Vec<u8> = (0..rnd() % 24).map(|_| rnd() as u8).collect();
-                if rnd() % 2 == 0 && (o == opt::GO || o == opt::INFO) {
+                if rnd().is_multiple_of(2) && (o == opt::GO || o == opt::INFO) {
                     let name = [&b"a"[..], b"b", b"zz"][(rnd() % 3) as usize];
                     d = (name.len() as u32).to_be_bytes().to_vec();
                     d.extend_from_slice(name);
@@ -673,24 +618,21 @@ mod tests {
                         d.extend_from_slice(&((rnd() % 5) as u16).to_be_bytes());
                     }
                 }
-                if rnd() % 16 == 0 {
+                if rnd().is_multiple_of(16) {
                     i.extend_from_slice(&rnd().to_be_bytes()); // a bad magic
                 } else {
                     option(&mut i, o, &d);
                 }
-                if rnd() % 16 == 0 {
+                if rnd().is_multiple_of(16) {
                     let l = i.len();
                     i[l - 3..].copy_from_slice(&[0xff, 0xff, 0xff]); // a huge length
                 }
             }
             let cut = (rnd() as usize) % (i.len() + 1);
-            if rnd() % 4 == 0 {
+            if rnd().is_multiple_of(4) {
                 i.truncate(cut);
             }
-            let mut m = Mem {
-                input: Cursor::new(i),
-                out: vec![],
-            };
+            let mut m = Mem::new(i);
             match handshake(&mut m, &ex, &quit, &mut |_| {}) {
                 Ok(Some(_)) => went += 1,
                 _ => ended += 1,
@@ -707,20 +649,14 @@ mod tests {
     fn forced_tls_answers_nothing_before_starttls() {
         let ex = exports();
         let quit = AtomicBool::new(false);
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rnd = xorshift(0x2545_f491_4f6c_dd1du64);
         let (mut upgraded, mut ended, mut refused) = (0, 0, 0u64);
         for _ in 0..20_000 {
             let mut i = proto::FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
             for _ in 0..rnd() % 6 {
                 let o = [1, 2, 3, 5, 6, 7, 8, 9, rnd() as u32][(rnd() % 9) as usize];
                 let mut d: Vec<u8> = (0..rnd() % 12).map(|_| rnd() as u8).collect();
-                if o == opt::STARTTLS && rnd() % 2 == 0 {
+                if o == opt::STARTTLS && rnd().is_multiple_of(2) {
                     d.clear();
                 }
                 if o == opt::GO || o == opt::INFO {
@@ -728,14 +664,11 @@ mod tests {
                 }
                 option(&mut i, o, &d);
             }
-            if rnd() % 4 == 0 {
+            if rnd().is_multiple_of(4) {
                 let cut = (rnd() as usize) % (i.len() + 1);
                 i.truncate(cut);
             }
-            let mut m = Mem {
-                input: Cursor::new(i),
-                out: vec![],
-            };
+            let mut m = Mem::new(i);
             let step = greet(&mut m, Tls::Required)
                 .ok()
                 .flatten()
@@ -749,9 +682,8 @@ mod tests {
             let out = &m.out[18..];
             let mut k = 0;
             while k + 20 <= out.len() {
-                let o = u32::from_be_bytes(out[k + 8..k + 12].try_into().unwrap());
-                let t = u32::from_be_bytes(out[k + 12..k + 16].try_into().unwrap());
-                let l = u32::from_be_bytes(out[k + 16..k + 20].try_into().unwrap()) as usize;
+                let h = proto::OptionReplyHeader::decode(out[k..k + 20].try_into().unwrap());
+                let (o, t, l) = (h.option, h.typ, h.len as usize);
                 match t {
                     rep::ACK => assert!(o == opt::STARTTLS || o == opt::ABORT, "ACK to {o}"),
                     rep::ERR_INVALID => assert_eq!(o, opt::STARTTLS),

@@ -4,7 +4,7 @@
 
 use crate::export::{BlockSizes, Export, ExportError, ReadReply, ReadStart};
 use crate::handshake::cap_str;
-use crate::proto::{self, Request, cmd, errno, reply};
+use crate::proto::{self, Request, RequestChecks, cmd, errno, reply};
 use crate::server::*;
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};

@@ -57,11 +57,7 @@ fn greeted(sock: &Path) -> UnixStream {
 
 /// An option as a client sends it.
 fn option(o: u32, data: &[u8]) -> Vec<u8> {
-    let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
-    m.extend_from_slice(&o.to_be_bytes());
-    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    m.extend_from_slice(data);
-    m
+    proto::option_request(o, data)
 }
 
 /// Writes `data` at `off` on a new connection to `name`, then checks it reads back.

@@ -284,12 +284,7 @@ fn clients_vanishing_mid_request_do_not_hurt_the_server() {
     drop(c);
     // A write whose payload never fully arrives.
     let (mut c, _) = ready(&sock, "plain", true);
-    let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
-    m.extend_from_slice(&0u16.to_be_bytes());
-    m.extend_from_slice(&cmd::WRITE.to_be_bytes());
-    m.extend_from_slice(&1u64.to_be_bytes());
-    m.extend_from_slice(&0u64.to_be_bytes());
-    m.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    let mut m = request(cmd::WRITE, 0, 1, 0, 1 << 20);
     m.extend_from_slice(&[5u8; 1000]);
     c.s.write_all(&m).unwrap();
     drop(c);

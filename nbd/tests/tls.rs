@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_io::RamBackend;
-use tiercache_nbd::proto::{self, cmd, info, opt, rep, reply};
+use tiercache_nbd::proto::{self, be64, cmd, info, opt, rep, reply};
 use tiercache_nbd::{BackendExport, BoundAddr, ExportMap, ListenAddr, Server, ServerConfig};
 use tiercache_nbd::{TlsConfig, non_loopback_refusal};
 
@@ -179,13 +179,6 @@ fn client_tls(p: &Pki, cert: Option<&str>) -> Arc<ClientConfig> {
     })
 }
 
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().unwrap())
-}
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().unwrap())
-}
-
 /// Reads the greeting and answers with fixed newstyle flags.
 fn hello<S: Read + Write>(s: &mut S) {
     let mut g = [0u8; 18];
@@ -197,11 +190,7 @@ fn hello<S: Read + Write>(s: &mut S) {
 }
 
 fn send_opt(s: &mut impl Write, option: u32, data: &[u8]) -> std::io::Result<()> {
-    let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
-    m.extend_from_slice(&option.to_be_bytes());
-    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    m.extend_from_slice(data);
-    s.write_all(&m)?;
+    s.write_all(&proto::option_request(option, data))?;
     s.flush()
 }
 
@@ -211,10 +200,11 @@ fn replies(s: &mut impl Read, option: u32) -> std::io::Result<Vec<(u32, Vec<u8>)
     loop {
         let mut h = [0u8; 20];
         s.read_exact(&mut h)?;
-        assert_eq!(be64(&h), proto::OPT_REPLY_MAGIC);
-        assert_eq!(be32(&h[8..]), option);
-        let typ = be32(&h[12..]);
-        let mut d = vec![0u8; be32(&h[16..]) as usize];
+        let h = proto::OptionReplyHeader::decode(&h);
+        assert_eq!(h.magic, proto::OPT_REPLY_MAGIC);
+        assert_eq!(h.option, option);
+        let typ = h.typ;
+        let mut d = vec![0u8; h.len as usize];
         s.read_exact(&mut d)?;
         let end = typ == rep::ACK || typ & rep::ERR != 0;
         v.push((typ, d));
@@ -235,11 +225,7 @@ fn opt_end<S: Read + Write>(s: &mut S, option: u32, data: &[u8]) -> u32 {
 }
 
 fn go_data(name: &str) -> Vec<u8> {
-    let mut d = (name.len() as u32).to_be_bytes().to_vec();
-    d.extend_from_slice(name.as_bytes());
-    d.extend_from_slice(&1u16.to_be_bytes());
-    d.extend_from_slice(&info::BLOCK_SIZE.to_be_bytes());
-    d
+    proto::encode_info_request(name, &[info::BLOCK_SIZE])
 }
 
 /// Whether the server ended the connection (EOF, reset, or a TLS alert) within 5 s.
@@ -306,12 +292,12 @@ fn req(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32, data: &[u8]) ->
 fn chunk(s: &mut impl Read) -> (u64, u16, Vec<u8>) {
     let mut h = [0u8; 20];
     s.read_exact(&mut h).unwrap();
-    assert_eq!(be32(&h), proto::STRUCTURED_REPLY_MAGIC);
-    assert_eq!(u16::from_be_bytes([h[4], h[5]]), reply::FLAG_DONE);
-    let typ = u16::from_be_bytes([h[6], h[7]]);
-    let mut p = vec![0u8; be32(&h[16..]) as usize];
+    let h = proto::StructuredHeader::decode(&h);
+    assert_eq!(h.magic, proto::STRUCTURED_REPLY_MAGIC);
+    assert_eq!(h.flags, reply::FLAG_DONE);
+    let mut p = vec![0u8; h.len as usize];
     s.read_exact(&mut p).unwrap();
-    (be64(&h[8..]), typ, p)
+    (h.cookie, h.typ, p)
 }
 
 fn block(i: u64, len: usize) -> Vec<u8> {

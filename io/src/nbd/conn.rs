@@ -17,6 +17,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
+use tiercache_nbd_proto::SimpleReply;
 
 /// What a caller receives: the payload of a read (empty for other commands) or the error.
 type Reply = Result<Vec<u8>, IoErr>;
@@ -214,7 +215,7 @@ impl Conn {
             );
             c
         };
-        let hdr = proto::request(flags, command, cookie, offset, len);
+        let hdr = proto::request(command, flags, cookie, offset, len);
         let _g = lock(&self.send_lock);
         if self.is_dead() {
             return ticket; // died while we queued: our waiter was drained
@@ -234,7 +235,7 @@ impl Conn {
     /// Sends `NBD_CMD_DISC` (if still connected), closes the socket and joins the reader.
     pub fn close(&self) {
         if !self.is_dead() {
-            let hdr = proto::request(0, cmd::DISC, u64::MAX, 0, 0);
+            let hdr = proto::request(cmd::DISC, 0, u64::MAX, 0, 0);
             let _g = lock(&self.send_lock);
             let _ = self.sock.send_all(&[&hdr]);
         }
@@ -280,9 +281,11 @@ fn receive(conn: &Conn, r: &mut impl Read) -> String {
         if let Err(e) = r.read_exact(&mut h) {
             return io_why(e);
         }
-        let magic = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
-        let err = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
-        let cookie = u64::from_be_bytes([h[8], h[9], h[10], h[11], h[12], h[13], h[14], h[15]]);
+        let SimpleReply {
+            magic,
+            error: err,
+            cookie,
+        } = SimpleReply::decode(&h);
         if magic == proto::STRUCTURED_REPLY_MAGIC {
             return "protocol error: structured reply that was not negotiated".into();
         }

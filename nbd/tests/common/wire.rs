@@ -22,21 +22,10 @@ pub struct Client<S: Stream> {
 
 /// A request header.
 pub fn request(typ: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
-    let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
-    m.extend_from_slice(&flags.to_be_bytes());
-    m.extend_from_slice(&typ.to_be_bytes());
-    m.extend_from_slice(&cookie.to_be_bytes());
-    m.extend_from_slice(&offset.to_be_bytes());
-    m.extend_from_slice(&len.to_be_bytes());
-    m
+    proto::request(typ, flags, cookie, offset, len).to_vec()
 }
 
-pub fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes(b[..4].try_into().unwrap())
-}
-pub fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().unwrap())
-}
+pub use proto::{be32, be64};
 
 /// One option reply: (option, type, data).
 pub type OptReply = (u32, u32, Vec<u8>);
@@ -46,11 +35,9 @@ impl<S: Stream> Client<S> {
     pub fn hello(mut s: S, cflags: u32) -> Client<S> {
         let mut g = [0u8; 18];
         s.read_exact(&mut g).unwrap();
-        assert_eq!(be64(&g), proto::NBDMAGIC);
-        assert_eq!(be64(&g[8..]), proto::IHAVEOPT);
         assert_eq!(
-            u16::from_be_bytes([g[16], g[17]]),
-            proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES
+            g,
+            proto::greeting(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES)
         );
         s.write_all(&cflags.to_be_bytes()).unwrap();
         Client {
@@ -60,20 +47,19 @@ impl<S: Stream> Client<S> {
     }
 
     pub fn send_opt(&mut self, option: u32, data: &[u8]) {
-        let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
-        m.extend_from_slice(&option.to_be_bytes());
-        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        m.extend_from_slice(data);
-        self.s.write_all(&m).unwrap();
+        self.s
+            .write_all(&proto::option_request(option, data))
+            .unwrap();
     }
 
     pub fn read_opt_reply(&mut self) -> std::io::Result<OptReply> {
         let mut h = [0u8; 20];
         self.s.read_exact(&mut h)?;
-        assert_eq!(be64(&h), proto::OPT_REPLY_MAGIC);
-        let mut d = vec![0u8; be32(&h[16..]) as usize];
+        let h = proto::OptionReplyHeader::decode(&h);
+        assert_eq!(h.magic, proto::OPT_REPLY_MAGIC);
+        let mut d = vec![0u8; h.len as usize];
         self.s.read_exact(&mut d)?;
-        Ok((be32(&h[8..]), be32(&h[12..]), d))
+        Ok((h.option, h.typ, d))
     }
 
     /// Sends `option` and reads replies up to the ACK or an error.
@@ -92,13 +78,7 @@ impl<S: Stream> Client<S> {
     }
 
     pub fn info_data(name: &str, infos: &[u16]) -> Vec<u8> {
-        let mut d = (name.len() as u32).to_be_bytes().to_vec();
-        d.extend_from_slice(name.as_bytes());
-        d.extend_from_slice(&(infos.len() as u16).to_be_bytes());
-        for i in infos {
-            d.extend_from_slice(&i.to_be_bytes());
-        }
-        d
+        proto::encode_info_request(name, infos)
     }
 
     /// `NBD_OPT_GO` to `name`; returns the export size.
@@ -162,12 +142,11 @@ impl<S: Stream> Client<S> {
         if self.structured {
             let mut h = [0u8; 20];
             self.s.read_exact(&mut h).unwrap();
-            assert_eq!(be32(&h), proto::STRUCTURED_REPLY_MAGIC);
-            let flags = u16::from_be_bytes([h[4], h[5]]);
-            let typ = u16::from_be_bytes([h[6], h[7]]);
-            assert_eq!(flags, reply::FLAG_DONE);
-            let cookie = be64(&h[8..]);
-            let mut p = vec![0u8; be32(&h[16..]) as usize];
+            let h = proto::StructuredHeader::decode(&h);
+            assert_eq!(h.magic, proto::STRUCTURED_REPLY_MAGIC);
+            assert_eq!(h.flags, reply::FLAG_DONE);
+            let (typ, cookie) = (h.typ, h.cookie);
+            let mut p = vec![0u8; h.len as usize];
             self.s.read_exact(&mut p).unwrap();
             match typ {
                 reply::TYPE_NONE => (cookie, 0, vec![]),
@@ -183,8 +162,9 @@ impl<S: Stream> Client<S> {
         } else {
             let mut h = [0u8; 16];
             self.s.read_exact(&mut h).unwrap();
-            assert_eq!(be32(&h), proto::SIMPLE_REPLY_MAGIC);
-            let (err, cookie) = (be32(&h[4..]), be64(&h[8..]));
+            let h = proto::SimpleReply::decode(&h);
+            assert_eq!(h.magic, proto::SIMPLE_REPLY_MAGIC);
+            let (err, cookie) = (h.error, h.cookie);
             let mut d = vec![];
             if err == 0 {
                 d = vec![0u8; read_len(cookie)];

@@ -1,17 +1,15 @@
 //! NBD URIs (the NBD project's `doc/uri.md`): `nbd://HOST[:PORT][/EXPORT]` and
 //! `nbd+unix:///[EXPORT]?socket=PATH`. TLS (`nbds…`) and vsock schemes are refused with a reason.
 
+use crate::MAX_STRING as MAX_NAME;
 use std::path::PathBuf;
 
 /// The IANA port of NBD, used when an `nbd://` URI names none.
-pub(crate) const DEFAULT_PORT: u16 = 10809;
-
-/// Longest export name the protocol allows, in bytes.
-const MAX_NAME: usize = 4096;
+pub const DEFAULT_PORT: u16 = 10809;
 
 /// Where the server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
+pub enum Target {
     /// A unix domain socket.
     Unix(PathBuf),
     /// A TCP host (name or address, IPv6 without brackets) and port.
@@ -25,7 +23,7 @@ pub(crate) enum Target {
 
 /// A parsed NBD URI.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NbdUri {
+pub struct NbdUri {
     /// The server's address.
     pub target: Target,
     /// The export name (percent-decoded; empty for the default export).
@@ -35,7 +33,7 @@ pub(crate) struct NbdUri {
 const USAGE: &str = "expected nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH";
 
 /// Parses `s` (without the `nbd:` device prefix). The error is one line, without the URI.
-pub(crate) fn parse(s: &str) -> Result<NbdUri, String> {
+pub fn parse(s: &str) -> Result<NbdUri, String> {
     if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("contains whitespace or control characters".into());
     }
