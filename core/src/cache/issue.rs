@@ -1,0 +1,191 @@
+//! Turning a planned request into device IOs: the runs of its parts (contiguous pieces of one
+//! device, merged as they are added) and the reads and writes that carry them. Part of the
+//! request path (`request.rs`).
+
+use super::request::Request;
+use super::{Cache, IoKind, IoOwner};
+use crate::event::{Action, BufRef, Dev};
+use crate::units::{BlockMask, Lba, LineId, mask_runs};
+
+/// A contiguous device IO being assembled from parts.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Run {
+    pub(crate) dev: Dev,
+    pub(crate) lba: u64,
+    pub(crate) buf_off: u32,
+    pub(crate) blocks: u32,
+}
+
+/// Two run builders (cache and core) that merge contiguous pieces.
+pub(crate) struct Runs {
+    cache: Option<Run>,
+    core: Option<Run>,
+    out: Vec<Run>,
+}
+
+impl Runs {
+    /// A builder writing into `out` (cleared).
+    pub(crate) fn new(mut out: Vec<Run>) -> Runs {
+        out.clear();
+        Runs {
+            cache: None,
+            core: None,
+            out,
+        }
+    }
+
+    pub(crate) fn add(&mut self, run: Run) {
+        let slot = if run.dev == Dev::Cache {
+            &mut self.cache
+        } else {
+            &mut self.core
+        };
+        if let Some(cur) = slot
+            && cur.lba + cur.blocks as u64 == run.lba
+            && cur.buf_off + cur.blocks == run.buf_off
+        {
+            cur.blocks += run.blocks;
+            return;
+        }
+        if let Some(prev) = slot.replace(run) {
+            self.out.push(prev);
+        }
+    }
+    pub(crate) fn finish(mut self) -> Vec<Run> {
+        self.out.extend(self.cache.take());
+        self.out.extend(self.core.take());
+        self.out
+    }
+}
+
+impl Cache {
+    /// Buffer offset (blocks into the request's buffer) of block `b` of core line `cl`.
+    #[inline]
+    fn buf_off(&self, r: &Request, cl: u64, b: u32) -> u32 {
+        ((cl << self.shift) + b as u64 - r.lba) as u32
+    }
+
+    /// Adds the runs of `mask` in part `i` of `r` to `runs`, for `dev`.
+    pub(crate) fn add_runs(
+        &self,
+        r: &Request,
+        i: usize,
+        mask: BlockMask,
+        dev: Dev,
+        runs: &mut Runs,
+    ) {
+        let cl = r.first + i as u64;
+        for (b, n) in mask_runs(mask) {
+            let lba = match dev {
+                Dev::Cache => self.cache_lba(r.parts[i].line.expect("mapped"), b).0,
+                Dev::Core(_) => (cl << self.shift) + b as u64,
+            };
+            runs.add(Run {
+                dev,
+                lba,
+                buf_off: self.buf_off(r, cl, b),
+                blocks: n,
+            });
+        }
+    }
+
+    pub(crate) fn issue_reads(
+        &mut self,
+        r: &mut Request,
+        runs: Vec<Run>,
+        actions: &mut Vec<Action>,
+    ) {
+        for &run in &runs {
+            self.issue_read(r, run, actions);
+        }
+        self.runs_buf = runs;
+    }
+
+    /// Issues one device read of `r`.
+    #[inline]
+    pub(crate) fn issue_read(&mut self, r: &mut Request, run: Run, actions: &mut Vec<Action>) {
+        let kind = if run.dev == Dev::Cache {
+            IoKind::CacheRead
+        } else {
+            IoKind::CoreRead
+        };
+        let io = self.new_io(IoOwner::Req { req: r.id, kind });
+        if run.dev == Dev::Cache {
+            self.counters.cache_blocks_read += run.blocks as u64;
+        } else {
+            self.counters.core_blocks_read += run.blocks as u64;
+        }
+        actions.push(Action::Read {
+            io,
+            dev: run.dev,
+            lba: Lba(run.lba),
+            blocks: run.blocks,
+            buf: BufRef::Req {
+                req: r.id,
+                offset: run.buf_off,
+            },
+        });
+        r.pending += 1;
+    }
+
+    pub(crate) fn issue_writes(
+        &mut self,
+        r: &mut Request,
+        runs: Vec<Run>,
+        fua: bool,
+        a: &mut Vec<Action>,
+    ) {
+        for &run in &runs {
+            self.issue_write(r, run, fua, a);
+        }
+        self.runs_buf = runs;
+    }
+
+    /// Issues one device write of `r`.
+    #[inline]
+    pub(crate) fn issue_write(
+        &mut self,
+        r: &mut Request,
+        run: Run,
+        fua: bool,
+        a: &mut Vec<Action>,
+    ) {
+        let kind = if run.dev == Dev::Cache {
+            IoKind::CacheWrite
+        } else {
+            IoKind::CoreWrite
+        };
+        let io = self.new_io(IoOwner::Req { req: r.id, kind });
+        if run.dev == Dev::Cache {
+            self.counters.cache_blocks_written += run.blocks as u64;
+        } else {
+            self.counters.core_blocks_written += run.blocks as u64;
+        }
+        a.push(Action::Write {
+            io,
+            dev: run.dev,
+            lba: Lba(run.lba),
+            blocks: run.blocks,
+            buf: BufRef::Req {
+                req: r.id,
+                offset: run.buf_off,
+            },
+            fua,
+        });
+        r.pending += 1;
+    }
+
+    /// The one cache IO of a request within one mapped line whose blocks `mask` (contiguous,
+    /// as every part's mask is) all go to or come from the cache: what the run builder would
+    /// produce, without it.
+    #[inline]
+    pub(crate) fn single_cache_run(&self, r: &Request, line: LineId, mask: BlockMask) -> Run {
+        let b = mask.trailing_zeros();
+        Run {
+            dev: Dev::Cache,
+            lba: self.cache_lba(line, b).0,
+            buf_off: self.buf_off(r, r.first, b),
+            blocks: mask.count_ones(),
+        }
+    }
+}
