@@ -7,6 +7,13 @@ use super::{Cache, IoKind, IoOwner};
 use crate::event::{Action, BufRef, Dev};
 use crate::units::{BlockMask, Lba, LineId, mask_runs};
 
+/// Which way a request's device IO goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    Read,
+    Write { fua: bool },
+}
+
 /// A contiguous device IO being assembled from parts.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Run {
@@ -89,88 +96,57 @@ impl Cache {
         }
     }
 
-    pub(crate) fn issue_reads(
+    /// Issues the device IOs of `runs` (then keeps the vector for the next plan).
+    pub(crate) fn issue_runs(
         &mut self,
         r: &mut Request,
         runs: Vec<Run>,
+        dir: Dir,
         actions: &mut Vec<Action>,
     ) {
         for &run in &runs {
-            self.issue_read(r, run, actions);
+            self.issue(r, run, dir, actions);
         }
         self.runs_buf = runs;
     }
 
-    /// Issues one device read of `r`.
+    /// Issues one device IO of `r`.
     #[inline]
-    pub(crate) fn issue_read(&mut self, r: &mut Request, run: Run, actions: &mut Vec<Action>) {
-        let kind = if run.dev == Dev::Cache {
-            IoKind::CacheRead
-        } else {
-            IoKind::CoreRead
+    pub(crate) fn issue(&mut self, r: &mut Request, run: Run, dir: Dir, actions: &mut Vec<Action>) {
+        let kind = match (dir, run.dev) {
+            (Dir::Read, Dev::Cache) => IoKind::CacheRead,
+            (Dir::Read, Dev::Core(_)) => IoKind::CoreRead,
+            (Dir::Write { .. }, Dev::Cache) => IoKind::CacheWrite,
+            (Dir::Write { .. }, Dev::Core(_)) => IoKind::CoreWrite,
         };
         let io = self.new_io(IoOwner::Req { req: r.id, kind });
-        if run.dev == Dev::Cache {
-            self.counters.cache_blocks_read += run.blocks as u64;
-        } else {
-            self.counters.core_blocks_read += run.blocks as u64;
-        }
-        actions.push(Action::Read {
-            io,
-            dev: run.dev,
-            lba: Lba(run.lba),
-            blocks: run.blocks,
-            buf: BufRef::Req {
-                req: r.id,
-                offset: run.buf_off,
-            },
-        });
-        r.pending += 1;
-    }
-
-    pub(crate) fn issue_writes(
-        &mut self,
-        r: &mut Request,
-        runs: Vec<Run>,
-        fua: bool,
-        a: &mut Vec<Action>,
-    ) {
-        for &run in &runs {
-            self.issue_write(r, run, fua, a);
-        }
-        self.runs_buf = runs;
-    }
-
-    /// Issues one device write of `r`.
-    #[inline]
-    pub(crate) fn issue_write(
-        &mut self,
-        r: &mut Request,
-        run: Run,
-        fua: bool,
-        a: &mut Vec<Action>,
-    ) {
-        let kind = if run.dev == Dev::Cache {
-            IoKind::CacheWrite
-        } else {
-            IoKind::CoreWrite
+        let c = &mut self.counters;
+        *match (dir, run.dev) {
+            (Dir::Read, Dev::Cache) => &mut c.cache_blocks_read,
+            (Dir::Read, Dev::Core(_)) => &mut c.core_blocks_read,
+            (Dir::Write { .. }, Dev::Cache) => &mut c.cache_blocks_written,
+            (Dir::Write { .. }, Dev::Core(_)) => &mut c.core_blocks_written,
+        } += run.blocks as u64;
+        let buf = BufRef::Req {
+            req: r.id,
+            offset: run.buf_off,
         };
-        let io = self.new_io(IoOwner::Req { req: r.id, kind });
-        if run.dev == Dev::Cache {
-            self.counters.cache_blocks_written += run.blocks as u64;
-        } else {
-            self.counters.core_blocks_written += run.blocks as u64;
-        }
-        a.push(Action::Write {
-            io,
-            dev: run.dev,
-            lba: Lba(run.lba),
-            blocks: run.blocks,
-            buf: BufRef::Req {
-                req: r.id,
-                offset: run.buf_off,
+        actions.push(match dir {
+            Dir::Read => Action::Read {
+                io,
+                dev: run.dev,
+                lba: Lba(run.lba),
+                blocks: run.blocks,
+                buf,
             },
-            fua,
+            Dir::Write { fua } => Action::Write {
+                io,
+                dev: run.dev,
+                lba: Lba(run.lba),
+                blocks: run.blocks,
+                buf,
+                fua,
+            },
         });
         r.pending += 1;
     }

@@ -578,6 +578,32 @@ impl Cache {
         self.admin_step(actions);
     }
 
+    /// Flushes every core with writes no flush covered yet, each IO a metadata IO of `kind`
+    /// (given the core and its completed writes: what the flush covers). Returns how many.
+    fn flush_cores(&mut self, kind: fn(CoreId, u64) -> MetaIo, actions: &mut Vec<Action>) -> u32 {
+        let due: Vec<(CoreId, u64)> = self
+            .cores
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                c.flush
+                    .needs_flush()
+                    .then_some((CoreId(i as u16), c.flush.writes_done))
+            })
+            .collect();
+        for &(core, covers) in &due {
+            let io = self.new_io(IoOwner::Meta {
+                kind: kind(core, covers),
+            });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Core(core),
+            });
+        }
+        due.len() as u32
+    }
+
     /// The clean stop, once idle: flush every core with writes no flush covered (a
     /// write-through write, a trim passed down), then the final checkpoint and superblock —
     /// `Clean` only if those flushes succeeded. Without the flushes a power cut after the stop
@@ -587,31 +613,13 @@ impl Cache {
         let m = self.meta.as_mut().expect("persistent");
         match m.stop_cores {
             StopCores::Idle => {
-                let due: Vec<(CoreId, u64)> = self
-                    .cores
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, c)| {
-                        let c = c.as_ref()?;
-                        c.flush
-                            .needs_flush()
-                            .then_some((CoreId(i as u16), c.flush.writes_done))
-                    })
-                    .collect();
+                let kind = |core, covers| MetaIo::StopCoreFlush { core, covers };
+                let left = self.flush_cores(kind, actions);
                 let m = self.meta.as_mut().expect("persistent");
                 m.stop_cores = StopCores::Flushing {
-                    left: due.len() as u32,
+                    left,
                     failed: false,
                 };
-                for (core, covers) in due {
-                    let io = self.new_io(IoOwner::Meta {
-                        kind: MetaIo::StopCoreFlush { core, covers },
-                    });
-                    actions.push(Action::Flush {
-                        io,
-                        dev: Dev::Core(core),
-                    });
-                }
                 self.stop_step(actions);
             }
             StopCores::Flushing { left: 0, failed } => {

@@ -497,6 +497,20 @@ impl Cache {
         }
     }
 
+    /// `line` (mapped) is dirty no more: the cleaning policy lets it go and it leaves the
+    /// dirty-line counts. (Their state is apart: the order of the two is free.)
+    pub(crate) fn note_clean(&mut self, line: LineId) {
+        self.cleaning.on_clean(
+            &mut self.lists,
+            line,
+            &View {
+                map: &self.map,
+                locks: &self.locks,
+            },
+        );
+        self.count_dirty(line, false);
+    }
+
     /// The cache device block of block `offset` of `line`.
     #[inline]
     pub(crate) fn cache_lba(&self, line: LineId, offset: u32) -> crate::units::Lba {

@@ -4,7 +4,7 @@
 //! of the request path (`request.rs`).
 
 use super::Cache;
-use super::issue::{Run, Runs};
+use super::issue::{Dir, Run, Runs};
 use super::lock::LockKind;
 use super::request::{Phase, Plan, Request};
 use crate::event::{Action, Dev, ReqError};
@@ -54,7 +54,7 @@ impl Cache {
                 r.plan = Plan::Read { backfill };
                 r.phase = Phase::Io;
                 let run = self.single_cache_run(&r, l, p.mask);
-                self.issue_read(&mut r, run, actions);
+                self.issue(&mut r, run, Dir::Read, actions);
                 self.reqs.insert(r.id, r);
                 return;
             }
@@ -108,7 +108,7 @@ impl Cache {
             self.counters.merged_core_reads += 1;
             r.overlay = cache_runs;
         }
-        self.issue_reads(&mut r, runs, actions);
+        self.issue_runs(&mut r, runs, Dir::Read, actions);
         self.reqs.insert(r.id, r);
     }
 
@@ -123,7 +123,7 @@ impl Cache {
                 if !r.overlay.is_empty() {
                     // The merged core read is in: now the cache's blocks over it.
                     let overlay = std::mem::take(&mut r.overlay);
-                    self.issue_reads(&mut r, overlay, actions);
+                    self.issue_runs(&mut r, overlay, Dir::Read, actions);
                     self.reqs.insert(r.id, r);
                     return;
                 }
@@ -152,7 +152,7 @@ impl Cache {
                         buf_off: 0,
                         blocks: r.blocks,
                     };
-                    self.issue_reads(&mut r, vec![run], actions);
+                    self.issue_runs(&mut r, vec![run], Dir::Read, actions);
                     self.reqs.insert(r.id, r);
                     return;
                 }
@@ -170,7 +170,7 @@ impl Cache {
                     let runs = runs.finish();
                     if !runs.is_empty() {
                         r.phase = Phase::Backfill;
-                        self.issue_writes(&mut r, runs, false, actions);
+                        self.issue_runs(&mut r, runs, Dir::Write { fua: false }, actions);
                         self.reqs.insert(r.id, r);
                         return;
                     }

@@ -4,7 +4,7 @@
 //! blocks are dropped), and dropping blocks from the cache. Part of the request path
 //! (`request.rs`).
 
-use super::issue::{Run, Runs};
+use super::issue::{Dir, Run, Runs};
 use super::lock::{LockKind, lock_key};
 use super::request::{Op, Phase, Plan, Request};
 use super::{Cache, IoKind, IoOwner};
@@ -88,7 +88,7 @@ impl Cache {
                 }
                 let l = p.line.expect("write-back lines are mapped");
                 let run = self.single_cache_run(&r, l, p.mask);
-                self.issue_write(&mut r, run, fua, actions);
+                self.issue(&mut r, run, Dir::Write { fua }, actions);
             }
             Plan::WriteBack => {
                 let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
@@ -103,7 +103,7 @@ impl Cache {
                     self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
                 }
                 let runs = runs.finish();
-                self.issue_writes(&mut r, runs, fua, actions);
+                self.issue_runs(&mut r, runs, Dir::Write { fua }, actions);
             }
             Plan::WriteThrough => {
                 let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
@@ -122,8 +122,8 @@ impl Cache {
                 let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
                     runs.iter().partition(|x| x.dev != Dev::Cache);
                 self.runs_buf = runs;
-                self.issue_writes(&mut r, cache_runs, false, actions);
-                self.issue_writes(&mut r, core_runs, fua, actions);
+                self.issue_runs(&mut r, cache_runs, Dir::Write { fua: false }, actions);
+                self.issue_runs(&mut r, core_runs, Dir::Write { fua }, actions);
             }
             Plan::Invalidate => {
                 let core = Dev::Core(r.core);
@@ -388,15 +388,7 @@ impl Cache {
         self.state.set(&mut self.lists, line, nv, nd);
         self.meta_note(line);
         if d != 0 && nd == 0 {
-            self.count_dirty(line, false);
-            self.cleaning.on_clean(
-                &mut self.lists,
-                line,
-                &super::View {
-                    map: &self.map,
-                    locks: &self.locks,
-                },
-            );
+            self.note_clean(line);
             let (c, cl) = self.map.position(line);
             let class = self.lists.class(line);
             self.eviction

@@ -8,7 +8,7 @@
 use super::{CHUNKS_IN_FLIGHT, MetaIo, RECORD_ALIGN, RETRY_NS, StopCores, Task, blocks, pad};
 use crate::cache::{Cache, IoOwner};
 use crate::event::{Action, BufRef, Dev, IoError};
-use crate::units::{CoreId, Lba, LineId, Nanos};
+use crate::units::{Lba, LineId, Nanos};
 use tiercache_format::checkpoint::{LineRecord, chunk_version, encode_chunk_record};
 use tiercache_format::record::{self, RecordKind};
 use tiercache_format::superblock::{
@@ -315,31 +315,13 @@ impl Cache {
     /// A checkpoint's flushes of every core with writes no flush covered yet, beside its
     /// chunks' cache flush (counted as IOs of the running task).
     fn checkpoint_core_flushes(&mut self, actions: &mut Vec<Action>) {
-        let due: Vec<(CoreId, u64)> = self
-            .cores
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let c = c.as_ref()?;
-                c.flush
-                    .needs_flush()
-                    .then_some((CoreId(i as u16), c.flush.writes_done))
-            })
-            .collect();
-        for (core, covers) in due {
-            let io = self.new_io(IoOwner::Meta {
-                kind: MetaIo::CheckpointCoreFlush { core, covers },
-            });
-            actions.push(Action::Flush {
-                io,
-                dev: Dev::Core(core),
-            });
-            self.meta
-                .as_mut()
-                .and_then(|m| m.run.as_mut())
-                .expect("a task")
-                .in_flight += 1;
-        }
+        let kind = |core, covers| MetaIo::CheckpointCoreFlush { core, covers };
+        let n = self.flush_cores(kind, actions);
+        self.meta
+            .as_mut()
+            .and_then(|m| m.run.as_mut())
+            .expect("a task")
+            .in_flight += n;
     }
 
     /// The persistent record of `line` now.
