@@ -206,6 +206,19 @@ pub struct Stats {
     pub conn: Conn,
 }
 
+/// Whose parameters `set-param` and `get-param` set or show, and the daemon to ask.
+#[derive(Args)]
+pub struct ParamAt {
+    /// Cache id (required).
+    #[arg(long, global = true)]
+    pub cache_id: Option<u16>,
+    /// Core id (seq-cutoff; every core when absent).
+    #[arg(long, global = true)]
+    pub core_id: Option<u16>,
+    #[command(flatten)]
+    pub conn: Conn,
+}
+
 /// `set-param`: `tiercache set-param --cache-id 1 seq-cutoff --policy never --threshold 1MiB`.
 #[derive(Args)]
 #[command(
@@ -213,14 +226,8 @@ pub struct Stats {
 in the unit get-param prints them in (30s, 500ms, 1MiB, 80%); a bare number keeps casadm's unit."
 )]
 pub struct SetParam {
-    /// Cache id (required).
-    #[arg(long, global = true)]
-    pub cache_id: Option<u16>,
-    /// Core id (seq-cutoff; every core when absent).
-    #[arg(long, global = true)]
-    pub core_id: Option<u16>,
     #[command(flatten)]
-    pub conn: Conn,
+    pub at: ParamAt,
     #[command(subcommand)]
     pub group: ParamGroup<Set>,
 }
@@ -228,14 +235,8 @@ pub struct SetParam {
 /// `get-param`.
 #[derive(Args)]
 pub struct GetParam {
-    /// Cache id (required).
-    #[arg(long, global = true)]
-    pub cache_id: Option<u16>,
-    /// Core id (seq-cutoff; every core when absent).
-    #[arg(long, global = true)]
-    pub core_id: Option<u16>,
     #[command(flatten)]
-    pub conn: Conn,
+    pub at: ParamAt,
     #[command(subcommand)]
     pub group: ParamGroup<Get>,
 }
@@ -720,15 +721,15 @@ fn summary(c: &Value) -> Option<String> {
 /// `set-param` (its cache id checked by `main`).
 pub fn set_param(a: SetParam) -> Result<(), String> {
     let v = send(
-        &a.conn,
+        &a.at.conn,
         Request::SetParam {
-            cache_id: a.cache_id.unwrap_or_default(),
-            core_id: a.core_id,
+            cache_id: a.at.cache_id.unwrap_or_default(),
+            core_id: a.at.core_id,
             name: a.group.name,
             values: a.group.values,
         },
     )?;
-    params_out(&a.conn, v);
+    params_out(&a.at.conn, v);
     Ok(())
 }
 
@@ -760,14 +761,14 @@ fn params_out(conn: &Conn, v: Value) {
 /// `get-param` (its cache id checked by `main`).
 pub fn get_param(a: GetParam) -> Result<(), String> {
     let v = send(
-        &a.conn,
+        &a.at.conn,
         Request::GetParam {
-            cache_id: a.cache_id.unwrap_or_default(),
-            core_id: a.core_id,
+            cache_id: a.at.cache_id.unwrap_or_default(),
+            core_id: a.at.core_id,
             name: a.group.name,
         },
     )?;
-    params_out(&a.conn, v);
+    params_out(&a.at.conn, v);
     Ok(())
 }
 

@@ -773,6 +773,76 @@ fn run_layout(
         files: Vec::new(),
     };
     let cached = layout == "tiercache";
+    let (exports, stats) = export_devices(&mut rig, plan, &tag, cached, scratch)?;
+    let sock = scratch.join(format!("{tag}.sock"));
+    let server = Server::new(exports, Default::default());
+    server.listen(&ListenAddr::Unix(sock.clone()))?;
+    rig.server = Some(server);
+    // Attach each export, then put an OSD on it.
+    let devices = attach_exports(&mut rig, plan, attach, &tag, scratch, &sock)?;
+    let t_osd = Instant::now();
+    add_osds(&mut rig, &devices, layout, &tag, scratch)?;
+    let osd_up_s = t_osd.elapsed().as_secs_f64();
+    let (pool, image, spec) = create_image(&mut rig, plan, &tag)?;
+    let meta = osd_metadata(cluster, &rig.osd_ids);
+    println!(
+        "  {} OSD(s) up in {osd_up_s:.1} s (ids {:?}) on {}; pool {pool} (size {}); writing the {} MiB image",
+        plan.osds,
+        rig.osd_ids,
+        devices
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        plan.replicas,
+        plan.image_bytes >> 20
+    );
+    bar.show(&format!("{layout}: writing the image"), 0.0);
+    let write_s = cluster.write_image(&spec, plan.image_bytes)?;
+    bar.end();
+    let target = FioTarget::Rbd {
+        conf: cluster.conf.clone(),
+        id: cluster.id.clone(),
+        pool: pool.clone(),
+        image: image.into(),
+    };
+    let (warm_s, warm_cap) = warm_up(&rig, plan, &target, layout, bar)?;
+    println!(
+        "  image written in {write_s:.1} s, read (warm-up, at most {warm_cap} s) in {warm_s:.1} s"
+    );
+    let mut out = Vec::new();
+    for w in &plan.workloads {
+        if STOP.load(Ordering::Relaxed) {
+            break;
+        }
+        let Some(m) = measure(
+            &rig, plan, &stats, &target, w, iodepth, layout, scratch, bar,
+        )?
+        else {
+            break;
+        };
+        out.push(m);
+    }
+    let doc = json!({
+        "layout": layout, "osds": meta, "devices": devices,
+        "osd_up_s": osd_up_s, "image_write_s": write_s, "warm_up_s": warm_s,
+        "warm_up_cap_s": warm_cap,
+        "setup_s": t0.elapsed().as_secs_f64(),
+    });
+    drop(rig);
+    Ok((doc, out))
+}
+
+/// Creates each OSD's emulated HDD and exports it: through a cache of its own (`cached`) or
+/// bare; the exports' request counters come back beside them.
+fn export_devices(
+    rig: &mut Rig,
+    plan: &Plan,
+    tag: &str,
+    cached: bool,
+    scratch: &Path,
+) -> Result<(Arc<ExportMap>, Vec<Arc<RequestStats>>), String> {
+    let reg = rig.reg.clone();
     let exports = Arc::new(ExportMap::new());
     let mut stats = Vec::new();
     for i in 0..plan.osds {
@@ -821,11 +891,19 @@ fn run_layout(
             );
         }
     }
-    let sock = scratch.join(format!("{tag}.sock"));
-    let server = Server::new(exports, Default::default());
-    server.listen(&ListenAddr::Unix(sock.clone()))?;
-    rig.server = Some(server);
-    // Attach each export, then put an OSD on it.
+    Ok((exports, stats))
+}
+
+/// Attaches each OSD's export (`sock`) as a device: a file in an nbdfuse mount, or an NBD
+/// device.
+fn attach_exports(
+    rig: &mut Rig,
+    plan: &Plan,
+    attach: &Attach,
+    tag: &str,
+    scratch: &Path,
+    sock: &Path,
+) -> Result<Vec<PathBuf>, String> {
     let mut devices = Vec::new();
     for i in 0..plan.osds {
         let export = format!("osd{i}");
@@ -839,7 +917,7 @@ fn run_layout(
                     &format!("nbdfuse {export}"),
                     None,
                     prog,
-                    &nbdfuse_args(&data, &export, &sock),
+                    &nbdfuse_args(&data, &export, sock),
                     &[],
                     scratch.join(format!("nbdfuse-{tag}-osd{i}.log")),
                 )?;
@@ -848,14 +926,26 @@ fn run_layout(
             }
             Attach::NbdClient(prog) => {
                 let dev = free_nbd_dev(&rig.nbd_devs)?;
-                nbd_client_attach(prog, &export, &sock, &dev)?;
+                nbd_client_attach(prog, &export, sock, &dev)?;
                 rig.nbd_devs.push((prog.clone(), dev.clone()));
                 dev
             }
         };
         devices.push(dev);
     }
-    let t_osd = Instant::now();
+    Ok(devices)
+}
+
+/// Puts an OSD on each device (its DB and WAL on a file of their own, except in the `hdd`
+/// layout).
+fn add_osds(
+    rig: &mut Rig,
+    devices: &[PathBuf],
+    layout: &str,
+    tag: &str,
+    scratch: &Path,
+) -> Result<(), String> {
+    let cluster = rig.cluster;
     for (i, dev) in devices.iter().enumerate() {
         let dev_s = dev.display().to_string();
         let db = scratch.join(format!("{tag}-osd{i}.db"));
@@ -872,7 +962,16 @@ fn run_layout(
         let id = cluster.add_osd(&args)?;
         rig.osd_ids.push(id);
     }
-    let osd_up_s = t_osd.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Creates the layout's pool and its image: (pool, image, `pool/image`).
+fn create_image(
+    rig: &mut Rig,
+    plan: &Plan,
+    tag: &str,
+) -> Result<(String, &'static str, String), String> {
+    let cluster = rig.cluster;
     let pool = format!("study-{tag}");
     cluster.ceph(&["osd", "pool", "create", &pool, "8", "8"])?;
     rig.pool = Some(pool.clone());
@@ -895,8 +994,13 @@ fn run_layout(
         &format!("{}M", plan.image_bytes >> 20),
         &spec,
     ])?;
+    Ok((pool, image, spec))
+}
+
+/// What each OSD reports of its devices (rotational, dedicated DB, size).
+fn osd_metadata(cluster: &Cluster, osd_ids: &[u32]) -> Vec<Value> {
     let mut meta = Vec::new();
-    for &id in &rig.osd_ids {
+    for &id in osd_ids {
         let m: Value = cluster
             .ceph(&["osd", "metadata", &id.to_string(), "-f", "json"])
             .ok()
@@ -910,31 +1014,22 @@ fn run_layout(
             "bluestore_bdev_size": m["bluestore_bdev_size"],
         }));
     }
-    println!(
-        "  {} OSD(s) up in {osd_up_s:.1} s (ids {:?}) on {}; pool {pool} (size {}); writing the {} MiB image",
-        plan.osds,
-        rig.osd_ids,
-        devices
-            .iter()
-            .map(|d| d.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-        plan.replicas,
-        plan.image_bytes >> 20
-    );
-    bar.show(&format!("{layout}: writing the image"), 0.0);
-    let write_s = cluster.write_image(&spec, plan.image_bytes)?;
-    bar.end();
-    let target = FioTarget::Rbd {
-        conf: cluster.conf.clone(),
-        id: cluster.id.clone(),
-        pool: pool.clone(),
-        image: image.into(),
-    };
-    // Warm-up, the same in every layout: 64K sequential reads over the image (the cutoff off,
-    // so tiercache caches what it reads; 64K is in the cached IO class).
+    meta
+}
+
+/// The warm-up, the same in every layout: 64K sequential reads over the image (the cutoff off,
+/// so tiercache caches what it reads; 64K is in the cached IO class). Returns its seconds
+/// and its cap.
+fn warm_up(
+    rig: &Rig,
+    plan: &Plan,
+    target: &FioTarget,
+    layout: &str,
+    bar: &Bar,
+) -> Result<(f64, u64), String> {
+    let reg = &rig.reg;
     for &c in &rig.caches {
-        seq_cutoff(&reg, c, "never")?;
+        seq_cutoff(reg, c, "never")?;
     }
     let t = Instant::now();
     let warm = Workload {
@@ -946,7 +1041,7 @@ fn run_layout(
     };
     // Bounded, so that a slow build (the tests' strict asserts) does not spend minutes here.
     let warm_cap = (plan.runtime * 6).max(30);
-    run_fio_size(&target, &warm, plan.image_bytes, warm_cap, &|f| {
+    run_fio_size(target, &warm, plan.image_bytes, warm_cap, &|f| {
         bar.show(&format!("{layout}: warm-up"), f)
     })
     .map_err(|e| format!("warm-up: {e}"))?;
@@ -954,122 +1049,123 @@ fn run_layout(
     let warm_s = t.elapsed().as_secs_f64();
     for &c in &rig.caches {
         param(
-            &reg,
+            reg,
             c,
             "seq-cutoff",
             &[("policy", "always"), ("threshold", "16k")],
         )?;
     }
-    println!(
-        "  image written in {write_s:.1} s, read (warm-up, at most {warm_cap} s) in {warm_s:.1} s"
-    );
-    let mut out = Vec::new();
-    for w in &plan.workloads {
-        if STOP.load(Ordering::Relaxed) {
-            break;
-        }
-        for &c in &rig.caches {
-            reg.reset_counters(c)?;
-        }
-        let label = format!("{layout} {}", w.name);
-        let region = plan.image_bytes;
-        let stop = AtomicBool::new(false);
-        let (cpu0, dev0) = (predict::cpu_now(scratch), dev_counts(&stats));
-        let (v, per_second) = std::thread::scope(|s| {
-            let sampler = s.spawn(|| sample(&reg, &rig.caches, &stats, &stop));
-            let v = run_fio(&target, w, region, iodepth, plan.runtime, &|f| {
-                bar.show(&label, f)
-            })
-            .and_then(|v| parse_fio(&v));
-            stop.store(true, Ordering::Relaxed);
-            (v, sampler.join().unwrap_or_default())
-        });
-        bar.end();
-        let (host_busy, osd_cpu_s) = predict::cpu_between(cpu0, predict::cpu_now(scratch));
-        let dev1 = dev_counts(&stats);
-        let dev_requests = dev1.0.saturating_sub(dev0.0) as f64;
-        let dev_inflight = (dev1.1 - dev0.1).max(0.0) / plan.runtime as f64;
-        let (iops, mbps, mean_us, p99_us, _, _) = match v {
-            Ok(v) => v,
-            Err(e) if STOP.load(Ordering::Relaxed) => {
-                eprintln!("{label}: stopped ({e})");
-                break;
-            }
-            Err(e) => return Err(format!("{label}: {e}")),
-        };
-        let (hits, dirty_pct) = if cached {
-            let (n, h, _, _, d) = snapshot(&reg, &rig.caches);
-            (Some(pct(h, n)), Some(d))
-        } else {
-            (None, None)
-        };
-        // The simulator's calibration: the same reads at QD 1, every one a hit.
-        let qd1_mean_us = if cached && w.name == "randread-4k" && !STOP.load(Ordering::Relaxed) {
-            let secs = plan.runtime.min(5);
-            let v = run_fio(&target, w, region, 1, secs, &|f| {
-                bar.show(&format!("{label} QD 1"), f)
-            })
-            .and_then(|v| parse_fio(&v));
-            bar.end();
-            match v {
-                Ok(v) => {
-                    println!(
-                        "  {:<14} {:>9.0} IOPS at QD 1, mean {:>9.1} us (calibrates the simulator)",
-                        w.name, v.0, v.2
-                    );
-                    Some(v.2)
-                }
-                Err(e) => {
-                    eprintln!("{label} at QD 1: {e}");
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let m = Measured {
-            layout,
-            workload: w.name,
-            iops,
-            mbps,
-            mean_us,
-            p99_us,
-            hits,
-            dirty_pct,
-            per_second,
-            seconds: plan.runtime as f64,
-            dev_requests,
-            dev_inflight,
-            host_busy,
-            osd_cpu_s,
-            qd1_mean_us,
-        };
-        println!(
-            "  {:<14} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}; host CPUs {:.0}% busy, ceph-osd {:.2} CPU-s, {:.0} data-device requests",
-            m.workload,
-            m.iops,
-            m.mbps,
-            m.mean_us,
-            m.p99_us,
-            hits_dirty(m.hits, m.dirty_pct),
-            m.host_busy * 100.0,
-            m.osd_cpu_s,
-            m.dev_requests
-        );
-        println!(
-            "  {:<14} data devices: {:.1} requests in flight on average",
-            "", m.dev_inflight
-        );
-        out.push(m);
+    Ok((warm_s, warm_cap))
+}
+
+/// Runs workload `w` on the layout and says what it measured; `None` when Ctrl-C stopped it.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    rig: &Rig,
+    plan: &Plan,
+    stats: &[Arc<RequestStats>],
+    target: &FioTarget,
+    w: &'static Workload,
+    iodepth: u32,
+    layout: &'static str,
+    scratch: &Path,
+    bar: &Bar,
+) -> Result<Option<Measured>, String> {
+    let reg = &rig.reg;
+    let cached = layout == "tiercache";
+    for &c in &rig.caches {
+        reg.reset_counters(c)?;
     }
-    let doc = json!({
-        "layout": layout, "osds": meta, "devices": devices,
-        "osd_up_s": osd_up_s, "image_write_s": write_s, "warm_up_s": warm_s,
-        "warm_up_cap_s": warm_cap,
-        "setup_s": t0.elapsed().as_secs_f64(),
+    let label = format!("{layout} {}", w.name);
+    let region = plan.image_bytes;
+    let stop = AtomicBool::new(false);
+    let (cpu0, dev0) = (predict::cpu_now(scratch), dev_counts(stats));
+    let (v, per_second) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| sample(reg, &rig.caches, stats, &stop));
+        let v = run_fio(target, w, region, iodepth, plan.runtime, &|f| {
+            bar.show(&label, f)
+        })
+        .and_then(|v| parse_fio(&v));
+        stop.store(true, Ordering::Relaxed);
+        (v, sampler.join().unwrap_or_default())
     });
-    drop(rig);
-    Ok((doc, out))
+    bar.end();
+    let (host_busy, osd_cpu_s) = predict::cpu_between(cpu0, predict::cpu_now(scratch));
+    let dev1 = dev_counts(stats);
+    let dev_requests = dev1.0.saturating_sub(dev0.0) as f64;
+    let dev_inflight = (dev1.1 - dev0.1).max(0.0) / plan.runtime as f64;
+    let (iops, mbps, mean_us, p99_us, _, _) = match v {
+        Ok(v) => v,
+        Err(e) if STOP.load(Ordering::Relaxed) => {
+            eprintln!("{label}: stopped ({e})");
+            return Ok(None);
+        }
+        Err(e) => return Err(format!("{label}: {e}")),
+    };
+    let (hits, dirty_pct) = if cached {
+        let (n, h, _, _, d) = snapshot(reg, &rig.caches);
+        (Some(pct(h, n)), Some(d))
+    } else {
+        (None, None)
+    };
+    // The simulator's calibration: the same reads at QD 1, every one a hit.
+    let qd1_mean_us = if cached && w.name == "randread-4k" && !STOP.load(Ordering::Relaxed) {
+        let secs = plan.runtime.min(5);
+        let v = run_fio(target, w, region, 1, secs, &|f| {
+            bar.show(&format!("{label} QD 1"), f)
+        })
+        .and_then(|v| parse_fio(&v));
+        bar.end();
+        match v {
+            Ok(v) => {
+                println!(
+                    "  {:<14} {:>9.0} IOPS at QD 1, mean {:>9.1} us (calibrates the simulator)",
+                    w.name, v.0, v.2
+                );
+                Some(v.2)
+            }
+            Err(e) => {
+                eprintln!("{label} at QD 1: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let m = Measured {
+        layout,
+        workload: w.name,
+        iops,
+        mbps,
+        mean_us,
+        p99_us,
+        hits,
+        dirty_pct,
+        per_second,
+        seconds: plan.runtime as f64,
+        dev_requests,
+        dev_inflight,
+        host_busy,
+        osd_cpu_s,
+        qd1_mean_us,
+    };
+    println!(
+        "  {:<14} {:>9.0} IOPS {:>8.1} MB/s  mean {:>9.1} us  p99 {:>9.1} us{}; host CPUs {:.0}% busy, ceph-osd {:.2} CPU-s, {:.0} data-device requests",
+        m.workload,
+        m.iops,
+        m.mbps,
+        m.mean_us,
+        m.p99_us,
+        hits_dirty(m.hits, m.dirty_pct),
+        m.host_busy * 100.0,
+        m.osd_cpu_s,
+        m.dev_requests
+    );
+    println!(
+        "  {:<14} data devices: {:.1} requests in flight on average",
+        "", m.dev_inflight
+    );
+    Ok(Some(m))
 }
 
 #[cfg(test)]

@@ -187,8 +187,14 @@ fn main() {
         .unwrap_or_else(|e| usage_error(e));
     // `--cache-id` of set-param/get-param may come before or after the group (a global
     // argument, which clap cannot require).
-    if let Cmd::SetParam(admin_cmds::SetParam { cache_id: None, .. })
-    | Cmd::GetParam(admin_cmds::GetParam { cache_id: None, .. }) = &cli.cmd
+    if let Cmd::SetParam(admin_cmds::SetParam {
+        at: admin_cmds::ParamAt { cache_id: None, .. },
+        ..
+    })
+    | Cmd::GetParam(admin_cmds::GetParam {
+        at: admin_cmds::ParamAt { cache_id: None, .. },
+        ..
+    }) = &cli.cmd
     {
         usage_error(cmd.clone().error(
             clap::error::ErrorKind::MissingRequiredArgument,

@@ -130,6 +130,21 @@ pub(crate) fn summarize(v: Vec<u32>) -> Timings {
     }
 }
 
+/// A cache of `cfg` that only the bench's requests move (no cleaner, no write throttle), with
+/// core 0 of `core_blocks` blocks attached.
+pub(crate) fn bench_cache(mut cfg: Config, core_blocks: u64) -> Result<Cache, String> {
+    cfg.cleaning = CleaningPolicy::Nop;
+    cfg.rate = RateParams {
+        enabled: false,
+        ..RateParams::default()
+    };
+    let mut cache = Cache::new(cfg)?;
+    cache
+        .add_core(CoreId(0), core_blocks)
+        .map_err(|e| e.to_string())?;
+    Ok(cache)
+}
+
 /// Runs one request to completion, completing every device IO at once. Returns whether it was
 /// served.
 fn run_request(cache: &mut Cache, ev: Event, actions: &mut Vec<Action>, now: Nanos) -> bool {
@@ -183,17 +198,9 @@ fn measure(
     cfg.mode = CacheMode::Wb;
     cfg.eviction = eviction;
     cfg.promotion = promotion;
-    cfg.cleaning = CleaningPolicy::Nop;
-    cfg.rate = RateParams {
-        enabled: false,
-        ..RateParams::default()
-    };
-    let mut cache = Cache::new(cfg)?;
     let core = CoreId(0);
     let core_blocks = lines as u64 * 8 * 2;
-    cache
-        .add_core(core, core_blocks)
-        .map_err(|e| e.to_string())?;
+    let mut cache = bench_cache(cfg, core_blocks)?;
     eprint!("filling {lines} lines ...");
     let t = Instant::now();
     for i in 0..lines as u64 {

@@ -184,14 +184,19 @@ fn one(
     e.stop()?;
     let stop_s = t.elapsed().as_secs_f64();
 
+    // Opens the cache as its device holds it: a load after a clean stop, a recovery after a
+    // crash.
+    let reopen = || -> Result<_, String> {
+        Engine::open(
+            &cfg,
+            open(&cache_path)?,
+            vec![(core_id, open(&core_path)?)],
+            ec,
+        )
+    };
     let mut dropped = drop_page_cache();
     let t = Instant::now();
-    let (e, rep) = Engine::open(
-        &cfg,
-        open(&cache_path)?,
-        vec![(core_id, open(&core_path)?)],
-        ec,
-    )?;
+    let (e, rep) = reopen()?;
     let load_s = t.elapsed().as_secs_f64();
     if rep.lines != lines || !rep.clean {
         return Err(format!(
@@ -220,12 +225,7 @@ fn one(
     e.kill();
     dropped &= drop_page_cache();
     let t = Instant::now();
-    let (e, rep) = Engine::open(
-        &cfg,
-        open(&cache_path)?,
-        vec![(core_id, open(&core_path)?)],
-        ec,
-    )?;
+    let (e, rep) = reopen()?;
     let recovery_s = t.elapsed().as_secs_f64();
     if rep.clean {
         return Err("the crashed cache loaded as if stopped cleanly".into());

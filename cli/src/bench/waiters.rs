@@ -15,7 +15,6 @@
 use std::time::Instant;
 use tiercache_core::event::{Action, Dev, Event};
 use tiercache_core::mode::CacheMode;
-use tiercache_core::policy::{CleaningPolicy, RateParams};
 use tiercache_core::units::{CoreId, IoId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
 
@@ -70,16 +69,8 @@ pub(crate) fn drive(
 fn one(n: u32) -> Result<WaitRun, String> {
     let mut cfg = Config::new((2 * n).max(1024), LineSize::K4);
     cfg.mode = CacheMode::Wt;
-    cfg.cleaning = CleaningPolicy::Nop;
-    cfg.rate = RateParams {
-        enabled: false,
-        ..RateParams::default()
-    };
-    let mut cache = Cache::new(cfg)?;
+    let mut cache = super::core::bench_cache(cfg, n as u64 * 8 * 2)?;
     let core = CoreId(0);
-    cache
-        .add_core(core, n as u64 * 8 * 2)
-        .map_err(|e| e.to_string())?;
     let mut actions = Vec::new();
     let mut pending = Vec::new();
     let mut req = 0u64;

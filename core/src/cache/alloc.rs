@@ -140,15 +140,7 @@ impl Cache {
             {
                 let class = self.lists.class(l);
                 if self.state.dirty(l) != 0 {
-                    self.cleaning.on_clean(
-                        &mut self.lists,
-                        l,
-                        &View {
-                            map: &self.map,
-                            locks: &self.locks,
-                        },
-                    );
-                    self.count_dirty(l, false);
+                    self.note_clean(l);
                 } else {
                     self.eviction.remove(&mut self.lists, l, class);
                 }

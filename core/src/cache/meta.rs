@@ -31,22 +31,26 @@
 //!   start over the checkpoint gives each line its newest journaled state.
 //! - **The superblock** (two copies, alternating) is written after its tables (configuration
 //!   and core table, beside each copy) and a flush, with FUA.
+//!
+//! Files: this one holds the metadata state, what the request path and management ask of it,
+//! the upkeep after each event, the clean stop and the dispatch of metadata IO completions;
+//! `meta/journal.rs` the group commit, `meta/checkpoint.rs` the tasks (checkpoint, superblock,
+//! journal zeroing). They are child modules: the state's fields stay private to the three.
+
+mod checkpoint;
+mod journal;
 
 use super::health::IoClass;
 use super::{Cache, IoOwner};
 use crate::config::Persist;
-use crate::event::{Action, BufRef, Dev, IoError, ReqError};
+use crate::event::{Action, Dev, IoError, ReqError};
 use crate::hash::{FxHashMap, FxHashSet};
 use crate::lists::ListId;
-use crate::units::{CoreId, Lba, LineId, Nanos, ReqId};
+use crate::units::{CoreId, LineId, Nanos, ReqId};
+use checkpoint::TaskRun;
+use journal::Commit;
 use std::collections::VecDeque;
-use tiercache_format::checkpoint::{LineRecord, chunk_version, encode_chunk_record};
-use tiercache_format::journal::{Entry, LineOp};
-use tiercache_format::record::{self, RecordKind};
-use tiercache_format::superblock::{
-    CHECKPOINT_CHUNK_BYTES, CacheState, SUPERBLOCK_OFFSETS, Superblock, TABLES_BYTES,
-    TABLES_OFFSETS, lines_per_chunk,
-};
+use tiercache_format::superblock::{CacheState, Superblock};
 
 /// Journal records are padded to this (the largest sector size we support).
 pub const RECORD_ALIGN: u64 = 4096;
@@ -107,35 +111,6 @@ pub(crate) enum Task {
     Checkpoint { state: CacheState },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Zero,
-    Chunks,
-    ChunkFlush,
-    Tables,
-    TablesFlush,
-    Super,
-}
-
-struct TaskRun {
-    task: Task,
-    phase: Phase,
-    in_flight: u32,
-    failed: bool,
-    next_chunk: u32,
-    chunks: u32,
-    /// Checkpoint: the journal sequence number replay starts from once this checkpoint is in
-    /// force; the region it goes to.
-    cp_seq: u64,
-    cp_region: u8,
-    /// The superblock being written.
-    sb: Superblock,
-    copy: usize,
-    tables_gen: u64,
-    /// Checkpoint: it may record lines as proven (no core flush failed since the last one).
-    prove: bool,
-}
-
 /// A finished request whose reply waits for a commit. It keeps its line locks until then, so
 /// overlapping requests take effect and are acknowledged in the same order.
 pub(crate) struct Waiter {
@@ -148,25 +123,6 @@ pub(crate) struct Waiter {
     /// locks wait for the record. A client flush waits for every such record
     /// ([`Cache::meta_flush_must_wait`]).
     pub(crate) replied: bool,
-}
-
-struct Commit {
-    seq: u64,
-    /// Byte offset in the journal region, record length (padded), bytes skipped at the end of
-    /// the region before it.
-    at: u64,
-    len: u64,
-    skipped: u64,
-    buf: u32,
-    /// Lines captured: (line, captured with dirty blocks).
-    lines: Vec<(u32, bool)>,
-    /// Intent regions in the record, and the intent generation they complete.
-    intents: Vec<u32>,
-    intent_gen: u64,
-    waiters: Vec<Waiter>,
-    /// Copies of the record still being written, and whether one failed.
-    writes_left: u8,
-    write_err: Option<IoError>,
 }
 
 /// Counters of the metadata machinery.
@@ -556,31 +512,6 @@ impl Cache {
             .map(|m| m.commit_due.max(m.retry_at))
     }
 
-    /// Releases parked requests: unlock, reply.
-    fn release_waiters(
-        &mut self,
-        waiters: Vec<Waiter>,
-        err: Option<IoError>,
-        actions: &mut Vec<Action>,
-    ) {
-        for w in waiters {
-            if let Some((core, first, last, kind)) = w.lock {
-                self.unlock_lines(core, first, last, kind);
-                self.wake_waiters = true;
-            }
-            if w.replied {
-                // Answered before its record: a failed record only means its change is not
-                // durable yet (its lines are queued again; a flush waits for them).
-                continue;
-            }
-            let result = match err {
-                Some(e) => Err(ReqError::Io(e)),
-                None => w.result,
-            };
-            actions.push(Action::Complete { req: w.req, result });
-        }
-    }
-
     /// Metadata upkeep after each event: start a commit, a durability flush, the next admin
     /// step, a checkpoint when the journal is half full, the final checkpoint of a stop.
     pub(crate) fn meta_maintain(&mut self, actions: &mut Vec<Action>) {
@@ -647,6 +578,32 @@ impl Cache {
         self.admin_step(actions);
     }
 
+    /// Flushes every core with writes no flush covered yet, each IO a metadata IO of `kind`
+    /// (given the core and its completed writes: what the flush covers). Returns how many.
+    fn flush_cores(&mut self, kind: fn(CoreId, u64) -> MetaIo, actions: &mut Vec<Action>) -> u32 {
+        let due: Vec<(CoreId, u64)> = self
+            .cores
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                c.flush
+                    .needs_flush()
+                    .then_some((CoreId(i as u16), c.flush.writes_done))
+            })
+            .collect();
+        for &(core, covers) in &due {
+            let io = self.new_io(IoOwner::Meta {
+                kind: kind(core, covers),
+            });
+            actions.push(Action::Flush {
+                io,
+                dev: Dev::Core(core),
+            });
+        }
+        due.len() as u32
+    }
+
     /// The clean stop, once idle: flush every core with writes no flush covered (a
     /// write-through write, a trim passed down), then the final checkpoint and superblock —
     /// `Clean` only if those flushes succeeded. Without the flushes a power cut after the stop
@@ -656,31 +613,13 @@ impl Cache {
         let m = self.meta.as_mut().expect("persistent");
         match m.stop_cores {
             StopCores::Idle => {
-                let due: Vec<(CoreId, u64)> = self
-                    .cores
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, c)| {
-                        let c = c.as_ref()?;
-                        c.flush
-                            .needs_flush()
-                            .then_some((CoreId(i as u16), c.flush.writes_done))
-                    })
-                    .collect();
+                let kind = |core, covers| MetaIo::StopCoreFlush { core, covers };
+                let left = self.flush_cores(kind, actions);
                 let m = self.meta.as_mut().expect("persistent");
                 m.stop_cores = StopCores::Flushing {
-                    left: due.len() as u32,
+                    left,
                     failed: false,
                 };
-                for (core, covers) in due {
-                    let io = self.new_io(IoOwner::Meta {
-                        kind: MetaIo::StopCoreFlush { core, covers },
-                    });
-                    actions.push(Action::Flush {
-                        io,
-                        dev: Dev::Core(core),
-                    });
-                }
                 self.stop_step(actions);
             }
             StopCores::Flushing { left: 0, failed } => {
@@ -696,196 +635,6 @@ impl Cache {
             }
             StopCores::Flushing { .. } | StopCores::Final => {}
         }
-    }
-
-    fn start_commit(&mut self, actions: &mut Vec<Action>) {
-        let line_size = self.cfg.line_size.bytes() as u32;
-        let m = self.meta.as_mut().expect("persistent");
-        // A record stays within a quarter of the journal (so the journal always holds several).
-        let per_line = 20 + 2 * (self.bpl as u64).div_ceil(8);
-        let fit = ((m.journal_bytes() / 4).saturating_sub(64) / per_line).max(1) as usize;
-        let mut lines: Vec<u32> = m
-            .queued
-            .iter()
-            .copied()
-            .take(COMMIT_LINES_MAX.min(fit))
-            .collect();
-        lines.sort_unstable();
-        let mut ops = Vec::with_capacity(lines.len() * 2);
-        let mut captured = Vec::with_capacity(lines.len());
-        let mut any_dirty = false;
-        for &l in &lines {
-            let line = LineId(l);
-            if self.map.is_mapped(line) {
-                let (c, cl) = self.map.position(line);
-                let d = self.state.dirty(line);
-                ops.push(LineOp::Map {
-                    line: l,
-                    core: c.0 as u8,
-                    core_line: cl,
-                    class: self.lists.class(line),
-                });
-                ops.push(LineOp::State {
-                    line: l,
-                    valid: self.state.valid(line),
-                    dirty: d,
-                });
-                any_dirty |= d != 0;
-                captured.push((l, d != 0));
-            } else {
-                ops.push(LineOp::Unmap { line: l });
-                captured.push((l, false));
-            }
-        }
-        let m = self.meta.as_mut().expect("persistent");
-        let seq = m.next_seq;
-        let (intents, intent_gen) = m.intents.take_for_commit(&mut ops);
-        let entry = Entry {
-            seq,
-            line_size,
-            ops,
-        };
-        let rec = pad(record::encode_versioned(
-            RecordKind::Journal,
-            entry.version(),
-            &entry.encode(),
-        ));
-        let len = rec.len() as u64;
-        let jb = m.journal_bytes();
-        let (at, skipped) = if m.head + len > jb {
-            (0, jb - m.head)
-        } else {
-            (m.head, 0)
-        };
-        if m.used + skipped + len > jb {
-            m.no_room = true;
-            m.intents.commit_failed(&intents, intent_gen);
-            // No room until a checkpoint moves the journal's start: ask for one and wait.
-            if m.run.is_none() && !m.tasks.iter().any(|t| matches!(t, Task::Checkpoint { .. })) {
-                m.push_task(Task::Checkpoint {
-                    state: CacheState::Running,
-                });
-            }
-            return;
-        }
-        m.no_room = false;
-        for &l in &lines {
-            m.queued.remove(&l);
-            // An older record's durability must not release a line this commit re-captures.
-            m.dd_wait.remove(&l);
-        }
-        // A clean load reads no journal (load.rs): nothing may be committed once the final
-        // checkpoint of a stop has begun, or the record would be lost at the next load.
-        assert!(
-            !(m.stopping && m.stop_cores == StopCores::Final),
-            "a journal commit during the final checkpoint of a stop"
-        );
-        // Waiters are released by the commit that leaves nothing queued: a request's lines may
-        // not all fit in this one (a large request, or many), and its reply (a FUA write, a
-        // flush) or its locks must wait for all of them.
-        let waiters = if m.queued.is_empty() {
-            // Everything waiting goes in this record: the next group starts afresh.
-            m.urgent = 0;
-            m.hurry = false;
-            m.commit_due = Nanos(u64::MAX);
-            std::mem::take(&mut m.waiters_next)
-        } else {
-            // A full record: the rest follows at once.
-            m.commit_due = m.commit_due.min(self.now);
-            Vec::new()
-        };
-        let buf = m.new_buf(rec);
-        m.commit = Some(Commit {
-            seq,
-            at,
-            len,
-            skipped,
-            buf,
-            lines: captured,
-            intents,
-            intent_gen,
-            waiters,
-            writes_left: 2,
-            write_err: None,
-        });
-        // The flush before a record makes the data it points at durable first, and the record
-        // before it: a valid record after a gap can then only be damage (see load.rs).
-        let needs_preflush = (any_dirty || m.last_written_seq > m.durable_seq)
-            && !cfg!(feature = "canary-no-preflush");
-        if needs_preflush && self.cache_flush.needs_flush() {
-            let seq = m.last_written_seq;
-            let covers = self.cache_flush.writes_done;
-            let io = self.new_io(IoOwner::Meta {
-                kind: MetaIo::CommitPreflush { seq, covers },
-            });
-            actions.push(Action::Flush {
-                io,
-                dev: Dev::Cache,
-            });
-        } else {
-            self.issue_commit_write(actions);
-        }
-    }
-
-    fn issue_commit_write(&mut self, actions: &mut Vec<Action>) {
-        let m = self.meta.as_mut().expect("persistent");
-        let half = m.journal_bytes();
-        let base = m.sb.layout.journal.offset;
-        let c = m.commit.as_mut().expect("a commit");
-        c.writes_left = 2;
-        c.write_err = None;
-        let (at, len, buf) = (c.at, c.len, c.buf);
-        // A FUA request is durable when it completes: so must the record holding its change be.
-        // So must an intent, before the change it announces is made.
-        let fua = c.waiters.iter().any(|w| w.fua) || !c.intents.is_empty();
-        for copy in [0, half] {
-            let io = self.new_io(IoOwner::Meta {
-                kind: MetaIo::CommitWrite,
-            });
-            actions.push(Action::Write {
-                io,
-                dev: Dev::Cache,
-                lba: Lba((base + copy + at) / 512),
-                blocks: blocks(len),
-                buf: BufRef::Meta { id: buf, offset: 0 },
-                fua,
-            });
-        }
-    }
-
-    /// A cache flush that covered every record up to `seq` completed: lines whose clean or
-    /// unmapped state those records hold may have their slots reused.
-    fn meta_durable(&mut self, seq: u64) {
-        let m = self.meta.as_mut().expect("persistent");
-        if seq <= m.durable_seq {
-            return;
-        }
-        m.durable_seq = seq;
-        loop {
-            let m = self.meta.as_mut().expect("persistent");
-            let Some(&(s, l)) = m.dd_queue.front() else {
-                break;
-            };
-            if s > seq {
-                break;
-            }
-            m.dd_queue.pop_front();
-            if m.dd_wait.get(&l) != Some(&s) || m.queued.contains(&l) {
-                continue;
-            }
-            m.dd_wait.remove(&l);
-            let line = LineId(l);
-            if self.map.is_mapped(line) {
-                if self.state.dirty(line) == 0 {
-                    self.lists.set_durable_dirty(line, false);
-                }
-            } else {
-                m.limbo_len -= 1;
-                self.lists.unlink(l);
-                self.lists.push_back(self.free, l);
-            }
-        }
-        self.wake_waiters = true;
     }
 
     /// A metadata IO completed.
@@ -962,36 +711,6 @@ impl Cache {
         }
     }
 
-    /// A checkpoint's flushes of every core with writes no flush covered yet, beside its
-    /// chunks' cache flush (counted as IOs of the running task).
-    fn checkpoint_core_flushes(&mut self, actions: &mut Vec<Action>) {
-        let due: Vec<(CoreId, u64)> = self
-            .cores
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let c = c.as_ref()?;
-                c.flush
-                    .needs_flush()
-                    .then_some((CoreId(i as u16), c.flush.writes_done))
-            })
-            .collect();
-        for (core, covers) in due {
-            let io = self.new_io(IoOwner::Meta {
-                kind: MetaIo::CheckpointCoreFlush { core, covers },
-            });
-            actions.push(Action::Flush {
-                io,
-                dev: Dev::Core(core),
-            });
-            self.meta
-                .as_mut()
-                .and_then(|m| m.run.as_mut())
-                .expect("a task")
-                .in_flight += 1;
-        }
-    }
-
     /// A clean stop's core flush ended (`covers`: `None` when it failed).
     fn stop_core_flushed(&mut self, core: CoreId, covers: Option<u64>) {
         if let Some(covers) = covers {
@@ -1005,357 +724,5 @@ impl Cache {
             *left -= 1;
             *failed |= covers.is_none();
         }
-    }
-
-    /// Both copies of a commit's record were written (or one failed).
-    fn commit_written(&mut self, actions: &mut Vec<Action>) {
-        let m = self.meta.as_mut().expect("persistent");
-        if let Some(e) = m.commit.as_ref().and_then(|c| c.write_err) {
-            return self.commit_failed(e, actions);
-        }
-        self.cache_flush.writes_done += 1;
-        let m = self.meta.as_mut().expect("persistent");
-        let c = m.commit.take().expect("a commit");
-        m.head = c.at + c.len;
-        m.used += c.skipped + c.len;
-        m.live.push_back((c.seq, c.skipped + c.len));
-        m.next_seq = c.seq + 1;
-        m.last_written_seq = c.seq;
-        m.counters.commits += 1;
-        m.counters.commit_lines += c.lines.len() as u64;
-        m.counters.journal_bytes += 2 * c.len;
-        for &(l, dirty) in &c.lines {
-            if dirty {
-                m.dd_wait.remove(&l);
-            } else {
-                m.dd_wait.insert(l, c.seq);
-                m.dd_queue.push_back((c.seq, l));
-            }
-        }
-        m.free_buf(c.buf);
-        self.release_waiters(c.waiters, None, actions);
-        if !c.intents.is_empty() {
-            // Written with FUA: durable.
-            self.intents_durable(&c.intents, c.intent_gen, actions);
-        }
-    }
-
-    /// A commit's flush or write failed: its lines go back on the queue and it is retried at the
-    /// same place with the same sequence number (so replay never sees a gap); its waiters
-    /// complete with the error — their data is in the cache, the metadata may not be.
-    fn commit_failed(&mut self, e: IoError, actions: &mut Vec<Action>) {
-        let m = self.meta.as_mut().expect("persistent");
-        let c = m.commit.take().expect("a commit");
-        m.counters.errors += 1;
-        for &(l, _) in &c.lines {
-            m.queued.insert(l);
-        }
-        m.intents.commit_failed(&c.intents, c.intent_gen);
-        m.free_buf(c.buf);
-        m.retry_at = self.now.plus(Nanos(RETRY_NS));
-        // Its lines are queued again, to be retried as soon as `retry_at` allows.
-        m.commit_due = m.commit_due.min(self.now);
-        self.release_waiters(c.waiters, Some(e), actions);
-        if !c.intents.is_empty() {
-            self.intents_failed(c.intent_gen, e, actions);
-        }
-    }
-
-    // ----- admin tasks: superblock, checkpoint, journal zeroing -----
-
-    fn admin_step(&mut self, actions: &mut Vec<Action>) {
-        let now = self.now;
-        let m = self.meta.as_mut().expect("persistent");
-        if m.run.is_some() && now < m.admin_retry_at {
-            // A failed superblock write waits before it is tried again.
-            return;
-        }
-        if m.run.is_none() {
-            if now < m.admin_retry_at {
-                return;
-            }
-            let Some(mut task) = m.tasks.pop_front() else {
-                return;
-            };
-            // New tables (a core removed, say) must not be durable beside a checkpoint that
-            // still proves lines they dropped while those lines' intents are not durable yet
-            // (after a crash the lines could come back for a core that is gone, or for another
-            // device given the same id): such a superblock write becomes a checkpoint, which
-            // writes the tables with the state that dropped the lines.
-            let intents_pending =
-                m.intents.has_queued() || m.commit.as_ref().is_some_and(|c| !c.intents.is_empty());
-            if intents_pending
-                && task
-                    == (Task::Superblock {
-                        state: CacheState::Running,
-                    })
-            {
-                task = Task::Checkpoint {
-                    state: CacheState::Running,
-                };
-            }
-            let copy = 1 - m.sb_copy;
-            let mut sb = m.sb;
-            sb.generation += 1;
-            let lpc = lines_per_chunk(sb.line_size);
-            let (phase, cp_seq, cp_region) = match task {
-                Task::ZeroJournal => (Phase::Zero, 0, 0),
-                Task::Superblock { state } => {
-                    sb.state = state;
-                    (Phase::Tables, 0, 0)
-                }
-                Task::Checkpoint { state } => {
-                    sb.state = state;
-                    let region = if sb.has_checkpoint {
-                        1 - sb.checkpoint
-                    } else {
-                        0
-                    };
-                    (Phase::Chunks, m.next_seq, region)
-                }
-            };
-            m.run = Some(TaskRun {
-                task,
-                phase,
-                in_flight: 0,
-                failed: false,
-                next_chunk: 0,
-                chunks: sb.lines.div_ceil(lpc),
-                cp_seq,
-                cp_region,
-                sb,
-                copy,
-                tables_gen: m.tables_gen,
-                prove: !m.intents.no_proof,
-            });
-        }
-        self.admin_issue(actions);
-    }
-
-    fn admin_io(
-        &mut self,
-        actions: &mut Vec<Action>,
-        buf: Option<u32>,
-        a: impl FnOnce(crate::units::IoId) -> Action,
-    ) {
-        let io = self.new_io(IoOwner::Meta {
-            kind: MetaIo::Admin { buf },
-        });
-        actions.push(a(io));
-        self.meta
-            .as_mut()
-            .and_then(|m| m.run.as_mut())
-            .expect("a task")
-            .in_flight += 1;
-    }
-
-    /// Writes `data` (a metadata buffer) at byte `offset` of the cache device for the task.
-    fn admin_write(&mut self, actions: &mut Vec<Action>, offset: u64, data: Vec<u8>, fua: bool) {
-        let lba = Lba(offset / 512);
-        let n = blocks(data.len() as u64);
-        let id = self.meta.as_mut().expect("persistent").new_buf(data);
-        self.admin_io(actions, Some(id), |io| Action::Write {
-            io,
-            dev: Dev::Cache,
-            lba,
-            blocks: n,
-            buf: BufRef::Meta { id, offset: 0 },
-            fua,
-        });
-    }
-
-    /// Issues the IO(s) of the running task's current phase (its completion advances the phase).
-    fn admin_issue(&mut self, actions: &mut Vec<Action>) {
-        loop {
-            let m = self.meta.as_mut().expect("persistent");
-            let Some(run) = m.run.as_mut() else { return };
-            if run.in_flight > 0 && run.phase != Phase::Chunks {
-                return;
-            }
-            match run.phase {
-                Phase::Zero => {
-                    let j = m.sb.layout.journal;
-                    self.admin_io(actions, None, |io| Action::WriteZeroes {
-                        io,
-                        dev: Dev::Cache,
-                        lba: Lba(j.offset / 512),
-                        blocks: blocks(j.bytes),
-                        fua: false,
-                    });
-                    return;
-                }
-                Phase::Chunks => {
-                    if run.next_chunk >= run.chunks {
-                        if run.in_flight == 0 {
-                            run.phase = Phase::ChunkFlush;
-                            continue;
-                        }
-                        return;
-                    }
-                    if run.in_flight >= CHUNKS_IN_FLIGHT {
-                        return;
-                    }
-                    let i = run.next_chunk;
-                    run.next_chunk += 1;
-                    let region = m.sb.layout.checkpoint[run.cp_region as usize];
-                    let lpc = lines_per_chunk(m.sb.line_size);
-                    let first = i * lpc;
-                    let last = (first + lpc).min(m.sb.lines);
-                    let (cp_seq, prove) = (run.cp_seq, run.prove);
-                    let proven = self.intent_capture(first, last, prove);
-                    let rec = encode_chunk_record(
-                        first,
-                        cp_seq,
-                        last - first,
-                        self.cfg.line_size.bytes() as u32,
-                        chunk_version(&proven),
-                        RECORD_ALIGN as usize,
-                        // Inlined, so the record stays in registers: returned through memory,
-                        // its 16-byte mask loads missed store forwarding and stalled (about a
-                        // quarter of a 16M-line checkpoint's time).
-                        #[inline(always)]
-                        |i| {
-                            let rec = self.line_record(LineId(first + i));
-                            (rec, proven[i as usize])
-                        },
-                    );
-                    debug_assert!(rec.len() as u64 <= CHECKPOINT_CHUNK_BYTES);
-                    let at = region.offset + i as u64 * CHECKPOINT_CHUNK_BYTES;
-                    self.admin_write(actions, at, rec, false);
-                }
-                Phase::ChunkFlush | Phase::TablesFlush => {
-                    let cores = run.phase == Phase::ChunkFlush && run.prove;
-                    self.admin_io(actions, None, |io| Action::Flush {
-                        io,
-                        dev: Dev::Cache,
-                    });
-                    if cores {
-                        self.checkpoint_core_flushes(actions);
-                    }
-                    return;
-                }
-                Phase::Tables => {
-                    let copy = run.copy;
-                    let tables = self.tables_bytes();
-                    self.admin_write(actions, TABLES_OFFSETS[copy], tables, false);
-                    return;
-                }
-                Phase::Super => {
-                    let (sb, copy) = (run.sb.encode(), run.copy);
-                    self.admin_write(actions, SUPERBLOCK_OFFSETS[copy], sb, true);
-                    return;
-                }
-            }
-        }
-    }
-
-    fn admin_io_done(
-        &mut self,
-        buf: Option<u32>,
-        result: Result<(), IoError>,
-        actions: &mut Vec<Action>,
-    ) {
-        let now = self.now;
-        let m = self.meta.as_mut().expect("persistent");
-        if let Some(id) = buf {
-            m.free_buf(id);
-        }
-        let run = m.run.as_mut().expect("admin IO without a task");
-        run.in_flight -= 1;
-        if result.is_err() {
-            run.failed = true;
-        }
-        if run.in_flight > 0 {
-            return;
-        }
-        if run.failed && run.phase == Phase::Super {
-            // The superblock write may have landed although it failed (a power cut or an
-            // outage mid-write): what it names must stay intact, so only the superblock write
-            // is tried again, later, with the same contents. (Starting a checkpoint over would
-            // write its chunks into the region that superblock names.)
-            run.failed = false;
-            m.counters.errors += 1;
-            m.admin_retry_at = now.plus(Nanos(RETRY_NS));
-            return;
-        }
-        if run.failed {
-            // Start the task over later; the superblock in force is untouched.
-            let task = run.task;
-            m.run = None;
-            m.counters.errors += 1;
-            m.tasks.push_front(task);
-            m.admin_retry_at = now.plus(Nanos(RETRY_NS));
-            return;
-        }
-        match run.phase {
-            Phase::Zero => run.phase = Phase::Tables,
-            Phase::Chunks => {}
-            Phase::ChunkFlush => {
-                // The chunks are durable: the superblock may now name them.
-                run.sb.checkpoint = run.cp_region;
-                run.sb.has_checkpoint = true;
-                run.sb.journal_seq = run.cp_seq;
-                run.phase = Phase::Tables;
-            }
-            Phase::Tables => run.phase = Phase::TablesFlush,
-            Phase::TablesFlush => run.phase = Phase::Super,
-            Phase::Super => {
-                let run = m.run.take().expect("a task");
-                if matches!(run.task, Task::Checkpoint { .. }) {
-                    m.counters.checkpoints += 1;
-                    if !run.prove {
-                        // This one proved nothing; the next one tries again.
-                        m.intents.no_proof = false;
-                        m.intents.counters.unproven_checkpoints += 1;
-                    }
-                    let cp = run.cp_seq;
-                    while m.live.front().is_some_and(|&(s, _)| s < cp) {
-                        let (_, b) = m.live.pop_front().expect("non-empty");
-                        m.used -= b;
-                    }
-                    // The journal has room again: a waiting commit may start.
-                    m.no_room = false;
-                }
-                m.sb = run.sb;
-                m.sb_copy = run.copy;
-                m.counters.superblocks += 1;
-                m.tables_durable = m.tables_durable.max(run.tables_gen);
-                m.ready = true;
-                if m.stopping && m.stop_cores == StopCores::Final && m.tasks.is_empty() {
-                    m.stopped = true;
-                }
-            }
-        }
-        self.admin_issue(actions);
-    }
-
-    /// The persistent record of `line` now.
-    #[inline(always)]
-    pub(crate) fn line_record(&self, line: LineId) -> LineRecord {
-        if !self.map.is_mapped(line) {
-            return LineRecord::default();
-        }
-        let (c, cl) = self.map.position(line);
-        LineRecord {
-            core: Some(c.0 as u8),
-            core_line: cl,
-            class: self.lists.class(line),
-            valid: self.state.valid(line),
-            dirty: self.state.dirty(line),
-        }
-    }
-
-    /// The configuration and core-table records, framed and padded.
-    fn tables_bytes(&self) -> Vec<u8> {
-        let mut out = record::encode(
-            RecordKind::Config,
-            &tiercache_format::tables::encode_config(&self.config_record()),
-        );
-        out.extend(record::encode(
-            RecordKind::CoreTable,
-            &tiercache_format::tables::encode_cores(&self.core_entries()),
-        ));
-        assert!(out.len() <= TABLES_BYTES, "tables over their area");
-        pad(out)
     }
 }

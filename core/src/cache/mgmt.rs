@@ -228,8 +228,8 @@ impl Cache {
         Ok(())
     }
 
-    /// Detaches `core`. Refused while it has dirty data or IO in flight (write it back first).
-    pub fn remove_core(&mut self, core: CoreId) -> Result<(), MgmtError> {
+    /// `core` exists and has no IO in flight (what removing or invalidating it needs).
+    fn idle_core(&mut self, core: CoreId) -> Result<(), MgmtError> {
         if self.core(core).is_none() {
             return Err(MgmtError::NoSuchCore(core));
         }
@@ -239,6 +239,12 @@ impl Cache {
                 core.0
             )));
         }
+        Ok(())
+    }
+
+    /// Detaches `core`. Refused while it has dirty data or IO in flight (write it back first).
+    pub fn remove_core(&mut self, core: CoreId) -> Result<(), MgmtError> {
+        self.idle_core(core)?;
         let (_, dirty) = self.core_lines(core);
         if dirty > 0 {
             return Err(MgmtError::Busy(format!(
@@ -256,15 +262,7 @@ impl Cache {
     /// Drops everything the cache holds for `core`, dirty data included. Returns (lines,
     /// dirty blocks) dropped. Refused while the core has IO in flight.
     pub fn invalidate_core(&mut self, core: CoreId) -> Result<(u32, u64), MgmtError> {
-        if self.core(core).is_none() {
-            return Err(MgmtError::NoSuchCore(core));
-        }
-        if self.core_busy(core) {
-            return Err(MgmtError::Busy(format!(
-                "core {} has IO in flight; retry",
-                core.0
-            )));
-        }
+        self.idle_core(core)?;
         let mut lines = 0;
         let mut dirty_blocks = 0u64;
         for l in 0..self.cfg.lines {
@@ -276,15 +274,7 @@ impl Cache {
             if d != 0 {
                 dirty_blocks += d.count_ones() as u64;
                 // Dropping dirty data is what the caller asked for.
-                self.cleaning.on_clean(
-                    &mut self.lists,
-                    l,
-                    &View {
-                        map: &self.map,
-                        locks: &self.locks,
-                    },
-                );
-                self.count_dirty(l, false);
+                self.note_clean(l);
                 let v = self.state.valid(l);
                 self.state.set(&mut self.lists, l, v, 0);
                 self.meta_note(l);

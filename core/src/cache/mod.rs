@@ -6,24 +6,30 @@
 //! here blocks or awaits: multi-step work (a request's IO phases, a writeback job) is an
 //! explicit state kept in [`request::Request`] and [`writeback::Job`].
 //!
-//! Files: `request.rs` (client reads, writes, trims, flushes), `writeback.rs` (the cleaner's
-//! jobs), `alloc.rs` (line allocation and eviction by IO class), `lock.rs` (line locks),
-//! `mgmt.rs` (cores, modes, parameters, IO classes), `check.rs` (invariants).
+//! Files: `request.rs` (client requests: types, arrival, flushes, completion), `admit.rs`
+//! (their lock waits), `read.rs` (reads), `write.rs` (writes, write-zeroes, trims), `issue.rs`
+//! (a request's device IOs), `writeback.rs` (the cleaner's jobs), `alloc.rs` (line allocation
+//! and eviction by IO class), `lock.rs` (line locks), `mgmt.rs` (cores, modes, parameters, IO
+//! classes), `check.rs` (invariants).
 //!
 //! Cost of the pattern: every multi-step operation is a hand-written state machine, and every
 //! IO completion must find its owner through [`Cache::ios`].
 
+mod admit;
 mod alloc;
 mod check;
 pub mod health;
 mod intent;
+mod issue;
 mod load;
 pub mod lock;
 mod meta;
 mod mgmt;
+mod read;
 mod request;
 mod tables;
 mod wait;
+mod write;
 mod writeback;
 
 use crate::config::Config;
@@ -255,7 +261,7 @@ pub struct Cache {
     /// Spare `parts` vectors of finished requests, reused so the hot path does not allocate.
     pub(crate) parts_pool: Vec<Vec<request::Part>>,
     /// Scratch for assembling device IOs.
-    pub(crate) runs_buf: Vec<request::Run>,
+    pub(crate) runs_buf: Vec<issue::Run>,
     /// Persistent metadata, if the cache has any.
     pub(crate) meta: Option<meta::Meta>,
     /// A cache without persistence was stopped.
@@ -489,6 +495,20 @@ impl Cache {
             self.dirty_lines -= 1;
             cs.dirty_lines -= 1;
         }
+    }
+
+    /// `line` (mapped) is dirty no more: the cleaning policy lets it go and it leaves the
+    /// dirty-line counts. (Their state is apart: the order of the two is free.)
+    pub(crate) fn note_clean(&mut self, line: LineId) {
+        self.cleaning.on_clean(
+            &mut self.lists,
+            line,
+            &View {
+                map: &self.map,
+                locks: &self.locks,
+            },
+        );
+        self.count_dirty(line, false);
     }
 
     /// The cache device block of block `offset` of `line`.

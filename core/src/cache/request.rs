@@ -24,17 +24,22 @@
 //!   for writebacks of its lines, then drops the cache's copy after a core flush); a failed
 //!   backfill only leaves the lines unfilled. Then the cache is in *bypass* and plans every
 //!   request with `pt`'s rules until a probe of the device succeeds.
+//!
+//! Files: this one holds the request's types, its arrival, the planning helpers reads and
+//! writes share, flushes and the completion; `admit.rs` locks or queues it (and retries the
+//! queue), `read.rs` and `write.rs` plan and complete reads and writes (write-zeroes and trims
+//! with the writes), `issue.rs` turns a plan into device IOs.
 
 use super::health::IoClass;
-use super::lock::{LockKind, lock_key};
+use super::issue::Run;
+use super::lock::LockKind;
 use super::{Cache, IoKind, IoOwner};
 use crate::config::REQUEST_BLOCKS_MAX;
-use crate::event::{Action, BufRef, Dev, Event, IoError, ReqError};
+use crate::event::{Action, Dev, Event, IoError, ReqError};
 use crate::mode::WriteRule;
 use crate::policy::ioclass::IoInfo;
-use crate::policy::position_key;
 use crate::stats::Outcome;
-use crate::units::{BlockMask, CoreId, Lba, LineId, ReqId, block_range_mask, mask_runs};
+use crate::units::{BlockMask, CoreId, Lba, LineId, ReqId, block_range_mask};
 
 /// A request's operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,7 +52,7 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    fn fua(self) -> bool {
+    pub(crate) fn fua(self) -> bool {
         matches!(
             self,
             Op::Write { fua: true } | Op::WriteZeroes { fua: true }
@@ -59,13 +64,13 @@ impl Op {
 #[derive(Clone, Copy, Debug)]
 pub struct Part {
     /// The cache line, if mapped.
-    line: Option<LineId>,
+    pub(crate) line: Option<LineId>,
     /// Blocks of the line the request covers.
-    mask: BlockMask,
+    pub(crate) mask: BlockMask,
     /// Blocks to write into the cache after the read (backfill).
-    fill: BlockMask,
+    pub(crate) fill: BlockMask,
     /// Mapped by this request (freed again if it ends up empty).
-    new: bool,
+    pub(crate) new: bool,
 }
 
 /// What the request does.
@@ -128,57 +133,6 @@ pub struct Request {
     /// A read whose core blocks were not contiguous reads the whole core span in one IO
     /// first; these cache reads then lay the cache's blocks over it (a second step).
     pub(crate) overlay: Vec<Run>,
-}
-
-/// A contiguous device IO being assembled from parts.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Run {
-    dev: Dev,
-    lba: u64,
-    buf_off: u32,
-    blocks: u32,
-}
-
-/// Two run builders (cache and core) that merge contiguous pieces.
-struct Runs {
-    cache: Option<Run>,
-    core: Option<Run>,
-    out: Vec<Run>,
-}
-
-impl Runs {
-    /// A builder writing into `out` (cleared).
-    fn new(mut out: Vec<Run>) -> Runs {
-        out.clear();
-        Runs {
-            cache: None,
-            core: None,
-            out,
-        }
-    }
-
-    fn add(&mut self, run: Run) {
-        let slot = if run.dev == Dev::Cache {
-            &mut self.cache
-        } else {
-            &mut self.core
-        };
-        if let Some(cur) = slot
-            && cur.lba + cur.blocks as u64 == run.lba
-            && cur.buf_off + cur.blocks == run.buf_off
-        {
-            cur.blocks += run.blocks;
-            return;
-        }
-        if let Some(prev) = slot.replace(run) {
-            self.out.push(prev);
-        }
-    }
-    fn finish(mut self) -> Vec<Run> {
-        self.out.extend(self.cache.take());
-        self.out.extend(self.core.take());
-        self.out
-    }
 }
 
 impl Cache {
@@ -351,7 +305,7 @@ impl Cache {
 
     /// Fills `r.parts` from the mapping as it is now, starting the loads of each mapped line's
     /// records (state, tag and links) while the next key is looked up.
-    fn lookup_parts(&self, r: &mut Request) {
+    pub(crate) fn lookup_parts(&self, r: &mut Request) {
         r.parts.clear();
         for cl in r.first..=r.last {
             let mask = self.part_mask(r, cl);
@@ -428,160 +382,8 @@ impl Cache {
         block_range_mask(s as u32, (e - s) as u32)
     }
 
-    /// Starts a request if its lines are free and no earlier waiting request overlaps it;
-    /// otherwise queues it.
-    pub(crate) fn admit(&mut self, id: ReqId, actions: &mut Vec<Action>) {
-        let r = &self.reqs[&id];
-        let (core, first, last) = (r.core, r.first, r.last);
-        if !self.waits.overlaps(core, first, last) && self.locks.can_lock(core, first, last, r.lock)
-        {
-            self.start_locked(id, actions);
-        } else {
-            self.counters.deferred += 1;
-            self.waits.push_back(id, core, first, last);
-            self.locks.record_releases(true);
-        }
-    }
-
-    /// Queues request `id` (in `reqs`) again, at the back or (it arrived before every request
-    /// waiting now) at the front, to be looked at by the next retry.
-    fn requeue(&mut self, id: ReqId, front: bool) {
-        let r = &self.reqs[&id];
-        let (core, first, last) = (r.core, r.first, r.last);
-        if front {
-            self.waits.push_front(id, core, first, last);
-        } else {
-            self.waits.push_back(id, core, first, last);
-        }
-        self.locks.record_releases(true);
-        self.locks.note_released(lock_key(core, first));
-        self.counters.deferred += 1;
-    }
-
-    /// Retries waiting requests in arrival order; a request never passes an earlier waiting
-    /// request it overlaps. Only the requests that head the queue of a line released since the
-    /// last retry can start, and those that come to head a queue as the ones before them start
-    /// (`wait.rs`). The order is the queue order; a line released during the retry whose
-    /// first request comes before the one being looked at is left for the next retry (as a
-    /// scan of one arrival-ordered list, which this replaces, would do).
-    pub(crate) fn retry_waiting(&mut self, actions: &mut Vec<Action>) {
-        let mut keys = std::mem::take(&mut self.wait_keys);
-        let mut work = std::mem::take(&mut self.wait_work);
-        let mut later: Vec<u64> = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            self.locks.take_released(&mut keys);
-            for &key in &keys {
-                if let Some((s, id)) = self.waits.front_of(key) {
-                    if s < cursor {
-                        later.push(key);
-                    } else {
-                        work.push(std::cmp::Reverse((s, id)));
-                    }
-                }
-            }
-            let Some(std::cmp::Reverse((s, id))) = work.pop() else {
-                break;
-            };
-            if self.waits.seq(id) != Some(s) {
-                continue; // started already (a second entry), or queued again since
-            }
-            cursor = s;
-            let r = &self.reqs[&id];
-            if !self.waits.is_first(id) || !self.locks.can_lock(r.core, r.first, r.last, r.lock) {
-                continue;
-            }
-            self.waits
-                .remove_first(id, &mut |s, id| work.push(std::cmp::Reverse((s, id))));
-            self.start_locked(id, actions);
-        }
-        self.locks.record_releases(!self.waits.is_empty());
-        for key in later {
-            self.locks.note_released(key);
-        }
-        self.wait_keys = keys;
-        self.wait_work = work;
-    }
-
-    /// Releases throttled writes whose time has come, oldest first.
-    pub(crate) fn release_throttled(&mut self, actions: &mut Vec<Action>) {
-        let now = self.now;
-        let mut due: Vec<(crate::units::Nanos, ReqId)> = self
-            .throttled
-            .iter()
-            .copied()
-            .filter(|&(t, _)| t <= now)
-            .collect();
-        if due.is_empty() {
-            return;
-        }
-        self.throttled.retain(|&(t, _)| t > now);
-        due.sort();
-        for (_, id) in due {
-            self.admit(id, actions);
-        }
-    }
-
-    /// Locks the lines of waiting request `id` and plans it.
-    fn start_locked(&mut self, id: ReqId, actions: &mut Vec<Action>) {
-        let r = self.reqs.remove(&id).expect("request exists");
-        self.start(r, false, actions);
-    }
-
-    /// Locks the request's lines and plans it. `fresh`: its parts were looked up during this
-    /// same event and nothing has changed the mapping since (else they are looked up again).
-    fn start(&mut self, r: Box<Request>, fresh: bool, actions: &mut Vec<Action>) {
-        self.locks.lock(r.core, r.first, r.last, r.lock);
-        self.plan(r, fresh, actions);
-    }
-
-    /// Plans a request whose lines were just locked (see [`Cache::start`] for `fresh`).
-    fn plan(&mut self, mut r: Box<Request>, fresh: bool, actions: &mut Vec<Action>) {
-        r.locked = true;
-        if !fresh {
-            self.lookup_parts(&mut r);
-        }
-        self.plan_locked(r, actions);
-    }
-
-    /// Plans a request holding its locks, its parts looked up. A change to lines whose clean
-    /// state may be proven waits first for a durable write intent (`intent.rs`).
-    fn plan_locked(&mut self, r: Box<Request>, actions: &mut Vec<Action>) {
-        if r.op != Op::Read
-            && self.meta.is_some()
-            && let Some(upto) = self.intent_gate(r.core, r.first, r.parts.iter().map(|p| p.line))
-        {
-            let id = r.id;
-            self.reqs.insert(id, r);
-            return self.intent_park(id, upto);
-        }
-        match r.op {
-            Op::Read => self.plan_read(r, actions),
-            _ => self.plan_write(r, actions),
-        }
-    }
-
-    /// A request parked by [`Self::plan_locked`] fails: the intent it waited for could not be
-    /// written. Nothing of it was done.
-    pub(crate) fn fail_after_intent(
-        &mut self,
-        id: ReqId,
-        e: crate::event::IoError,
-        actions: &mut Vec<Action>,
-    ) {
-        let r = self.reqs.remove(&id).expect("parked request");
-        self.finish(r, Err(ReqError::Io(e)), actions);
-    }
-
-    /// A request parked by [`Self::plan_locked`] may go on: look its lines up again and plan.
-    pub(crate) fn resume_after_intent(&mut self, id: ReqId, actions: &mut Vec<Action>) {
-        let mut r = self.reqs.remove(&id).expect("parked request");
-        self.lookup_parts(&mut r);
-        self.plan_locked(r, actions);
-    }
-
     /// Valid blocks of the request: (valid, total).
-    fn count_valid(&self, r: &Request) -> (u32, u32) {
+    pub(crate) fn count_valid(&self, r: &Request) -> (u32, u32) {
         let mut v = 0;
         let mut t = 0;
         for p in &r.parts {
@@ -593,7 +395,7 @@ impl Cache {
         (v, t)
     }
 
-    fn outcome_of(valid: u32, total: u32) -> Outcome {
+    pub(crate) fn outcome_of(valid: u32, total: u32) -> Outcome {
         if valid == total {
             Outcome::FullHit
         } else if valid > 0 {
@@ -605,7 +407,7 @@ impl Cache {
 
     /// Maps every unmapped part of `r` (asking promotion unless some part is mapped). On
     /// failure, unmaps what it mapped and returns false.
-    fn map_all(&mut self, r: &mut Request) -> bool {
+    pub(crate) fn map_all(&mut self, r: &mut Request) -> bool {
         let unmapped = r.parts.iter().filter(|p| p.line.is_none()).count() as u32;
         if unmapped == 0 {
             return true;
@@ -644,7 +446,7 @@ impl Cache {
     }
 
     /// Frees lines this request mapped that hold no valid block.
-    fn unmap_new(&mut self, r: &mut Request) {
+    pub(crate) fn unmap_new(&mut self, r: &mut Request) {
         for p in r.parts.iter_mut() {
             if p.new
                 && let Some(l) = p.line
@@ -654,752 +456,6 @@ impl Cache {
                 self.free_line(l);
                 p.line = None;
             }
-        }
-    }
-
-    /// Buffer offset (blocks into the request's buffer) of block `b` of core line `cl`.
-    #[inline]
-    fn buf_off(&self, r: &Request, cl: u64, b: u32) -> u32 {
-        ((cl << self.shift) + b as u64 - r.lba) as u32
-    }
-
-    /// Adds the runs of `mask` in part `i` of `r` to `runs`, for `dev`.
-    fn add_runs(&self, r: &Request, i: usize, mask: BlockMask, dev: Dev, runs: &mut Runs) {
-        let cl = r.first + i as u64;
-        for (b, n) in mask_runs(mask) {
-            let lba = match dev {
-                Dev::Cache => self.cache_lba(r.parts[i].line.expect("mapped"), b).0,
-                Dev::Core(_) => (cl << self.shift) + b as u64,
-            };
-            runs.add(Run {
-                dev,
-                lba,
-                buf_off: self.buf_off(r, cl, b),
-                blocks: n,
-            });
-        }
-    }
-
-    fn issue_reads(&mut self, r: &mut Request, runs: Vec<Run>, actions: &mut Vec<Action>) {
-        for &run in &runs {
-            self.issue_read(r, run, actions);
-        }
-        self.runs_buf = runs;
-    }
-
-    /// Issues one device read of `r`.
-    #[inline]
-    fn issue_read(&mut self, r: &mut Request, run: Run, actions: &mut Vec<Action>) {
-        let kind = if run.dev == Dev::Cache {
-            IoKind::CacheRead
-        } else {
-            IoKind::CoreRead
-        };
-        let io = self.new_io(IoOwner::Req { req: r.id, kind });
-        if run.dev == Dev::Cache {
-            self.counters.cache_blocks_read += run.blocks as u64;
-        } else {
-            self.counters.core_blocks_read += run.blocks as u64;
-        }
-        actions.push(Action::Read {
-            io,
-            dev: run.dev,
-            lba: Lba(run.lba),
-            blocks: run.blocks,
-            buf: BufRef::Req {
-                req: r.id,
-                offset: run.buf_off,
-            },
-        });
-        r.pending += 1;
-    }
-
-    fn issue_writes(&mut self, r: &mut Request, runs: Vec<Run>, fua: bool, a: &mut Vec<Action>) {
-        for &run in &runs {
-            self.issue_write(r, run, fua, a);
-        }
-        self.runs_buf = runs;
-    }
-
-    /// Issues one device write of `r`.
-    #[inline]
-    fn issue_write(&mut self, r: &mut Request, run: Run, fua: bool, a: &mut Vec<Action>) {
-        let kind = if run.dev == Dev::Cache {
-            IoKind::CacheWrite
-        } else {
-            IoKind::CoreWrite
-        };
-        let io = self.new_io(IoOwner::Req { req: r.id, kind });
-        if run.dev == Dev::Cache {
-            self.counters.cache_blocks_written += run.blocks as u64;
-        } else {
-            self.counters.core_blocks_written += run.blocks as u64;
-        }
-        a.push(Action::Write {
-            io,
-            dev: run.dev,
-            lba: Lba(run.lba),
-            blocks: run.blocks,
-            buf: BufRef::Req {
-                req: r.id,
-                offset: run.buf_off,
-            },
-            fua,
-        });
-        r.pending += 1;
-    }
-
-    /// The one cache IO of a request within one mapped line whose blocks `mask` (contiguous,
-    /// as every part's mask is) all go to or come from the cache: what the run builder would
-    /// produce, without it.
-    #[inline]
-    fn single_cache_run(&self, r: &Request, line: LineId, mask: BlockMask) -> Run {
-        let b = mask.trailing_zeros();
-        Run {
-            dev: Dev::Cache,
-            lba: self.cache_lba(line, b).0,
-            buf_off: self.buf_off(r, r.first, b),
-            blocks: mask.count_ones(),
-        }
-    }
-
-    // ----- reads -----
-
-    fn plan_read(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
-        let rules = self.read_rules();
-        if self.bypass() {
-            self.faults.counters.bypassed_requests += 1;
-        }
-        let (valid, total) = self.count_valid(&r);
-        r.outcome = if r.cut || !rules.read_clean_from_cache || self.class_allocation(r.class) == 0
-        {
-            Outcome::PassThrough
-        } else {
-            Self::outcome_of(valid, total)
-        };
-        let mut backfill = false;
-        if r.lock != LockKind::Shared
-            && valid < total
-            && rules.read_promotes
-            && !r.cut
-            && self.class_allocation(r.class) > 0
-        {
-            if self.map_all(&mut r) {
-                backfill = true;
-            } else {
-                self.counters.alloc_failures += 1;
-                r.outcome = Outcome::PassThrough;
-            }
-        }
-        if let [p] = r.parts[..]
-            && let Some(l) = p.line
-            && !backfill
-        {
-            // One line, every block from the cache (a full hit): one cache read.
-            let v = self.state.valid(l) & p.mask;
-            let from_cache = if rules.read_clean_from_cache {
-                v
-            } else {
-                v & self.state.dirty(l)
-            };
-            if from_cache == p.mask {
-                r.plan = Plan::Read { backfill };
-                r.phase = Phase::Io;
-                let run = self.single_cache_run(&r, l, p.mask);
-                self.issue_read(&mut r, run, actions);
-                self.reqs.insert(r.id, r);
-                return;
-            }
-        }
-        let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
-        for i in 0..r.parts.len() {
-            let p = r.parts[i];
-            let from_cache = match p.line {
-                Some(l) => {
-                    let v = self.state.valid(l) & p.mask;
-                    if rules.read_clean_from_cache {
-                        v
-                    } else {
-                        v & self.state.dirty(l)
-                    }
-                }
-                None => 0,
-            };
-            let from_core = p.mask & !from_cache;
-            if from_cache != 0 {
-                self.add_runs(&r, i, from_cache, Dev::Cache, &mut runs);
-            }
-            if from_core != 0 {
-                self.add_runs(&r, i, from_core, Dev::Core(r.core), &mut runs);
-                if backfill {
-                    r.parts[i].fill = from_core;
-                }
-            }
-        }
-        r.plan = Plan::Read { backfill };
-        r.phase = Phase::Io;
-        let mut runs = runs.finish();
-        // Core blocks in pieces (cached blocks between them, e.g. a sequential read over a
-        // partly dirty range): one core read of the whole span instead, then the cache's blocks
-        // over it. A disk streams the span; the pieces would each cost a seek or a rotation.
-        if runs.iter().filter(|x| x.dev != Dev::Cache).count() > 1 {
-            let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
-                runs.drain(..).partition(|x| x.dev != Dev::Cache);
-            let lo = core_runs.iter().map(|x| x.lba).min().expect("core runs");
-            let hi = core_runs
-                .iter()
-                .map(|x| x.lba + x.blocks as u64)
-                .max()
-                .expect("core runs");
-            runs.push(Run {
-                dev: Dev::Core(r.core),
-                lba: lo,
-                buf_off: (lo - r.lba) as u32,
-                blocks: (hi - lo) as u32,
-            });
-            self.counters.merged_core_reads += 1;
-            r.overlay = cache_runs;
-        }
-        self.issue_reads(&mut r, runs, actions);
-        self.reqs.insert(r.id, r);
-    }
-
-    fn read_io_done(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
-        match r.phase {
-            Phase::Io => {
-                if let Some(e) = r.core_err {
-                    r.overlay.clear();
-                    self.unmap_new(&mut r);
-                    return self.finish(r, Err(ReqError::Io(e)), actions);
-                }
-                if !r.overlay.is_empty() {
-                    // The merged core read is in: now the cache's blocks over it.
-                    let overlay = std::mem::take(&mut r.overlay);
-                    self.issue_reads(&mut r, overlay, actions);
-                    self.reqs.insert(r.id, r);
-                    return;
-                }
-                if let Some(e) = r.cache_err {
-                    // Clean blocks can be read again from the core; dirty ones exist nowhere
-                    // else: the read fails with the cache's error.
-                    let dirty_read = r
-                        .parts
-                        .iter()
-                        .any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
-                    self.unmap_new(&mut r);
-                    if dirty_read {
-                        self.faults.counters.dirty_read_errors += 1;
-                        return self.finish(r, Err(ReqError::Io(e)), actions);
-                    }
-                    self.faults.counters.read_retries_from_core += 1;
-                    // The clean copies it read may be bad: stop serving them.
-                    if r.lock != LockKind::Shared {
-                        self.drop_clean_lines(&r);
-                    }
-                    r.phase = Phase::ReadRetry;
-                    r.cache_err = None;
-                    let run = Run {
-                        dev: Dev::Core(r.core),
-                        lba: r.lba,
-                        buf_off: 0,
-                        blocks: r.blocks,
-                    };
-                    self.issue_reads(&mut r, vec![run], actions);
-                    self.reqs.insert(r.id, r);
-                    return;
-                }
-                if r.plan == (Plan::Read { backfill: true }) && self.bypass() {
-                    // The cache device failed meanwhile: insert nothing.
-                    self.unmap_new(&mut r);
-                } else if r.plan == (Plan::Read { backfill: true }) {
-                    let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
-                    for i in 0..r.parts.len() {
-                        let fill = r.parts[i].fill;
-                        if fill != 0 {
-                            self.add_runs(&r, i, fill, Dev::Cache, &mut runs);
-                        }
-                    }
-                    let runs = runs.finish();
-                    if !runs.is_empty() {
-                        r.phase = Phase::Backfill;
-                        self.issue_writes(&mut r, runs, false, actions);
-                        self.reqs.insert(r.id, r);
-                        return;
-                    }
-                }
-                self.finish_read(r, actions);
-            }
-            Phase::Backfill => {
-                if r.cache_err.is_some() {
-                    self.faults.counters.backfill_failures += 1;
-                } else {
-                    for p in &r.parts {
-                        if p.fill != 0 {
-                            let l = p.line.expect("backfilled line is mapped");
-                            let v = self.state.valid(l) | p.fill;
-                            let d = self.state.dirty(l);
-                            self.state.set(&mut self.lists, l, v, d);
-                            self.meta_note(l);
-                        }
-                    }
-                }
-                self.unmap_new(&mut r);
-                self.finish_read(r, actions);
-            }
-            Phase::ReadRetry => {
-                let res = match r.core_err {
-                    Some(e) => Err(ReqError::Io(e)),
-                    None => Ok(()),
-                };
-                self.finish(r, res, actions);
-            }
-            Phase::Queued | Phase::FlushBeforeDrop => unreachable!("read in phase {:?}", r.phase),
-        }
-    }
-
-    /// Touches and reclassifies the lines a read used, then completes it.
-    fn finish_read(&mut self, r: Box<Request>, actions: &mut Vec<Action>) {
-        let reclassify = self.read_rules().reclassifies;
-        for p in &r.parts {
-            let Some(l) = p.line else { continue };
-            if !self.map.is_mapped(l) {
-                continue;
-            }
-            if reclassify && self.lists.class(l) != r.class {
-                self.reclassify(l, r.class);
-            }
-        }
-        self.touch_hits(&r);
-        self.finish(r, Ok(()), actions);
-    }
-
-    /// Tells the eviction policy about the lines a completed read or write-through write hit,
-    /// in address order: a write hit refreshes LRU recency and counts for S3-FIFO exactly as a
-    /// read hit does (as in Open CAS and textbook LRU). A line this request just inserted is
-    /// not a hit (S3-FIFO would otherwise promote every new line at once); a dirty line is on
-    /// no eviction list.
-    fn touch_hits(&mut self, r: &Request) {
-        for p in &r.parts {
-            let Some(l) = p.line else { continue };
-            if !p.new
-                && self.map.is_mapped(l)
-                && self.state.dirty(l) == 0
-                && self.state.valid(l) & p.mask != 0
-            {
-                let class = self.lists.class(l);
-                self.eviction.touch(&mut self.lists, l, class);
-            }
-        }
-    }
-
-    /// Moves `line` to IO class `class`.
-    pub(crate) fn reclassify(&mut self, line: LineId, class: u8) {
-        let old = self.lists.class(line);
-        let clean = self.state.dirty(line) == 0;
-        if clean {
-            self.eviction.remove(&mut self.lists, line, old);
-        }
-        self.class_lines[old as usize] -= 1;
-        self.class_lines[class as usize] += 1;
-        self.lists.set_class(line, class);
-        if clean {
-            let (c, cl) = self.map.position(line);
-            self.eviction
-                .insert(&mut self.lists, line, class, position_key(c, cl));
-        }
-    }
-
-    // ----- writes, write-zeroes, trims -----
-
-    fn plan_write(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
-        if self.bypass() && matches!(r.op, Op::Write { .. }) && !r.fallback {
-            self.faults.counters.bypassed_requests += 1;
-        }
-        let rule = if r.fallback
-            || !matches!(r.op, Op::Write { .. })
-            || r.cut
-            || self.class_allocation(r.class) == 0
-        {
-            WriteRule::Invalidate
-        } else {
-            self.write_rules().write
-        };
-        let (valid, total) = self.count_valid(&r);
-        let mut plan = match rule {
-            WriteRule::Back | WriteRule::Through => {
-                if self.map_all(&mut r) {
-                    if rule == WriteRule::Back {
-                        Plan::WriteBack
-                    } else {
-                        Plan::WriteThrough
-                    }
-                } else {
-                    self.counters.alloc_failures += 1;
-                    Plan::Invalidate
-                }
-            }
-            WriteRule::AroundIfMapped => {
-                if r.parts.iter().all(|p| p.line.is_some()) {
-                    Plan::WriteThrough
-                } else {
-                    Plan::Invalidate
-                }
-            }
-            WriteRule::Invalidate => Plan::Invalidate,
-        };
-        if plan != Plan::WriteBack
-            && r.lock != LockKind::ExclusiveNoWb
-            && self.locks.any_wb(r.core, r.first, r.last)
-        {
-            // This write must reach the core, and a writeback of its lines is in flight:
-            // wait for it, so the older writeback cannot land after us.
-            self.unmap_new(&mut r);
-            self.unlock_lines(r.core, r.first, r.last, r.lock);
-            r.locked = false;
-            r.lock = LockKind::ExclusiveNoWb;
-            let id = r.id;
-            self.reqs.insert(id, r);
-            self.requeue(id, false);
-            return;
-        }
-        if matches!(r.op, Op::Trim) {
-            plan = Plan::Invalidate;
-        }
-        r.outcome = if plan == Plan::Invalidate {
-            Outcome::PassThrough
-        } else {
-            Self::outcome_of(valid, total)
-        };
-        r.plan = plan;
-        r.phase = Phase::Io;
-        let fua = r.op.fua();
-        match plan {
-            Plan::WriteBack if r.parts.len() == 1 => {
-                // One line: one cache write (a part's mask is contiguous).
-                let p = r.parts[0];
-                let e = self.locks.entry(lock_key(r.core, r.first));
-                if e.wb {
-                    e.wb_mask &= !p.mask;
-                    self.counters.writeback_races += 1;
-                }
-                let l = p.line.expect("write-back lines are mapped");
-                let run = self.single_cache_run(&r, l, p.mask);
-                self.issue_write(&mut r, run, fua, actions);
-            }
-            Plan::WriteBack => {
-                let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
-                for i in 0..r.parts.len() {
-                    let mask = r.parts[i].mask;
-                    let key = lock_key(r.core, r.first + i as u64);
-                    let e = self.locks.entry(key);
-                    if e.wb {
-                        e.wb_mask &= !mask;
-                        self.counters.writeback_races += 1;
-                    }
-                    self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
-                }
-                let runs = runs.finish();
-                self.issue_writes(&mut r, runs, fua, actions);
-            }
-            Plan::WriteThrough => {
-                let mut runs = Runs::new(std::mem::take(&mut self.runs_buf));
-                for i in 0..r.parts.len() {
-                    let mask = r.parts[i].mask;
-                    self.add_runs(&r, i, mask, Dev::Cache, &mut runs);
-                }
-                runs.add(Run {
-                    dev: Dev::Core(r.core),
-                    lba: r.lba,
-                    buf_off: 0,
-                    blocks: r.blocks,
-                });
-                let runs = runs.finish();
-                // The cache copy needs no FUA: it is clean, the core's copy is the one that counts.
-                let (core_runs, cache_runs): (Vec<Run>, Vec<Run>) =
-                    runs.iter().partition(|x| x.dev != Dev::Cache);
-                self.runs_buf = runs;
-                self.issue_writes(&mut r, cache_runs, false, actions);
-                self.issue_writes(&mut r, core_runs, fua, actions);
-            }
-            Plan::Invalidate => {
-                let core = Dev::Core(r.core);
-                let io = self.new_io(IoOwner::Req {
-                    req: r.id,
-                    kind: IoKind::CoreWrite,
-                });
-                let (lba, blocks) = (Lba(r.lba), r.blocks);
-                self.counters.core_blocks_written += blocks as u64;
-                actions.push(match r.op {
-                    Op::Write { fua } => Action::Write {
-                        io,
-                        dev: core,
-                        lba,
-                        blocks,
-                        buf: BufRef::Req {
-                            req: r.id,
-                            offset: 0,
-                        },
-                        fua,
-                    },
-                    Op::WriteZeroes { fua } => Action::WriteZeroes {
-                        io,
-                        dev: core,
-                        lba,
-                        blocks,
-                        fua,
-                    },
-                    Op::Trim => Action::Trim {
-                        io,
-                        dev: core,
-                        lba,
-                        blocks,
-                    },
-                    Op::Read | Op::Flush => unreachable!(),
-                });
-                r.pending += 1;
-            }
-            Plan::None | Plan::Read { .. } | Plan::Flush => unreachable!(),
-        }
-        self.reqs.insert(r.id, r);
-    }
-
-    fn write_io_done(&mut self, mut r: Box<Request>, actions: &mut Vec<Action>) {
-        let fua = r.op.fua();
-        if r.phase == Phase::FlushBeforeDrop {
-            if let Some(e) = r.core_err {
-                // The core's copy is not known durable: keep dirty blocks, drop clean copies.
-                self.drop_clean_copies(&r);
-                return self.finish(r, Err(ReqError::Io(e)), actions);
-            }
-            self.drop_all(&r);
-            return self.finish(r, Ok(()), actions);
-        }
-        match r.plan {
-            Plan::WriteBack => {
-                if r.cache_err.is_some() {
-                    // Some cache writes may have landed: a clean copy of a targeted block is
-                    // now unknown and is dropped; a dirty one stays the truth (old or new data,
-                    // whichever the device holds) for now, and the next flush must cover it.
-                    self.drop_clean_copies(&r);
-                    self.unmap_new(&mut r);
-                    if !fua {
-                        self.cache_flush.writes_done += 1;
-                    }
-                    // The data is still in the request's buffer: write it to the core instead.
-                    return self.fallback_to_core(r);
-                }
-                for i in 0..r.parts.len() {
-                    let p = r.parts[i];
-                    let l = p.line.expect("write-back lines are mapped");
-                    let old_d = self.state.dirty(l);
-                    let old_v = self.state.valid(l);
-                    let hit = !p.new && old_v & p.mask != 0;
-                    #[allow(unused_mut)]
-                    let mut v = old_v | p.mask;
-                    #[cfg(feature = "canary-stale-partial")]
-                    {
-                        v = crate::units::full_mask(self.bpl);
-                    }
-                    self.state.set(&mut self.lists, l, v, old_d | p.mask);
-                    // A rewrite of blocks already dirty in a recorded line changes no record:
-                    // nothing to commit, and the write need not wait for a commit.
-                    let same = !p.new && v == old_v && old_d | p.mask == old_d;
-                    if !(same && !fua && self.meta_recorded(l)) {
-                        self.meta_note(l);
-                    }
-                    if old_d == 0 {
-                        let class = self.lists.class(l);
-                        self.eviction.dirtied(&mut self.lists, l, class, hit);
-                        self.count_dirty(l, true);
-                    }
-                    let view = super::View {
-                        map: &self.map,
-                        locks: &self.locks,
-                    };
-                    self.cleaning.on_dirty(&mut self.lists, l, self.now, &view);
-                }
-                if !fua {
-                    self.cache_flush.writes_done += 1;
-                }
-                self.finish(r, Ok(()), actions);
-            }
-            Plan::WriteThrough => {
-                if let Some(e) = r.core_err {
-                    self.drop_clean_copies(&r);
-                    self.unmap_new(&mut r);
-                    return self.finish(r, Err(ReqError::Io(e)), actions);
-                }
-                self.note_core_write(r.core, fua);
-                if r.cache_err.is_some() {
-                    // The core has the data; the cache copy is unknown: drop it (and free the
-                    // lines this request mapped: they never got a valid block).
-                    self.faults.counters.write_through_cache_failed += 1;
-                    #[cfg(not(feature = "canary-empty-line"))]
-                    self.unmap_new(&mut r);
-                    return self.drop_after_core_write(r, fua, actions);
-                }
-                let mut over_dirty = false;
-                for p in &r.parts {
-                    let l = p.line.expect("write-through lines are mapped");
-                    #[allow(unused_mut)]
-                    let mut v = self.state.valid(l) | p.mask;
-                    #[cfg(feature = "canary-stale-partial")]
-                    {
-                        v = crate::units::full_mask(self.bpl);
-                    }
-                    let d = self.state.dirty(l);
-                    over_dirty |= d & p.mask != 0;
-                    self.state.set(&mut self.lists, l, v, d);
-                    self.meta_note(l);
-                }
-                if over_dirty {
-                    // Blocks that stay dirty now hold this write in the cache, and after a
-                    // crash their dirty copy wins over the core's: the next flush (and the
-                    // journal commit's preflush, before a FUA write is acknowledged) must
-                    // cover this cache write.
-                    self.cache_flush.writes_done += 1;
-                }
-                self.touch_hits(&r);
-                self.finish(r, Ok(()), actions);
-            }
-            Plan::Invalidate => {
-                if let Some(e) = r.core_err {
-                    self.drop_clean_copies(&r);
-                    return self.finish(r, Err(ReqError::Io(e)), actions);
-                }
-                self.note_core_write(r.core, fua);
-                self.drop_after_core_write(r, fua, actions);
-            }
-            Plan::None | Plan::Read { .. } | Plan::Flush => unreachable!(),
-        }
-    }
-
-    /// The core now has the request's data: drop the cache's copy of its blocks, after a core
-    /// flush if any of them is dirty (unless the write was FUA).
-    fn drop_after_core_write(&mut self, mut r: Box<Request>, fua: bool, actions: &mut Vec<Action>) {
-        let any_dirty = r
-            .parts
-            .iter()
-            .any(|p| p.line.is_some_and(|l| self.state.dirty(l) & p.mask != 0));
-        if any_dirty && !fua {
-            let core = self.cores[r.core.0 as usize].as_ref().expect("core exists");
-            let covers = core.flush.writes_done;
-            let io = self.new_io(IoOwner::Req {
-                req: r.id,
-                kind: IoKind::Flush {
-                    dev: Dev::Core(r.core),
-                    covers,
-                },
-            });
-            actions.push(Action::Flush {
-                io,
-                dev: Dev::Core(r.core),
-            });
-            r.pending += 1;
-            r.phase = Phase::FlushBeforeDrop;
-            self.reqs.insert(r.id, r);
-            return;
-        }
-        self.drop_all(&r);
-        self.finish(r, Ok(()), actions);
-    }
-
-    /// A lazy write whose cache write failed goes to the core instead: it gives its locks back
-    /// and waits at the head of the queue for its lines exclusive with no writeback in flight
-    /// (an older writeback must not land after it), then is planned as a write-invalidate.
-    fn fallback_to_core(&mut self, mut r: Box<Request>) {
-        self.faults.counters.lazy_write_fallbacks += 1;
-        if r.locked {
-            self.unlock_lines(r.core, r.first, r.last, r.lock);
-            r.locked = false;
-            self.wake_waiters = true;
-        }
-        r.lock = LockKind::ExclusiveNoWb;
-        r.fallback = true;
-        r.cache_err = None;
-        r.core_err = None;
-        r.plan = Plan::None;
-        r.phase = Phase::Queued;
-        let id = r.id;
-        self.reqs.insert(id, r);
-        // Overlapping requests queued meanwhile arrived after it: it goes first.
-        self.requeue(id, true);
-    }
-
-    /// Drops the request's blocks from lines holding no dirty data (a cache read of them
-    /// failed; they are clean, so the core has them). Lines that may still be named by
-    /// persistent metadata are left alone (changing them needs a journal commit).
-    fn drop_clean_lines(&mut self, r: &Request) {
-        for p in &r.parts {
-            if let Some(l) = p.line
-                && self.map.is_mapped(l)
-                && self.state.dirty(l) == 0
-                && !self.lists.durable_dirty(l)
-            {
-                self.drop_blocks(l, p.mask);
-            }
-        }
-    }
-
-    fn note_core_write(&mut self, core: CoreId, fua: bool) {
-        if !fua {
-            let c = self.cores[core.0 as usize].as_mut().expect("core exists");
-            c.flush.writes_done += 1;
-        }
-    }
-
-    /// Drops every block of the request from the cache.
-    fn drop_all(&mut self, r: &Request) {
-        for p in &r.parts {
-            if let Some(l) = p.line
-                && self.map.is_mapped(l)
-            {
-                self.drop_blocks(l, p.mask);
-            }
-        }
-    }
-
-    /// Drops the request's blocks that are clean in the cache; dirty ones stay.
-    fn drop_clean_copies(&mut self, r: &Request) {
-        for p in &r.parts {
-            if let Some(l) = p.line
-                && self.map.is_mapped(l)
-            {
-                let d = self.state.dirty(l);
-                self.drop_blocks(l, p.mask & !d);
-            }
-        }
-    }
-
-    /// Invalidates `mask` in `line`, keeping lists and counters right; frees the line if no
-    /// valid block is left. The caller holds the line.
-    pub(crate) fn drop_blocks(&mut self, line: LineId, mask: BlockMask) {
-        let v = self.state.valid(line);
-        let d = self.state.dirty(line);
-        let nv = v & !mask;
-        let nd = d & !mask;
-        if nv == v {
-            return;
-        }
-        self.state.set(&mut self.lists, line, nv, nd);
-        self.meta_note(line);
-        if d != 0 && nd == 0 {
-            self.count_dirty(line, false);
-            self.cleaning.on_clean(
-                &mut self.lists,
-                line,
-                &super::View {
-                    map: &self.map,
-                    locks: &self.locks,
-                },
-            );
-            let (c, cl) = self.map.position(line);
-            let class = self.lists.class(line);
-            self.eviction
-                .insert(&mut self.lists, line, class, position_key(c, cl));
-        }
-        if nv == 0 {
-            self.free_line(line);
         }
     }
 
@@ -1506,7 +562,7 @@ impl Cache {
     }
 
     /// Completes `r`: counters, unlock, reply.
-    fn finish(
+    pub(crate) fn finish(
         &mut self,
         mut r: Box<Request>,
         result: Result<(), ReqError>,

@@ -446,15 +446,7 @@ impl Cache {
                 self.state.set(&mut self.lists, l, v, nd);
                 self.meta_note(l);
                 if d != 0 && nd == 0 {
-                    self.count_dirty(l, false);
-                    self.cleaning.on_clean(
-                        &mut self.lists,
-                        l,
-                        &View {
-                            map: &self.map,
-                            locks: &self.locks,
-                        },
-                    );
+                    self.note_clean(l);
                     let class = self.lists.class(l);
                     self.eviction
                         .insert(&mut self.lists, l, class, position_key(c, cl));

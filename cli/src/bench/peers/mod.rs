@@ -726,36 +726,55 @@ fn p1_job(plan: &Plan, c: &Cfg, jobs: u32) -> Job {
     }
 }
 
-/// P1's alternating rounds (who goes first rotates each round).
+/// P1's alternating rounds.
 fn p1_rounds(cx: &Ctx, cfgs: &[Cfg; 5], off: &mut u64, rep: &mut Report) -> Result<(), String> {
     let plan = cx.plan;
     let n = cfgs.len() as u32 * plan.rounds;
-    let mut k = 0;
-    'p1: for round in 1..=plan.rounds {
+    let job = |c: &Cfg| p1_job(plan, c, 1);
+    let check = |c: &Cfg, round: u32, r: &Run| {
+        if let Some(h) = r.read_hit_ratio
+            && h < 0.99
+        {
+            eprintln!(
+                "warning: {} read hit ratio {:.2}% in round {round}: not a 100%-hit run",
+                c.name,
+                h * 100.0
+            );
+        }
+    };
+    alternate(cx, "P1", cfgs, job, (&mut 0, n), off, rep, check)
+}
+
+/// Alternating rounds of `cfgs` as part `part` (who goes first rotates each round), until
+/// Ctrl-C: each run's label counts on from `k` of `n`, and `check` sees it before it is kept.
+#[allow(clippy::too_many_arguments)]
+fn alternate(
+    cx: &Ctx,
+    part: &'static str,
+    cfgs: &[Cfg],
+    job: impl Fn(&Cfg) -> Job,
+    (k, n): (&mut u32, u32),
+    off: &mut u64,
+    rep: &mut Report,
+    check: impl Fn(&Cfg, u32, &Run),
+) -> Result<(), String> {
+    'rounds: for round in 1..=cx.plan.rounds {
         for i in 0..cfgs.len() {
             // Alternate, and rotate who goes first each round.
             let c = &cfgs[(i + round as usize - 1) % cfgs.len()];
             if STOP.load(Ordering::Relaxed) {
-                break 'p1;
+                break 'rounds;
             }
-            k += 1;
-            let label = format!("[{k}/{n}] P1 {}", c.name);
+            *k += 1;
+            let label = format!("[{k}/{n}] {part} {}", c.name);
             let st = Step {
-                part: "P1",
+                part,
                 phase: "measure",
                 round,
                 conns: 1,
             };
-            let r = one(cx, c, st, p1_job(plan, c, 1), &label, off)?;
-            if let Some(h) = r.read_hit_ratio
-                && h < 0.99
-            {
-                eprintln!(
-                    "warning: {} read hit ratio {:.2}% in round {round}: not a 100%-hit run",
-                    c.name,
-                    h * 100.0
-                );
-            }
+            let r = one(cx, c, st, job(c), &label, off)?;
+            check(c, round, &r);
             rep.runs.push(r);
         }
     }
@@ -965,30 +984,16 @@ fn p2_rounds(cx: &Ctx, cfgs: &[Cfg; 2], rep: &mut Report) -> Result<bool, String
         let r = one(cx, c, st, p2_job(plan, c, plan.warm2_ms), &label, &mut off)?;
         rep.runs.push(r);
     }
-    'p2: for round in 1..=plan.rounds {
-        for i in 0..2 {
-            let c = &cfgs[(i + round as usize - 1) % 2];
-            if STOP.load(Ordering::Relaxed) {
-                break 'p2;
-            }
-            k += 1;
-            let label = format!("[{k}/{n}] P2 {}", c.name);
-            let st = Step {
-                part: "P2",
-                phase: "measure",
-                round,
-                conns: 1,
-            };
-            let r = one(
-                cx,
-                c,
-                st,
-                p2_job(plan, c, plan.runtime_ms),
-                &label,
-                &mut off,
-            )?;
-            rep.runs.push(r);
-        }
-    }
+    let job = |c: &Cfg| p2_job(plan, c, plan.runtime_ms);
+    alternate(
+        cx,
+        "P2",
+        cfgs,
+        job,
+        (&mut k, n),
+        &mut off,
+        rep,
+        |_, _, _| {},
+    )?;
     Ok(true)
 }
