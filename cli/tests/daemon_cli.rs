@@ -45,10 +45,8 @@ fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
 #[test]
 fn lifecycle_through_the_cli() {
     let d = Dir::new("daemon-life");
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 256 << 20);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 256 << 20);
     let dm = Daemon::start(Opts::new(&d));
 
     // Bad input: one line, a non-zero exit, nothing created.
@@ -424,21 +422,11 @@ fn missing_cache_device_of_a_wb_cache_is_not_served() {
 #[test]
 fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
     let d = Dir::new("daemon-resize");
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 64 << 20);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 64 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
-    dm.ok(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &core,
-        "--export",
-        "r",
-    ]);
+    dm.add_core(1, &core, "r");
     let e = dm.nbd("r").unwrap();
     assert_eq!(e.blocks() * 512, 64 << 20);
     drop(e);
@@ -504,10 +492,8 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
 #[test]
 fn wl_cache_through_the_cli() {
     let d = Dir::new("daemon-wl");
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 128 << 20);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 128 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.fails(
         &["start-cache", "--cache-device", "ram:64m", "--mode", "wl"],

@@ -12,18 +12,8 @@ use tiercache_format::tables::CoreIdentity;
 
 pub const BS: usize = 512;
 
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The seeded generator (xorshift64; a seed other than 0).
+pub use tiercache_testkit::rng::XorShift as Rng;
 
 /// A persistent configuration for a cache device of `device_bytes` (1 MiB journal).
 pub fn persistent(device_bytes: u64, ls: LineSize, mode: CacheMode, id: u8) -> Config {
