@@ -65,6 +65,13 @@ impl Dir {
     }
 }
 
+impl std::ops::Deref for Dir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
 impl AsRef<Path> for Dir {
     fn as_ref(&self) -> &Path {
         &self.0
