@@ -53,7 +53,7 @@ impl Dir {
     }
 
     /// The path of `f` in this directory.
-    pub fn join(&self, f: &str) -> PathBuf {
+    pub fn join(&self, f: impl AsRef<Path>) -> PathBuf {
         self.0.join(f)
     }
 
