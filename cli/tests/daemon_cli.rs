@@ -12,35 +12,8 @@
 
 mod common;
 
-use common::{Daemon, Dir, Opts, sparse};
-use tiercache_io::{Backend, NbdBackend};
-
-/// 4 KiB of data identifying (block, version).
-fn pattern(block: u64, version: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    for (i, c) in b.chunks_mut(8).enumerate() {
-        c.copy_from_slice(&(block * 1_000_003 + version * 7919 + i as u64).to_le_bytes());
-    }
-    b
-}
-
-fn write_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
-    for b in blocks {
-        e.write(b * 8, &pattern(b, version), false).unwrap();
-    }
-    e.flush().unwrap();
-}
-
-fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
-    let mut buf = vec![0u8; 4096];
-    for b in blocks {
-        e.read(b * 8, &mut buf).unwrap();
-        assert!(
-            buf == pattern(b, version),
-            "block {b} is not version {version}"
-        );
-    }
-}
+use common::{Daemon, Dir, Opts, check_set, pattern, sparse, write_set};
+use tiercache_io::Backend;
 
 #[test]
 fn lifecycle_through_the_cli() {

@@ -4,6 +4,7 @@
 //! - [`have`], [`installed`], [`run`], [`run_ok`], [`free_port`], [`env_u64`], [`sparse`]:
 //!   external programs and the machine;
 //! - [`Proc`]: a process a test started; dropping it kills and reaps exactly that process;
+//! - [`block_pattern`]: self-describing 4 KiB blocks;
 //! - [`rng`]: the seeded generators (the same seed gives the same cases);
 //! - [`pki`]: test certificates made by the `openssl` command.
 //!
@@ -17,6 +18,16 @@ pub use proc::{Proc, env_u64, free_port, have, installed, run, run_ok, sparse};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// 4 KiB identifying (`block`, `version`): 512 little-endian words, word `i` being
+/// `block * 1_000_003 + version * 7919 + i`.
+pub fn block_pattern(block: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    for (i, c) in b.chunks_mut(8).enumerate() {
+        c.copy_from_slice(&(block * 1_000_003 + version * 7919 + i as u64).to_le_bytes());
+    }
+    b
+}
 
 /// A fresh directory under the temporary directory, removed at the end unless the test
 /// panicked (then it is kept for a look at what the test left, e.g. a daemon's log).

@@ -110,6 +110,31 @@ pub fn resize(path: &str, bytes: u64) {
         .unwrap_or_else(|e| panic!("{path}: {e}"));
 }
 
+/// 4 KiB of data identifying (block, version).
+pub use tiercache_testkit::block_pattern as pattern;
+
+/// Version `version` of each 4 KiB block in `blocks` written through `e`, then a flush.
+pub fn write_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
+    use tiercache_io::Backend;
+    for b in blocks {
+        e.write(b * 8, &pattern(b, version), false).unwrap();
+    }
+    e.flush().unwrap();
+}
+
+/// Each 4 KiB block in `blocks` read through `e` holds version `version`.
+pub fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
+    use tiercache_io::Backend;
+    let mut buf = vec![0u8; 4096];
+    for b in blocks {
+        e.read(b * 8, &mut buf).unwrap();
+        assert!(
+            buf == pattern(b, version),
+            "block {b} is not version {version}"
+        );
+    }
+}
+
 /// Writes `tc.toml` in `d`: cache 1 on `cache` in `mode`, cleaning `nop` (dirty data stays
 /// until a test writes it back), and one `[[cache.core]]` per `(id, device, export, extra
 /// TOML lines)`; returns its path.
