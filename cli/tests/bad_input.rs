@@ -655,19 +655,8 @@ fn devices_too_small_in_use_elsewhere_or_holding_another_cache() {
 
     // In use by another daemon: the second one is refused, whatever it asks.
     a.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
-    a.ok(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &core,
-        "--export",
-        "a",
-    ]);
-    let e = a.nbd("a").unwrap();
-    e.write(0, &[7u8; 4096], false).unwrap();
-    e.flush().unwrap();
-    drop(e);
+    a.add_core(1, &core, "a");
+    a.write_flushed("a", 0, &[7u8; 4096]);
     let b = second(&d);
     b.ok(&["start-cache", "--cache-device", "ram:64m"]);
     let b_before = state(&b);
@@ -768,19 +757,8 @@ fn load_refuses_a_core_that_was_replaced_or_shrank() {
     let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
     dm.no_cleaning(1);
-    dm.ok(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &core,
-        "--export",
-        "v",
-    ]);
-    let e = dm.nbd("v").unwrap();
-    e.write(8, &[3u8; 4096], false).unwrap();
-    e.flush().unwrap();
-    drop(e);
+    dm.add_core(1, &core, "v");
+    dm.write_flushed("v", 8, &[3u8; 4096]);
     dm.ok(&["stop-cache", "--cache-id", "1", "--no-writeback"]);
     let moved = d.path("core.real");
 
@@ -1000,10 +978,7 @@ fn config_cores_that_do_not_attach_at_start_are_listed_with_their_error() {
         l[0]["cores"][0]["reason"].as_str().unwrap().is_empty(),
         "{l}"
     );
-    let e = dm.nbd("gone").unwrap();
-    e.write(0, &[7u8; 4096], false).unwrap();
-    e.flush().unwrap();
-    drop(e);
+    dm.write_flushed("gone", 0, &[7u8; 4096]);
     // remove-core drops one that never attached.
     dm.json(&["remove-core", "--cache-id", "1", "--core-id", "2"]);
     let l = dm.json(&["list"]);

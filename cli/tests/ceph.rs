@@ -19,21 +19,39 @@ use std::io::{Read, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tiercache_io::Backend;
+use tiercache_testkit::rng::XorShift;
 
 const MIB: usize = 1 << 20;
 
 /// `bytes` of seeded pseudo-random data in a file.
 fn random_file(path: &str, bytes: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = vec![0u8; bytes];
-    for c in v.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-    }
+    let v = XorShift(seed | 1).words(bytes);
     std::fs::File::create(path).unwrap().write_all(&v).unwrap();
     v
+}
+
+/// `DIR/tiercache.toml`: cache 1 on `cache` with core 0 the RBD image `spec` (`ceph_conf`
+/// `conf`, `ceph_id` admin) exported as `export`; its path.
+fn rbd_config(d: &Dir, cache: &str, spec: &str, conf: &str, export: &str) -> String {
+    let cfg = d.path("tiercache.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"{export}\"\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// A daemon started from the config file `cfg`, given 90 s to be ready (an RBD core's lock
+/// may first have to be taken over from a killed daemon).
+fn start_from(d: &Dir, cfg: &str) -> Daemon {
+    Daemon::start(
+        Opts::new(d)
+            .config(cfg)
+            .ready_within(Duration::from_secs(90)),
+    )
 }
 
 fn read_file(path: &str) -> Vec<u8> {
@@ -200,20 +218,9 @@ fn rbd_core_end_to_end() {
     // --- Restart from a config file naming the RBD core with ceph_conf / ceph_id: the cache
     // is recovered, and the core reattached once the killed daemon's lock is given up (its
     // watch times out; librbd then blocklists the dead client and takes the lock).
-    let cfg = d.path("tiercache.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"e2e\"\n"
-        ),
-    )
-    .unwrap();
+    let cfg = rbd_config(&d, &cache, &spec, &conf, "e2e");
     let t = Instant::now();
-    let dm = Daemon::start(
-        Opts::new(&d)
-            .config(&cfg)
-            .ready_within(Duration::from_secs(90)),
-    );
+    let dm = start_from(&d, &cfg);
     println!(
         "daemon restarted after SIGKILL in {:.2} s (lock taken over from the dead daemon)",
         t.elapsed().as_secs_f64()
@@ -235,11 +242,7 @@ fn rbd_core_end_to_end() {
         "marker gone while the cache device holds dirty data"
     );
     let t = Instant::now();
-    let dm = Daemon::start(
-        Opts::new(&d)
-            .config(&cfg)
-            .ready_within(Duration::from_secs(90)),
-    );
+    let dm = start_from(&d, &cfg);
     println!(
         "daemon restarted after a clean stop in {:.2} s",
         t.elapsed().as_secs_f64()
@@ -462,13 +465,8 @@ fn wl_cache_on_rbd_sigkill_restart_export() {
     );
     let target = Target::parse(&dm.uri("wl")).unwrap();
     let mut conn = Connection::connect(&target).unwrap();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut x = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut next = || x.next();
     let mut block = [0u8; 4096];
     for i in 0..384 {
         // The first 32 blocks are written twice: the later write must win.
@@ -525,20 +523,9 @@ fn wl_cache_on_rbd_sigkill_restart_export() {
 
     // --- Restart from a config file; writeback at full speed now.
     std::fs::write(&conf, &base_conf).unwrap();
-    let cfg = d.path("tiercache.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"wl\"\n"
-        ),
-    )
-    .unwrap();
+    let cfg = rbd_config(&d, &cache, &spec, &conf, "wl");
     let t = Instant::now();
-    let dm = Daemon::start(
-        Opts::new(&d)
-            .config(&cfg)
-            .ready_within(Duration::from_secs(90)),
-    );
+    let dm = start_from(&d, &cfg);
     println!(
         "wl daemon restarted after SIGKILL in {:.2} s (lock taken over from the dead daemon)",
         t.elapsed().as_secs_f64()
@@ -1015,19 +1002,8 @@ fn sigterm_while_the_cluster_is_unresponsive_stops_and_keeps_dirty_data() {
     );
 
     // Back, from a config file, with the dirty data it kept.
-    let cfg = d.path("tiercache.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[[cache]]\nid = 1\ndevice = \"{cache}\"\n\n[[cache.core]]\nid = 0\ndevice = \"rbd:{spec}\"\nceph_conf = \"{conf}\"\nceph_id = \"admin\"\nexport = \"vm\"\n"
-        ),
-    )
-    .unwrap();
-    let dm = Daemon::start(
-        Opts::new(&d)
-            .config(&cfg)
-            .ready_within(Duration::from_secs(90)),
-    );
+    let cfg = rbd_config(&d, &cache, &spec, &conf, "vm");
+    let dm = start_from(&d, &cfg);
     let l = dm.json(&["list"]);
     assert_eq!(l[0]["state"], "running", "{l}\n{}", dm.log());
     let s = dm.json(&["stats", "--cache-id", "1"]);

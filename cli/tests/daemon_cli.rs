@@ -12,43 +12,14 @@
 
 mod common;
 
-use common::{Daemon, Dir, Opts, sparse};
-use tiercache_io::{Backend, NbdBackend};
-
-/// 4 KiB of data identifying (block, version).
-fn pattern(block: u64, version: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    for (i, c) in b.chunks_mut(8).enumerate() {
-        c.copy_from_slice(&(block * 1_000_003 + version * 7919 + i as u64).to_le_bytes());
-    }
-    b
-}
-
-fn write_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
-    for b in blocks {
-        e.write(b * 8, &pattern(b, version), false).unwrap();
-    }
-    e.flush().unwrap();
-}
-
-fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
-    let mut buf = vec![0u8; 4096];
-    for b in blocks {
-        e.read(b * 8, &mut buf).unwrap();
-        assert!(
-            buf == pattern(b, version),
-            "block {b} is not version {version}"
-        );
-    }
-}
+use common::{Daemon, Dir, Opts, check_set, pattern, sparse, write_set};
+use tiercache_io::Backend;
 
 #[test]
 fn lifecycle_through_the_cli() {
     let d = Dir::new("daemon-life");
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 256 << 20);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 256 << 20);
     let dm = Daemon::start(Opts::new(&d));
 
     // Bad input: one line, a non-zero exit, nothing created.
@@ -424,21 +395,11 @@ fn missing_cache_device_of_a_wb_cache_is_not_served() {
 #[test]
 fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
     let d = Dir::new("daemon-resize");
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 64 << 20);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 64 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wb"]);
-    dm.ok(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &core,
-        "--export",
-        "r",
-    ]);
+    dm.add_core(1, &core, "r");
     let e = dm.nbd("r").unwrap();
     assert_eq!(e.blocks() * 512, 64 << 20);
     drop(e);
@@ -504,10 +465,8 @@ fn core_growth_is_picked_up_and_a_shrink_below_cached_data_is_refused() {
 #[test]
 fn wl_cache_through_the_cli() {
     let d = Dir::new("daemon-wl");
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 128 << 20);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 128 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.fails(
         &["start-cache", "--cache-device", "ram:64m", "--mode", "wl"],

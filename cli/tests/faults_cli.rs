@@ -18,38 +18,11 @@
 
 mod common;
 
-use common::{Daemon, Dir, Opts, free_port, have, sparse};
+use common::{Daemon, Dir, Opts, Proc, check_set, free_port, have, pattern, sparse, write_set};
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tiercache_io::{Backend, NbdBackend};
-
-/// 4 KiB of data identifying (block, version).
-fn pattern(block: u64, version: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    for (i, c) in b.chunks_mut(8).enumerate() {
-        c.copy_from_slice(&(block * 1_000_003 + version * 7919 + i as u64).to_le_bytes());
-    }
-    b
-}
-
-fn write_set(e: &NbdBackend, blocks: std::ops::Range<u64>, version: u64) {
-    for b in blocks {
-        e.write(b * 8, &pattern(b, version), false).unwrap();
-    }
-    e.flush().unwrap();
-}
-
-fn check_set(e: &NbdBackend, blocks: std::ops::Range<u64>, version: u64) {
-    let mut buf = vec![0u8; 4096];
-    for b in blocks {
-        e.read(b * 8, &mut buf).unwrap();
-        assert!(
-            buf == pattern(b, version),
-            "block {b} is not version {version}"
-        );
-    }
-}
 
 /// The 4 KiB blocks of a file (a core's backing file) hold `version`.
 fn check_file(path: &str, blocks: std::ops::Range<u64>, version: u64) {
@@ -66,7 +39,7 @@ fn check_file(path: &str, blocks: std::ops::Range<u64>, version: u64) {
 /// An nbdkit process started by a test, serving one file on a unix socket; dropping it kills
 /// exactly that process.
 struct Nbdkit {
-    child: Child,
+    _child: Proc,
     sock: String,
 }
 
@@ -85,8 +58,8 @@ impl Nbdkit {
             .stderr(
                 std::fs::File::create(d.path(&format!("{name}.log"))).expect("nbdkit log file"),
             );
-        let child = c.spawn().expect("spawn nbdkit");
-        let k = Nbdkit { child, sock };
+        let _child = Proc::spawn("nbdkit", &mut c);
+        let k = Nbdkit { _child, sock };
         let t = Instant::now();
         while std::os::unix::net::UnixStream::connect(&k.sock).is_err() {
             assert!(
@@ -105,13 +78,6 @@ impl Nbdkit {
     }
 }
 
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// nbdkit with its error filter: every request fails with EIO while `err_file` exists.
 fn erroring_core(d: &Dir, file: &str, err_file: &str) -> Nbdkit {
     Nbdkit::start(
@@ -121,6 +87,34 @@ fn erroring_core(d: &Dir, file: &str, err_file: &str) -> Nbdkit {
         file,
         &["error-rate=100%".into(), format!("error-file={err_file}")],
     )
+}
+
+/// nbdkit with its delay filter: reads take 10 s; writes are quick (nbdkit 1.32 takes seconds
+/// as a bare number).
+fn slow_core(d: &Dir, file: &str) -> Nbdkit {
+    Nbdkit::start(
+        d,
+        "core",
+        &["--filter=delay"],
+        file,
+        &["delay-read=10".into()],
+    )
+}
+
+/// The start of a test on a failing core: the directory `NAME`, a 64 MiB core file served
+/// by nbdkit behind its error filter (every request fails while the error file exists) and a
+/// cache file of `cache_mib` MiB: (directory, core file, error file, nbdkit, cache file).
+/// `None` (a skip line printed) without nbdkit.
+fn failing_core(name: &str, cache_mib: u64) -> Option<(Dir, String, String, Nbdkit, String)> {
+    if !have("nbdkit") {
+        return None;
+    }
+    let d = Dir::new(name);
+    let core_file = d.sparse("core.img", 64 << 20);
+    let err = d.path("core.err");
+    let core = erroring_core(&d, &core_file, &err);
+    let cache = d.sparse("cache.img", cache_mib << 20);
+    Some((d, core_file, err, core, cache))
 }
 
 /// `GET /metrics`.
@@ -171,14 +165,9 @@ fn log_lines(dm: &Daemon, what: &str) -> usize {
 
 #[test]
 fn write_through_core_errors_reach_the_client_as_eio_and_the_daemon_stays_up() {
-    if !have("nbdkit") {
+    let Some((d, core_file, err, core, cache)) = failing_core("faults-wt", 32) else {
         return;
-    }
-    let d = Dir::new("faults-wt");
-    let core_file = d.sparse("core.img", 64 << 20);
-    let err = d.path("core.err");
-    let core = erroring_core(&d, &core_file, &err);
-    let cache = d.sparse("cache.img", 32 << 20);
+    };
     let (dm, port) = daemon(&d, &cache, "wt", &core.device(), "");
     let vm = dm.nbd("vm").unwrap();
     write_set(&vm, 0..64, 1);
@@ -276,14 +265,9 @@ fn write_through_core_errors_reach_the_client_as_eio_and_the_daemon_stays_up() {
 
 #[test]
 fn write_back_to_a_failing_core_is_retried_and_alarmed_and_stop_refuses_until_it_works() {
-    if !have("nbdkit") {
+    let Some((d, core_file, err, core, cache)) = failing_core("faults-wb", 32) else {
         return;
-    }
-    let d = Dir::new("faults-wb");
-    let core_file = d.sparse("core.img", 64 << 20);
-    let err = d.path("core.err");
-    let core = erroring_core(&d, &core_file, &err);
-    let cache = d.sparse("cache.img", 32 << 20);
+    };
     let (dm, port) = daemon(&d, &cache, "wb", &core.device(), "");
     let vm = dm.nbd("vm").unwrap();
     write_set(&vm, 0..200, 1);
@@ -430,14 +414,9 @@ fn write_back_to_a_failing_core_is_retried_and_alarmed_and_stop_refuses_until_it
 
 #[test]
 fn stop_without_writeback_keeps_dirty_data_of_a_failing_core_and_load_brings_it_back() {
-    if !have("nbdkit") {
+    let Some((d, core_file, err, core, cache)) = failing_core("faults-nowb", 32) else {
         return;
-    }
-    let d = Dir::new("faults-nowb");
-    let core_file = d.sparse("core.img", 64 << 20);
-    let err = d.path("core.err");
-    let core = erroring_core(&d, &core_file, &err);
-    let cache = d.sparse("cache.img", 32 << 20);
+    };
     let (dm, _) = daemon(&d, &cache, "wb", &core.device(), "");
     let vm = dm.nbd("vm").unwrap();
     write_set(&vm, 0..100, 1);
@@ -541,14 +520,7 @@ fn a_slow_core_past_its_io_timeout_gives_eio_not_a_hang() {
     }
     let d = Dir::new("faults-slow");
     let core_file = d.sparse("core.img", 64 << 20);
-    // Reads take 10 s; writes are quick (nbdkit 1.32 takes seconds as a bare number).
-    let core = Nbdkit::start(
-        &d,
-        "core",
-        &["--filter=delay"],
-        &core_file,
-        &["delay-read=10".into()],
-    );
+    let core = slow_core(&d, &core_file);
     let cache = d.sparse("cache.img", 32 << 20);
     let (dm, port) = daemon(&d, &cache, "wt", &core.device(), "io_timeout = \"500ms\"");
     let l = dm.json(&["list"]);
@@ -653,14 +625,9 @@ fn a_config_with_a_bad_io_timeout_is_refused_in_one_line() {
 
 #[test]
 fn write_log_writeback_to_a_failing_core_fails_in_one_line_and_recovers() {
-    if !have("nbdkit") {
+    let Some((d, core_file, err, core, cache)) = failing_core("faults-wl", 64) else {
         return;
-    }
-    let d = Dir::new("faults-wl");
-    let core_file = d.sparse("core.img", 64 << 20);
-    let err = d.path("core.err");
-    let core = erroring_core(&d, &core_file, &err);
-    let cache = d.sparse("cache.img", 64 << 20);
+    };
     // The log is written back all the time: fail the core before anything is written.
     std::fs::write(&err, "").unwrap();
     let (dm, _) = daemon(&d, &cache, "wl", &core.device(), "");
@@ -748,13 +715,7 @@ fn cores_attached_again_by_load_keep_their_io_timeout_and_add_core_can_set_it() 
     }
     let d = Dir::new("faults-loadtimeout");
     let core_file = d.sparse("core.img", 64 << 20);
-    let core = Nbdkit::start(
-        &d,
-        "core",
-        &["--filter=delay"],
-        &core_file,
-        &["delay-read=10".into()],
-    );
+    let core = slow_core(&d, &core_file);
     let cache = d.sparse("cache.img", 32 << 20);
     let dm = Daemon::start(Opts::new(&d));
     dm.ok(&["start-cache", "--cache-device", &cache, "--mode", "wt"]);

@@ -191,15 +191,7 @@ fn the_same_nbd_export_spelled_two_ways_is_refused() {
     let remote = Daemon::start(Opts::new(&remote_dir));
     remote.ok(&["start-cache", "--cache-device", "ram:64m"]);
     let file = remote_dir.sparse("disk.img", 32 << 20);
-    remote.ok(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &file,
-        "--export",
-        "vm",
-    ]);
+    remote.add_core(1, &file, "vm");
     let (dm, core) = with_core(&d, |_| format!("nbd:{}", remote.uri("vm")));
     let again = format!(
         "nbd:nbd+unix:///%76m?socket={}",

@@ -27,8 +27,8 @@ fn tiercache(args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn inspect_and_check_a_cache_device_and_find_damage() {
-    let dir = std::env::temp_dir().join(format!("tiercache-inspect-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed at the end unless the test failed.
+    let dir = tiercache_testkit::Dir::new("inspect");
     let path = dir.join("cache.img");
     let bytes: u64 = 8 << 20;
     let (layout, lines) = Layout::plan(bytes, 4096, 1 << 20).unwrap();
@@ -131,5 +131,4 @@ fn inspect_and_check_a_cache_device_and_find_damage() {
     let (code, _, err) = tiercache(&["inspect", "--cache-device", "/nonexistent/x"]);
     assert_eq!(code, 1);
     assert!(err.starts_with("tiercache: cannot open"), "{err}");
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -37,8 +37,8 @@ fn bad_input_is_one_line_and_exit_1() {
 
 #[test]
 fn same_seed_same_bytes() {
-    let dir = std::env::temp_dir().join(format!("tiercache-sim-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed at the end unless the test failed.
+    let dir = tiercache_testkit::Dir::new("sim-cli");
     let mut outputs = Vec::new();
     for i in 0..2 {
         let json = dir.join(format!("run{i}.json"));
@@ -74,5 +74,4 @@ fn same_seed_same_bytes() {
         }
         assert!(r["iops"].as_f64().unwrap() > 0.0);
     }
-    std::fs::remove_dir_all(&dir).ok();
 }

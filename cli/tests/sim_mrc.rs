@@ -1,8 +1,8 @@
 //! `tiercache sim mrc` and `tiercache sim devices` from the outside: the JSON schema, CSV and
 //! SVG outputs, both methods, and one-line errors that write nothing.
 
-use std::path::PathBuf;
 use std::process::Command;
+use tiercache_testkit::Dir;
 
 fn tiercache(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_tiercache"))
@@ -28,27 +28,9 @@ fn sample(name: &str) -> String {
 
 /// A scratch directory, removed when the test is done with it (kept after a failure, for
 /// its files).
-struct Tmp(PathBuf);
-
-impl std::ops::Deref for Tmp {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn tmp(tag: &str) -> Tmp {
-    let d = std::env::temp_dir().join(format!("tiercache-mrc-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    Tmp(d)
+/// A scratch directory `$TMPDIR/tc-mrc-TAG-PID`, removed after a passing test.
+fn tmp(tag: &str) -> Dir {
+    Dir::new(&format!("mrc-{tag}"))
 }
 
 /// 3000 requests over 400 lines, a hot tenth, one write in three.

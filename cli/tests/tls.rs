@@ -22,86 +22,8 @@ use common::{BIN, Daemon, Dir, Opts, have, run};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let (ok, _, err) = run(Command::new("openssl").args(args).current_dir(dir), 60);
-    assert!(ok, "openssl {args:?}: {err}");
-}
-
-/// A CA `name`: `name-ca.pem`, `name-ca-key.pem`.
-fn make_ca(dir: &Path, name: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &format!("{name}-ca-key.pem"),
-            "-out",
-            &format!("{name}-ca.pem"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=tiercache test CA {name}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-}
-
-/// `name.pem` and `name-key.pem`, signed by CA `ca`, with the extensions `ext`.
-fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, ext: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &format!("{name}-key.pem"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={cn}"),
-        ],
-    );
-    sign(dir, ca, name, ext);
-}
-
-/// `name.pem` from the request `name.csr`, signed by CA `ca`, with the extensions `ext`.
-fn sign(dir: &Path, ca: &str, name: &str, ext: &str) {
-    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}-ca.pem"),
-            "-CAkey",
-            &format!("{ca}-ca-key.pem"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
-}
+use tiercache_testkit::pki::{self, openssl};
+use tiercache_testkit::rng::XorShift;
 
 /// Server and client certificates in `dir/pki`, and the client directories libnbd and qemu
 /// read (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`): `client` (good), `nocert` (the
@@ -109,20 +31,7 @@ fn sign(dir: &Path, ca: &str, name: &str, ext: &str) {
 fn pki(d: &Dir) -> PathBuf {
     let p = d.0.join("pki");
     std::fs::create_dir_all(&p).unwrap();
-    make_ca(&p, "good");
-    make_ca(&p, "rogue");
-    make_cert(
-        &p,
-        "good",
-        "server",
-        "localhost",
-        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-         extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    );
-    let client_ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
-                      keyEncipherment\nextendedKeyUsage=clientAuth\n";
-    make_cert(&p, "good", "client", "tiercache client", client_ext);
-    make_cert(&p, "rogue", "intruder", "intruder", client_ext);
+    pki::good_and_rogue(&p);
     for (dir, cert) in [
         ("client", Some("client")),
         ("nocert", None),
@@ -148,15 +57,7 @@ fn pki(d: &Dir) -> PathBuf {
 
 /// `n` bytes of a pseudo-random stream seeded by `seed`.
 fn data(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    XorShift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).bytes(n)
 }
 
 fn mode(p: &str) -> (u32, u32) {
@@ -192,15 +93,7 @@ fn tls_with_client_certificates_nbdinfo_nbdcopy_qemu_img() {
     assert_eq!(mode(&d.path("admin.sock")).0, 0o600);
     assert_eq!(mode(&nbd_sock).0, 0o600);
     dm.ok(&["start-cache", "--cache-device", "ram:32m", "--mode", "wt"]);
-    dm.ok(&[
-        "add-core",
-        "--cache-id",
-        "1",
-        "--core-device",
-        &core,
-        "--export",
-        "vm",
-    ]);
+    dm.add_core(1, &core, "vm");
     let port = dm.tcp_port();
     let good = d.path("client");
     let tcp = |dir: &str| format!("nbds://127.0.0.1:{port}/vm?tls-certificates={dir}");
@@ -487,9 +380,7 @@ fn key_and_cert(dir: &Path, name: &str, cmd: &[&str]) {
             "/CN=localhost",
         ],
     );
-    let ext = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
-               extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n";
-    sign(dir, "good", name, ext);
+    pki::sign(dir, "good", name, pki::SERVER_EXT);
 }
 
 /// The PEM label and (from `openssl pkey -text`) the size of a key, for the log.

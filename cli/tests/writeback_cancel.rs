@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{BIN, Daemon, Dir, Opts, sparse};
+use common::{BIN, Daemon, Dir, Opts};
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -25,10 +25,8 @@ fn fill(i: u64) -> Vec<u8> {
 }
 
 fn setup(d: &Dir) -> Daemon {
-    let cache = d.path("cache.img");
-    let core = d.path("core.img");
-    sparse(&cache, 64 << 20);
-    sparse(&core, 1 << 30);
+    let cache = d.sparse("cache.img", 64 << 20);
+    let core = d.sparse("core.img", 1 << 30);
     let dm = Daemon::start(Opts::new(d));
     dm.cache_and_core(&cache, "wb", &format!("emu:hdd-10k-sas:{core}"), "vol");
     dm.no_cleaning(1);

@@ -12,24 +12,12 @@ use tiercache_core::mode::CacheMode;
 use tiercache_core::policy::{CutoffParams, CutoffPolicy, EvictionPolicy};
 use tiercache_core::units::{CoreId, Lba, LineSize, Nanos, ReqId};
 use tiercache_core::{Cache, Config};
+use tiercache_testkit::rng::XorShift as Rng;
 
 const LINES: u32 = 4096;
 const HOT: u64 = 8192;
 const SCAN_LEN: u64 = 2 * LINES as u64;
 const REQUESTS: u64 = 400_000;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// Zipf(s) over `0..n` by inverse CDF.
 struct Zipf {

@@ -13,7 +13,7 @@ use tiercache_io::{
 const DEV_BLOCKS: u64 = 4096;
 
 fn file_conformance(base: &Path) {
-    let dir = TempDir::new(base, "io-test");
+    let dir = TempDir::fresh_in(base, "io-test");
     let path = dir.0.join("dev.img");
     let f = FileBackend::create(&path, DEV_BLOCKS, false).unwrap();
     println!("IO path in {}: {}", base.display(), f.name());
@@ -40,7 +40,7 @@ fn file_conformance_every_io_path() {
     // Each fallback forced in turn: O_DIRECT or buffered, io_uring or pread/pwrite.
     for direct in [true, false] {
         for io_uring in [true, false] {
-            let dir = TempDir::in_tmp("io-test");
+            let dir = TempDir::fresh("io-test");
             let path = dir.0.join("dev.img");
             drop(FileBackend::create(&path, DEV_BLOCKS, false).unwrap());
             let f = FileBackend::open_with(&path, FileOptions { direct, io_uring }).unwrap();
@@ -127,7 +127,7 @@ fn big_batch(b: &dyn Backend) {
 
 #[test]
 fn batches_on_every_backend() {
-    let dir = TempDir::in_tmp("io-test");
+    let dir = TempDir::fresh("io-test");
     let path = dir.0.join("dev.img");
     let f = FileBackend::create(&path, DEV_BLOCKS, false).unwrap();
     println!("IO path: {}", f.name());
@@ -169,7 +169,7 @@ fn fault_conformance_faults_off() {
 
 #[test]
 fn fault_over_file_conformance_and_reopen() {
-    let dir = TempDir::in_tmp("io-test");
+    let dir = TempDir::fresh("io-test");
     let path = dir.0.join("dev.img");
     let f = FaultBackend::new(
         FileBackend::create(&path, DEV_BLOCKS, false).unwrap(),
@@ -191,7 +191,7 @@ fn fault_over_file_conformance_and_reopen() {
 
 #[test]
 fn file_create_refuses_non_empty_without_force() {
-    let dir = TempDir::in_tmp("io-test");
+    let dir = TempDir::fresh("io-test");
     let path = dir.0.join("dev.img");
     std::fs::write(&path, b"precious").unwrap();
     let e = FileBackend::create(&path, 64, false).unwrap_err();
@@ -493,7 +493,7 @@ fn power_cut_repeated_cycles() {
 #[test]
 fn file_extents_follow_the_holes() {
     use tiercache_io::Extent;
-    let dir = TempDir::in_tmp("io-extents");
+    let dir = TempDir::fresh("io-extents");
     let path = dir.0.join("sparse.img");
     std::fs::File::create(&path)
         .unwrap()

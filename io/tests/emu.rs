@@ -45,7 +45,7 @@ fn conformance_over_ram() {
 #[test]
 fn conformance_over_file_and_reopen() {
     let _s = serial();
-    let dir = TempDir::in_tmp("emu-test");
+    let dir = TempDir::fresh("emu-test");
     let path = dir.0.join("dev.img");
     drop(FileBackend::create(&path, DEV_BLOCKS, false).unwrap());
     let dev = format!("emu:nvme-p4510:{}", path.display());
@@ -107,7 +107,7 @@ fn parse_emu_accepts_good_and_refuses_bad_strings() {
         assert!(e.contains("emu:PRESET:PATH") || e.contains("known:") || e.contains(".toml"));
     }
     // A device TOML with a syntax error: the (multi-line) parser message becomes one line.
-    let dir = TempDir::in_tmp("emu-test");
+    let dir = TempDir::fresh("emu-test");
     let toml = dir.0.join("bad.toml");
     std::fs::write(&toml, "model = \"hdd\"\nrpm = = 3\n").unwrap();
     let e = parse_emu(&format!("emu:{}:/x", toml.display())).unwrap_err();

@@ -8,13 +8,14 @@ use common::TempDir;
 use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
 use tiercache_io::conformance::{self, pattern};
 use tiercache_io::{BLOCK, Backend, IoErr, NbdBackend, NbdOptions, Req};
 use tiercache_nbd_proto as proto;
+use tiercache_testkit::{Proc, free_port, installed};
 
 /// Export size used throughout (64 MiB).
 const SIZE_MIB: u64 = 64;
@@ -23,7 +24,7 @@ const SIZE_BLOCKS: u64 = SIZE_MIB << 11;
 /// A server process started by a test; killed (exactly this child) and reaped on drop, so
 /// also when the test fails.
 struct Server {
-    child: Child,
+    child: Proc,
     what: String,
     uri: String,
     log: PathBuf,
@@ -32,8 +33,7 @@ struct Server {
 
 impl Server {
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
     fn log(&self) -> String {
@@ -57,15 +57,6 @@ impl Drop for Server {
     }
 }
 
-fn installed(prog: &str) -> bool {
-    Command::new(prog)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// Whether something accepts connections where `uri` points (a plain socket connect: the
 /// server may refuse the NBD handshake on purpose).
 fn listening(uri: &str) -> bool {
@@ -85,7 +76,7 @@ fn start(what: &str, mut cmd: Command, dir: TempDir, uri: String) -> Option<Serv
     cmd.stdin(Stdio::null())
         .stdout(f.try_clone().unwrap())
         .stderr(f);
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let child = Proc::spawn(what, &mut cmd);
     let mut s = Server {
         child,
         what: what.into(),
@@ -95,7 +86,7 @@ fn start(what: &str, mut cmd: Command, dir: TempDir, uri: String) -> Option<Serv
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(Some(status)) = s.child.try_wait() {
+        if let Some(status) = s.child.exited() {
             println!("{what} exited early ({status}): {}", s.log());
             return None;
         }
@@ -114,7 +105,7 @@ fn start(what: &str, mut cmd: Command, dir: TempDir, uri: String) -> Option<Serv
 
 fn socket_dir() -> TempDir {
     // Unix socket paths are limited to 108 bytes: keep them short.
-    TempDir::in_tmp("nbd")
+    TempDir::fresh("nbd")
 }
 
 /// nbdkit with `args` (filters, plugin and parameters) on a unix socket; `None` (after printing
@@ -142,14 +133,6 @@ fn nbdkit_memory(pre: &[&str], params: &[&str]) -> Option<Server> {
     args.extend(["memory", &size]);
     args.extend(params);
     nbdkit(&args)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 enum Listen {

@@ -20,7 +20,7 @@ type Faulty = Arc<FaultBackend<FileBackend>>;
 /// A file device in a fresh temp dir, behind a fault wrapper (no power-cut tracking) and a
 /// timeout wrapper.
 fn stack(timeout: Duration, threads: usize) -> (TempDir, Faulty, TimeoutBackend<Faulty>) {
-    let dir = TempDir::in_tmp("timeout");
+    let dir = TempDir::fresh("timeout");
     let f = FileBackend::create(dir.0.join("dev.img"), DEV_BLOCKS, false).unwrap();
     let fault = Arc::new(FaultBackend::new(
         f,
@@ -49,7 +49,7 @@ fn wait_until(what: &str, f: impl Fn() -> bool) {
 
 #[test]
 fn timeout_wrapper_passes_the_conformance_suite_on_a_file() {
-    let dir = TempDir::in_tmp("timeout-conf");
+    let dir = TempDir::fresh("timeout-conf");
     let path = dir.0.join("dev.img");
     let f = FileBackend::create(&path, DEV_BLOCKS, false).unwrap();
     let t = TimeoutBackend::new(f, Duration::from_secs(30));
@@ -234,7 +234,7 @@ fn batches_run_under_one_timeout() {
 
 #[test]
 fn the_fault_wrapper_injects_each_error_kind_and_can_change_at_run_time() {
-    let dir = TempDir::in_tmp("fault-kinds");
+    let dir = TempDir::fresh("fault-kinds");
     let f = FileBackend::create(dir.0.join("dev.img"), DEV_BLOCKS, false).unwrap();
     let fault = FaultBackend::new(
         f,
@@ -268,7 +268,7 @@ fn a_real_file_system_full_is_reported_as_no_space() {
     // A sparse file that claims more than a tiny tmpfs can hold: writes past the space fail
     // with ENOSPC from the kernel, which must come out as `is_no_space`. Skipped where no
     // small file system can be mounted (no privilege).
-    let dir = TempDir::in_tmp("enospc");
+    let dir = TempDir::fresh("enospc");
     let mnt = dir.0.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let ok = std::process::Command::new("mount")

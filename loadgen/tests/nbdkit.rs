@@ -307,23 +307,21 @@ fn tcp_uri() {
         return;
     }
     // A free port: bind to port 0, note it, release it, hand it to nbdkit.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = std::process::Command::new("nbdkit")
-        .args([
-            "-f",
-            "--exit-with-parent",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["memory", "64M"])
-        .spawn()
-        .unwrap();
+    let port = tiercache_testkit::free_port();
+    // Killed (exactly this process) when dropped, also if the test fails.
+    let mut child = tiercache_testkit::Proc::spawn(
+        "nbdkit",
+        std::process::Command::new("nbdkit")
+            .args([
+                "-f",
+                "--exit-with-parent",
+                "-i",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .args(["memory", "64M"]),
+    );
     let t = Target::parse(&format!("nbd://127.0.0.1:{port}/")).unwrap();
     let t0 = Instant::now();
     let r = loop {
@@ -343,9 +341,7 @@ fn tcp_uri() {
             Err(e) => panic!("{e}"),
         }
     };
-    // Child::kill signals exactly the process we spawned.
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     assert_eq!(r.ops, 2000);
     assert_eq!(r.export_size, 64 << 20);
     println!("tcp: {:.0} IOPS", r.iops);

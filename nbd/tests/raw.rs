@@ -545,13 +545,8 @@ fn idle_handshake_times_out() {
 #[test]
 fn random_requests_never_break_the_server() {
     let (srv, sock, _d) = plain_server("random", ServerConfig::default());
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut x = tiercache_testkit::rng::XorShift(0x2545_f491_4f6c_dd1d);
+    let mut rnd = move || x.next();
     let size = 8u64 << 20;
     for round in 0..150 {
         let (mut c, _) = ready(&sock, "plain", round % 2 == 0);

@@ -14,7 +14,6 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_io::RamBackend;
@@ -34,117 +33,14 @@ impl Pki {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let o = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        o.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// Makes a CA `name` (`name-ca.pem`, `name-ca-key.pem`).
-fn make_ca(dir: &Path, name: &str) {
-    let (cert, key, subj) = (
-        format!("{name}-ca.pem"),
-        format!("{name}-ca-key.pem"),
-        format!("/CN=tiercache test CA {name}"),
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &cert,
-            "-days",
-            "2",
-            "-subj",
-            &subj,
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-}
-
-/// Makes `name.pem` / `name-key.pem` signed by CA `ca`, with extensions `ext`.
-fn make_cert(dir: &Path, ca: &str, name: &str, cn: &str, ext: &str) {
-    std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &format!("{name}-key.pem"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={cn}"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}-ca.pem"),
-            "-CAkey",
-            &format!("{ca}-ca-key.pem"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
-}
-
-const SERVER_EXT: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
-                          keyEncipherment\nextendedKeyUsage=serverAuth\n\
-                          subjectAltName=IP:127.0.0.1,DNS:localhost\n";
-const CLIENT_EXT: &str = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,\
-                          keyEncipherment\nextendedKeyUsage=clientAuth\n";
-
 /// The certificates, or `None` (with the skip line printed) without `openssl`.
 fn pki(dir: &TmpDir) -> Option<Pki> {
-    let ok = Command::new("openssl")
-        .arg("version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
+    if !tiercache_testkit::installed("openssl") {
         println!("skipped: the openssl command is not installed (it makes the test certificates)");
         return None;
     }
-    let d = dir.0.clone();
-    make_ca(&d, "good");
-    make_ca(&d, "rogue");
-    make_cert(&d, "good", "server", "localhost", SERVER_EXT);
-    make_cert(&d, "good", "client", "tiercache client", CLIENT_EXT);
-    make_cert(&d, "rogue", "intruder", "intruder", CLIENT_EXT);
+    let d = dir.0.0.clone();
+    tiercache_testkit::pki::good_and_rogue(&d);
     Some(Pki { dir: d })
 }
 

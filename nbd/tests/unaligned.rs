@@ -19,22 +19,7 @@ use tiercache_io::{FaultBackend, FaultConfig, OpKind, RamBackend};
 use tiercache_nbd::proto::{cmd, errno};
 use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server, ServerConfig};
 
-/// SplitMix64's finaliser.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        mix(self.0) % n
-    }
-}
+use tiercache_testkit::rng::{SplitMix as Rng, mix};
 
 /// The byte write `id` puts at export offset `p` (never 0, so a write differs from zeros).
 fn byte(id: u64, p: u64) -> u8 {

@@ -5,10 +5,11 @@
 //! Each test file includes this with `mod common;` and uses what it needs.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tiercache_io::NbdBackend;
+#[allow(unused_imports)]
+pub use tiercache_testkit::{Dir, Proc, env_u64, free_port, have, run, run_ok, sparse};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tiercache");
 
@@ -39,39 +40,6 @@ pub fn refused(socket: &str, args: &[&str], code: i32, want: &[&str]) -> String 
         assert!(err.contains(w), "{args:?}: want '{w}' in: {err}");
     }
     err
-}
-
-/// A fresh directory under the temporary directory, removed at the end unless the test
-/// panicked (then it is kept for a look at the daemon's log).
-pub struct Dir(pub PathBuf);
-
-impl Dir {
-    /// `$TMPDIR/tc-NAME-PID`, emptied first.
-    pub fn new(name: &str) -> Dir {
-        let p = std::env::temp_dir().join(format!("tc-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Dir(p)
-    }
-
-    pub fn path(&self, f: &str) -> String {
-        self.0.join(f).display().to_string()
-    }
-
-    /// A sparse file of `bytes` in this directory; its path.
-    pub fn sparse(&self, f: &str, bytes: u64) -> String {
-        let p = self.path(f);
-        sparse(&p, bytes);
-        p
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// How to start a daemon. `Opts::new(&dir)` gives `DIR/admin.sock`, one NBD listener on
@@ -132,20 +100,6 @@ impl Opts {
     }
 }
 
-/// A free TCP port on the loopback (for a metrics listener).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A sparse file of `bytes` at `path` (created or truncated).
-pub fn sparse(path: &str, bytes: u64) {
-    std::fs::File::create(path).unwrap().set_len(bytes).unwrap();
-}
-
 /// Grows or shrinks an existing file in place (a core "resized" under the daemon).
 pub fn resize(path: &str, bytes: u64) {
     std::fs::OpenOptions::new()
@@ -154,6 +108,31 @@ pub fn resize(path: &str, bytes: u64) {
         .unwrap_or_else(|e| panic!("{path}: {e}"))
         .set_len(bytes)
         .unwrap_or_else(|e| panic!("{path}: {e}"));
+}
+
+/// 4 KiB of data identifying (block, version).
+pub use tiercache_testkit::block_pattern as pattern;
+
+/// Version `version` of each 4 KiB block in `blocks` written through `e`, then a flush.
+pub fn write_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
+    use tiercache_io::Backend;
+    for b in blocks {
+        e.write(b * 8, &pattern(b, version), false).unwrap();
+    }
+    e.flush().unwrap();
+}
+
+/// Each 4 KiB block in `blocks` read through `e` holds version `version`.
+pub fn check_set(e: &NbdBackend, blocks: impl Iterator<Item = u64>, version: u64) {
+    use tiercache_io::Backend;
+    let mut buf = vec![0u8; 4096];
+    for b in blocks {
+        e.read(b * 8, &mut buf).unwrap();
+        assert!(
+            buf == pattern(b, version),
+            "block {b} is not version {version}"
+        );
+    }
 }
 
 /// Writes `tc.toml` in `d`: cache 1 on `cache` in `mode`, cleaning `nop` (dirty data stays
@@ -177,7 +156,7 @@ pub fn cache_config(d: &Dir, cache: &str, mode: &str, cores: &[(u16, &str, &str,
 
 /// A daemon process started by a test; dropping it kills exactly that process.
 pub struct Daemon {
-    child: Option<Child>,
+    child: Proc,
     pub socket: String,
     pub nbd: String,
     pub log: String,
@@ -218,9 +197,9 @@ impl Daemon {
                     .open(&o.log)
                     .unwrap(),
             );
-        let child = cmd.spawn().expect("spawn the daemon");
+        let child = Proc::spawn("the daemon", &mut cmd);
         let mut dm = Daemon {
-            child: Some(child),
+            child,
             socket: o.socket,
             nbd: o.nbd.unwrap_or_default(),
             log: o.log,
@@ -228,7 +207,7 @@ impl Daemon {
         };
         let t = Instant::now();
         while !dm.log().contains("daemon ready") {
-            if let Some(st) = dm.child.as_mut().unwrap().try_wait().unwrap() {
+            if let Some(st) = dm.child.exited() {
                 return Err(format!(
                     "the daemon exited ({st}) before it was ready:\n{}",
                     dm.log_tail(15)
@@ -247,7 +226,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.child.pid()
     }
 
     /// This process's part of the log.
@@ -326,6 +305,29 @@ impl Daemon {
         ]);
     }
 
+    /// `add-core`: `core` added to cache `cache_id` as export `export`; the output.
+    pub fn add_core(&self, cache_id: u16, core: &str, export: &str) -> String {
+        let id = cache_id.to_string();
+        self.ok(&[
+            "add-core",
+            "--cache-id",
+            &id,
+            "--core-device",
+            core,
+            "--export",
+            export,
+        ])
+    }
+
+    /// `data` written at block `lba` of `export` by tiercache's own NBD client and flushed;
+    /// the connection closed.
+    pub fn write_flushed(&self, export: &str, lba: u64, data: &[u8]) {
+        use tiercache_io::Backend;
+        let e = self.nbd(export).unwrap();
+        e.write(lba, data, false).unwrap();
+        e.flush().unwrap();
+    }
+
     /// Cache 1 on `cache` in `mode`, and `core` added to it as export `export`.
     pub fn cache_and_core(&self, cache: &str, mode: &str, core: &str, export: &str) {
         self.ok(&["start-cache", "--cache-device", cache, "--mode", mode]);
@@ -360,10 +362,7 @@ impl Daemon {
 
     /// SIGKILL, as a crash (nothing if it already ended).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            c.wait().unwrap();
-        }
+        self.child.kill();
     }
 
     /// Clean stop through the admin socket; waits (up to 60 s) for the process to end.
@@ -374,25 +373,17 @@ impl Daemon {
 
     /// Clean stop by SIGTERM to exactly this process; waits for it to end.
     pub fn stop(mut self) {
-        let c = self.child.as_ref().unwrap();
-        // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        self.child.signal(libc::SIGTERM);
         self.wait_exit();
     }
 
+    /// Waits (up to 60 s) for the process to end; kills it and panics if it does not.
     fn wait_exit(&mut self) {
-        let mut c = self.child.take().unwrap();
-        let t = Instant::now();
-        while c.try_wait().unwrap().is_none() {
-            if t.elapsed() > Duration::from_secs(60) {
-                let _ = c.kill();
-                let _ = c.wait();
-                panic!(
-                    "the daemon did not stop within 60 s:\n{}",
-                    self.log_tail(15)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if self.child.wait_exit(Duration::from_secs(60)).is_none() {
+            panic!(
+                "the daemon did not stop within 60 s:\n{}",
+                self.log_tail(15)
+            );
         }
     }
 }
@@ -401,87 +392,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Whether `prog` runs (`--version`, `version` for openssl); prints a skip line if not.
-pub fn have(prog: &str) -> bool {
-    let arg = if prog == "openssl" {
-        "version"
-    } else {
-        "--version"
-    };
-    let ok = Command::new(prog)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        println!("skipped: {prog} is not installed");
-    }
-    ok
-}
-
-/// Runs `c` with a time limit (killing exactly that child if it is exceeded): (success,
-/// stdout, stderr).
-pub fn run(c: &mut Command, secs: u64) -> (bool, String, String) {
-    let out = tempfile(".out");
-    let err = tempfile(".err");
-    let mut child = c
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {c:?}: {e}"));
-    let t = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(secs) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{c:?} did not finish within {secs} s");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let r = (
-        st.success(),
-        std::fs::read_to_string(&out).unwrap_or_default(),
-        std::fs::read_to_string(&err).unwrap_or_default(),
-    );
-    let _ = std::fs::remove_file(&out);
-    let _ = std::fs::remove_file(&err);
-    r
-}
-
-fn tempfile(suffix: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    std::env::temp_dir().join(format!(
-        "tc-run-{}-{}{suffix}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ))
-}
-
-/// `cmd` must succeed; its stdout.
-pub fn run_ok(cmd: &mut Command) -> String {
-    let o = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        o.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// An environment variable as a number, else `d`.
-pub fn env_u64(k: &str, d: u64) -> u64 {
-    std::env::var(k)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(d)
 }
 
 /// A loop device this test attached (detached, and unmounted if mounted, when dropped).

@@ -11,30 +11,8 @@ use std::sync::Mutex;
 /// The unit of the durability contract.
 pub const SECTOR: usize = 512;
 
-/// SplitMix64's finaliser.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// A seeded generator (the same seed gives the same choices).
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(1);
-        mix(self.0)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// A number in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-}
+/// The seeded generator (the same seed gives the same choices) and its hash.
+pub use tiercache_testkit::rng::{SplitMix as Rng, mix};
 
 /// The 512 bytes that version `v` of sector `s` holds (version 0: zeros, the initial content
 /// and what a TRIM or WRITE_ZEROES leaves).

@@ -12,22 +12,25 @@ use tiercache_format::tables::CoreIdentity;
 
 pub const BS: usize = 512;
 
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The seeded generator (xorshift64; a seed other than 0).
+pub use tiercache_testkit::rng::XorShift as Rng;
 
 /// A persistent configuration for a cache device of `device_bytes` (1 MiB journal).
 pub fn persistent(device_bytes: u64, ls: LineSize, mode: CacheMode, id: u8) -> Config {
     let (layout, lines) = Layout::plan(device_bytes, ls.bytes() as u32, 1 << 20).expect("plan");
+    persistent_in(layout, lines, device_bytes, ls, mode, id)
+}
+
+/// The persistent configuration of `lines` lines in `layout` on a cache device of
+/// `device_bytes` (8 pool slots of 256 blocks).
+fn persistent_in(
+    layout: Layout,
+    lines: u32,
+    device_bytes: u64,
+    ls: LineSize,
+    mode: CacheMode,
+    id: u8,
+) -> Config {
     let mut cfg = Config::new(lines, ls);
     cfg.mode = mode;
     cfg.data_offset = Lba(layout.data.offset / 512);
@@ -112,18 +115,7 @@ pub fn wl_config(
 ) -> tiercache_core::wl::WlConfig {
     let (layout, lines) =
         Layout::plan_wl(device_bytes, ls.bytes() as u32, 1 << 20, log_bytes).expect("plan");
-    let mut cfg = Config::new(lines, ls);
-    cfg.mode = CacheMode::Wa;
-    cfg.data_offset = Lba(layout.data.offset / 512);
-    cfg.pool_slots = 8;
-    cfg.pool_slot_blocks = 256;
-    cfg.persist = Some(Persist::new_cache(
-        [id; 16],
-        device_bytes,
-        ls,
-        lines,
-        layout,
-    ));
+    let cfg = persistent_in(layout, lines, device_bytes, ls, CacheMode::Wa, id);
     let mut wl = tiercache_core::wl::WlConfig::on_device(cfg).expect("wl config");
     wl.staging_slots = 8;
     wl

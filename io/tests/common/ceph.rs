@@ -24,12 +24,7 @@ pub fn script() -> PathBuf {
 
 /// Whether the Ceph daemons are installed; prints why the caller skips when they are not.
 pub fn installed(test: &str) -> bool {
-    let ok = Command::new("ceph-mon")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = tiercache_testkit::installed("ceph-mon");
     if !ok {
         println!("skipped: {test}: ceph-mon is not installed (scripts/test.sh installs it)");
     }

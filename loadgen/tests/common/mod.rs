@@ -2,28 +2,19 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+pub use tiercache_testkit::installed;
+use tiercache_testkit::{Dir, Proc};
 
 /// An `nbdkit` process on a unix socket in a private directory; killed (by its own pid)
 /// and cleaned up on drop.
 pub struct NbdKit {
-    child: Child,
-    dir: PathBuf,
+    // Declared before `dir`: the process is killed before its directory is removed.
+    child: Proc,
+    dir: Dir,
     /// The URI of its default export.
     pub uri: String,
-}
-
-/// True when `prog --version` runs.
-pub fn installed(prog: &str) -> bool {
-    Command::new(prog)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 impl NbdKit {
@@ -34,26 +25,20 @@ impl NbdKit {
             println!("skipped: {test}: nbdkit not installed (apt-get install -y nbdkit)");
             return None;
         }
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tiercache-loadgen-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Dir::fresh("loadgen");
         let sock = dir.join("nbd.sock");
         let pidfile = dir.join("nbdkit.pid");
-        let child = Command::new("nbdkit")
-            .arg("-U")
-            .arg(&sock)
-            .arg("-P")
-            .arg(&pidfile)
-            .args(["-f", "--exit-with-parent"])
-            .args(args)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn nbdkit");
+        let child = Proc::spawn(
+            "nbdkit",
+            Command::new("nbdkit")
+                .arg("-U")
+                .arg(&sock)
+                .arg("-P")
+                .arg(&pidfile)
+                .args(["-f", "--exit-with-parent"])
+                .args(args)
+                .stdin(Stdio::null()),
+        );
         let uri = format!("nbd+unix:///?socket={}", sock.display());
         let kit = NbdKit { child, dir, uri };
         let t = Instant::now();
@@ -66,14 +51,5 @@ impl NbdKit {
             std::thread::sleep(Duration::from_millis(20));
         }
         Some(kit)
-    }
-}
-
-impl Drop for NbdKit {
-    fn drop(&mut self) {
-        // Child::kill signals exactly the process we spawned.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

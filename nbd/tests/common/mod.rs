@@ -6,7 +6,6 @@ pub mod wire;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use tiercache_core::Config;
 use tiercache_core::cache::CoreRecord;
 use tiercache_core::units::{CoreId, LineSize};
@@ -14,44 +13,21 @@ use tiercache_engine::{CoreSpec, Device, Engine, EngineConfig};
 use tiercache_format::tables::CoreIdentity;
 use tiercache_io::{Backend, RamBackend};
 use tiercache_nbd::{BackendExport, EngineExport, ExportMap, ListenAddr, Server, ServerConfig};
+use tiercache_testkit::rng::XorShift;
+#[allow(unused_imports)]
+pub use tiercache_testkit::{Dir, have, run_ok};
 
-/// A directory removed when dropped.
-pub struct TmpDir(pub PathBuf);
+/// A fresh directory of the test's (`$TMPDIR/tc-nbd-TAG-PID-N`), removed at the end unless
+/// the test panicked.
+pub struct TmpDir(pub Dir);
 
 impl TmpDir {
     pub fn new(tag: &str) -> TmpDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "tc-nbd-{}-{tag}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TmpDir(p)
+        TmpDir(Dir::fresh(&format!("nbd-{tag}")))
     }
     pub fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Whether `bin` runs; prints the skip line if not.
-pub fn have(bin: &str) -> bool {
-    let ok = Command::new(bin)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        println!("skipped: {bin} not installed");
-    }
-    ok
 }
 
 /// An engine with a RAM cache of `cache_mib` MiB (4 KiB lines, write-through) and one RAM core
@@ -157,19 +133,6 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
 }
 
-/// Runs a command and asserts success, returning stdout.
-pub fn run_ok(cmd: &mut Command) -> String {
-    let o = run(cmd);
-    assert!(
-        o.status.success(),
-        "{cmd:?} failed: {}\nstdout: {}\nstderr: {}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 /// Runs a Python script in nbdsh with each of `vars` bound (`URI = "…"`); returns stdout.
 pub fn nbdsh(script: &str, vars: &[(&str, String)]) -> String {
     let mut pre = String::new();
@@ -185,15 +148,7 @@ pub fn nbdsh(script: &str, vars: &[(&str, String)]) -> String {
 
 /// Writes `bytes` of seeded pseudo-random data to `path`.
 pub fn random_file(path: &Path, bytes: usize, seed: u64) {
-    let mut x = seed | 1;
-    let mut buf = vec![0u8; bytes];
-    for c in buf.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(path, buf).unwrap();
+    std::fs::write(path, XorShift(seed | 1).words(bytes)).unwrap();
 }
 
 /// Asserts two files are byte-identical.
