@@ -226,10 +226,8 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
     chosen: &mut dyn FnMut(&str),
     st: &mut Haggle,
 ) -> io::Result<Step> {
-    let no_zeroes = st.no_zeroes;
     while st.options < MAX_OPTIONS {
         st.options += 1;
-        let structured = st.structured;
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;
         let Some((option, len)) = proto::parse_option_header(&h) else {
@@ -247,201 +245,268 @@ pub(crate) fn options<S: Read + Write + ?Sized>(
         }
         let mut data = vec![0u8; len as usize];
         s.read_exact(&mut data)?;
-        if st.tls == Tls::Required {
-            match option {
-                opt::STARTTLS if len != 0 => {
-                    send_err(
-                        s,
-                        option,
-                        rep::ERR_INVALID,
-                        "NBD_OPT_STARTTLS takes no data",
-                    )?;
-                }
-                opt::STARTTLS => {
-                    send_opt(s, option, rep::ACK, &[])?;
-                    s.flush()?;
-                    // Nothing negotiated before TLS survives it (nothing was, here).
-                    st.structured = false;
-                    st.meta = None;
-                    return Ok(Step::StartTls);
-                }
-                opt::ABORT => {
-                    let _ = send_opt(s, option, rep::ACK, &[]);
-                    let _ = s.flush();
-                    return Ok(Step::End);
-                }
-                // It cannot be answered with an error: the protocol says end the session.
-                opt::EXPORT_NAME => return Ok(Step::End),
-                _ => send_err(
-                    s,
-                    option,
-                    rep::ERR_TLS_REQD,
-                    "TLS is required: send NBD_OPT_STARTTLS first (with a client certificate \
-                     this server's CA signed)",
-                )?,
-            }
-            s.flush()?;
-            continue;
+        let next = if st.tls == Tls::Required {
+            before_tls(s, option, len, st)?
+        } else {
+            one_option(s, exports, quit, chosen, st, option, data)?
+        };
+        match next {
+            Next::Flush => s.flush()?,
+            Next::Read => {}
+            Next::Done(step) => return Ok(step),
         }
-        match option {
-            opt::EXPORT_NAME => {
-                let Ok(name) = String::from_utf8(data) else {
-                    return Ok(Step::End);
-                };
-                if quit.load(Ordering::Acquire) {
-                    return Ok(Step::End);
-                }
-                let Ok(export) = exports.get(&name) else {
-                    return Ok(Step::End);
-                };
-                let sizes = export.block_sizes();
-                if sizes.check().is_err() {
-                    return Ok(Step::End);
-                }
-                let size = export.size();
-                let read_only = export.read_only();
-                chosen(&name);
-                let mut m = Vec::with_capacity(10 + 124);
-                m.extend_from_slice(&size.to_be_bytes());
-                m.extend_from_slice(&transmission_flags(read_only, structured).to_be_bytes());
-                if !no_zeroes {
-                    m.extend_from_slice(&[0u8; 124]);
-                }
-                s.write_all(&m)?;
-                s.flush()?;
-                return Ok(Step::Go(Negotiated {
-                    export,
-                    size,
-                    sizes,
-                    read_only,
-                    structured,
-                    block_status: structured && st.meta.as_deref() == Some(name.as_str()),
-                    liberal: true,
-                }));
+    }
+    Ok(Step::End) // a client that never chooses an export
+}
+
+/// What [`options`] does after one option.
+enum Next {
+    /// Flush the replies written, then read the next option.
+    Flush,
+    /// Read the next option (the error reply written is not flushed first).
+    Read,
+    /// Haggling ended.
+    Done(Step),
+}
+
+/// An option on a listener that requires TLS, before STARTTLS: only STARTTLS and ABORT are
+/// taken; anything else is refused with `ERR_TLS_REQD` (`EXPORT_NAME`, which cannot be
+/// answered with an error, ends the session).
+fn before_tls<S: Write + ?Sized>(
+    s: &mut S,
+    option: u32,
+    len: u32,
+    st: &mut Haggle,
+) -> io::Result<Next> {
+    match option {
+        opt::STARTTLS if len != 0 => {
+            send_err(
+                s,
+                option,
+                rep::ERR_INVALID,
+                "NBD_OPT_STARTTLS takes no data",
+            )?;
+        }
+        opt::STARTTLS => {
+            send_opt(s, option, rep::ACK, &[])?;
+            s.flush()?;
+            // Nothing negotiated before TLS survives it (nothing was, here).
+            st.structured = false;
+            st.meta = None;
+            return Ok(Next::Done(Step::StartTls));
+        }
+        opt::ABORT => {
+            let _ = send_opt(s, option, rep::ACK, &[]);
+            let _ = s.flush();
+            return Ok(Next::Done(Step::End));
+        }
+        // It cannot be answered with an error: the protocol says end the session.
+        opt::EXPORT_NAME => return Ok(Next::Done(Step::End)),
+        _ => send_err(
+            s,
+            option,
+            rep::ERR_TLS_REQD,
+            "TLS is required: send NBD_OPT_STARTTLS first (with a client certificate \
+             this server's CA signed)",
+        )?,
+    }
+    Ok(Next::Flush)
+}
+
+/// One option outside TLS-required haggling.
+fn one_option<S: Write + ?Sized>(
+    s: &mut S,
+    exports: &dyn Exports,
+    quit: &AtomicBool,
+    chosen: &mut dyn FnMut(&str),
+    st: &mut Haggle,
+    option: u32,
+    data: Vec<u8>,
+) -> io::Result<Next> {
+    let len = data.len();
+    match option {
+        opt::EXPORT_NAME => return export_name(s, exports, quit, chosen, st, data),
+        opt::ABORT => {
+            let _ = send_opt(s, option, rep::ACK, &[]);
+            let _ = s.flush();
+            return Ok(Next::Done(Step::End));
+        }
+        opt::LIST => {
+            if len != 0 {
+                send_err(s, option, rep::ERR_INVALID, "NBD_OPT_LIST takes no data")?;
+                return Ok(Next::Read);
             }
-            opt::ABORT => {
-                let _ = send_opt(s, option, rep::ACK, &[]);
-                let _ = s.flush();
-                return Ok(Step::End);
+            for (name, desc) in exports.list() {
+                let name = cap_str(&name);
+                let desc = cap_str(&desc);
+                let mut d = Vec::with_capacity(4 + name.len() + desc.len());
+                d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+                d.extend_from_slice(name.as_bytes());
+                d.extend_from_slice(desc.as_bytes());
+                send_opt(s, option, rep::SERVER, &d)?;
             }
-            opt::LIST => {
-                if len != 0 {
-                    send_err(s, option, rep::ERR_INVALID, "NBD_OPT_LIST takes no data")?;
-                    continue;
-                }
-                for (name, desc) in exports.list() {
-                    let name = cap_str(&name);
-                    let desc = cap_str(&desc);
-                    let mut d = Vec::with_capacity(4 + name.len() + desc.len());
-                    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
-                    d.extend_from_slice(name.as_bytes());
-                    d.extend_from_slice(desc.as_bytes());
-                    send_opt(s, option, rep::SERVER, &d)?;
-                }
-                send_opt(s, option, rep::ACK, &[])?;
-            }
-            opt::STARTTLS if st.tls == Tls::Active => {
-                send_err(s, option, rep::ERR_INVALID, "TLS is already running")?;
-            }
-            opt::STARTTLS => {
+            send_opt(s, option, rep::ACK, &[])?;
+        }
+        opt::STARTTLS if st.tls == Tls::Active => {
+            send_err(s, option, rep::ERR_INVALID, "TLS is already running")?;
+        }
+        opt::STARTTLS => {
+            send_err(
+                s,
+                option,
+                rep::ERR_POLICY,
+                "TLS is not configured on this listener",
+            )?;
+        }
+        opt::STRUCTURED_REPLY => {
+            if len != 0 {
                 send_err(
                     s,
                     option,
-                    rep::ERR_POLICY,
-                    "TLS is not configured on this listener",
+                    rep::ERR_INVALID,
+                    "NBD_OPT_STRUCTURED_REPLY takes no data",
                 )?;
+                return Ok(Next::Read);
             }
-            opt::STRUCTURED_REPLY => {
-                if len != 0 {
-                    send_err(
-                        s,
-                        option,
-                        rep::ERR_INVALID,
-                        "NBD_OPT_STRUCTURED_REPLY takes no data",
-                    )?;
-                    continue;
-                }
-                st.structured = true;
-                send_opt(s, option, rep::ACK, &[])?;
-            }
-            opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
-                meta_context(s, exports, option, &data, st)?;
-            }
-            opt::INFO | opt::GO => {
-                let Some((name, infos)) = parse_info_request(&data) else {
-                    send_err(
-                        s,
-                        option,
-                        rep::ERR_INVALID,
-                        "malformed NBD_OPT_INFO/NBD_OPT_GO data",
-                    )?;
-                    continue;
-                };
-                if quit.load(Ordering::Acquire) {
-                    send_err(s, option, rep::ERR_SHUTDOWN, "the server is shutting down")?;
-                    continue;
-                }
-                let export = match exports.get(&name) {
-                    Ok(e) => e,
-                    Err(reason) => {
-                        send_err(s, option, rep::ERR_UNKNOWN, &reason)?;
-                        continue;
-                    }
-                };
-                let sizes = export.block_sizes();
-                if let Err(e) = sizes.check() {
-                    send_err(
-                        s,
-                        option,
-                        rep::ERR_UNKNOWN,
-                        &format!("export {name:?}: {e}"),
-                    )?;
-                    continue;
-                }
-                let size = export.size();
-                let read_only = export.read_only();
-                let d = proto::info_export(size, transmission_flags(read_only, structured));
-                send_opt(s, option, rep::INFO, &d)?;
-                if infos.contains(&info::NAME) {
-                    let mut d = info::NAME.to_be_bytes().to_vec();
-                    d.extend_from_slice(cap_str(&name).as_bytes());
-                    send_opt(s, option, rep::INFO, &d)?;
-                }
-                if infos.contains(&info::DESCRIPTION)
-                    && let Some(desc) = exports.description(&name)
-                {
-                    let mut d = info::DESCRIPTION.to_be_bytes().to_vec();
-                    d.extend_from_slice(cap_str(&desc).as_bytes());
-                    send_opt(s, option, rep::INFO, &d)?;
-                }
-                // Always sent: clients that did not ask may ignore it, and the server's
-                // minimum (512) is above the protocol's default of 1.
-                let d = proto::info_block_size(sizes.min, sizes.preferred, sizes.max);
-                send_opt(s, option, rep::INFO, &d)?;
-                if option == opt::GO {
-                    chosen(&name);
-                }
-                send_opt(s, option, rep::ACK, &[])?;
-                if option == opt::GO {
-                    s.flush()?;
-                    return Ok(Step::Go(Negotiated {
-                        export,
-                        size,
-                        sizes,
-                        read_only,
-                        structured,
-                        block_status: structured && st.meta.as_deref() == Some(name.as_str()),
-                        liberal: !infos.contains(&info::BLOCK_SIZE),
-                    }));
-                }
-            }
-            _ => {
-                send_err(s, option, rep::ERR_UNSUP, "option not supported")?;
-            }
+            st.structured = true;
+            send_opt(s, option, rep::ACK, &[])?;
         }
-        s.flush()?;
+        opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
+            meta_context(s, exports, option, &data, st)?;
+        }
+        opt::INFO | opt::GO => return info_or_go(s, exports, quit, chosen, st, option, &data),
+        _ => {
+            send_err(s, option, rep::ERR_UNSUP, "option not supported")?;
+        }
     }
-    Ok(Step::End) // a client that never chooses an export
+    Ok(Next::Flush)
+}
+
+/// `NBD_OPT_EXPORT_NAME`: the old way to choose an export (no error reply is possible: an
+/// unknown or unusable export ends the session).
+fn export_name<S: Write + ?Sized>(
+    s: &mut S,
+    exports: &dyn Exports,
+    quit: &AtomicBool,
+    chosen: &mut dyn FnMut(&str),
+    st: &Haggle,
+    data: Vec<u8>,
+) -> io::Result<Next> {
+    let structured = st.structured;
+    let Ok(name) = String::from_utf8(data) else {
+        return Ok(Next::Done(Step::End));
+    };
+    if quit.load(Ordering::Acquire) {
+        return Ok(Next::Done(Step::End));
+    }
+    let Ok(export) = exports.get(&name) else {
+        return Ok(Next::Done(Step::End));
+    };
+    let sizes = export.block_sizes();
+    if sizes.check().is_err() {
+        return Ok(Next::Done(Step::End));
+    }
+    let size = export.size();
+    let read_only = export.read_only();
+    chosen(&name);
+    let mut m = Vec::with_capacity(10 + 124);
+    m.extend_from_slice(&size.to_be_bytes());
+    m.extend_from_slice(&transmission_flags(read_only, structured).to_be_bytes());
+    if !st.no_zeroes {
+        m.extend_from_slice(&[0u8; 124]);
+    }
+    s.write_all(&m)?;
+    s.flush()?;
+    Ok(Next::Done(Step::Go(Negotiated {
+        export,
+        size,
+        sizes,
+        read_only,
+        structured,
+        block_status: structured && st.meta.as_deref() == Some(name.as_str()),
+        liberal: true,
+    })))
+}
+
+/// `NBD_OPT_INFO` and `NBD_OPT_GO`: the export's size and flags, name, description and block
+/// sizes; GO then chooses it.
+fn info_or_go<S: Write + ?Sized>(
+    s: &mut S,
+    exports: &dyn Exports,
+    quit: &AtomicBool,
+    chosen: &mut dyn FnMut(&str),
+    st: &Haggle,
+    option: u32,
+    data: &[u8],
+) -> io::Result<Next> {
+    let structured = st.structured;
+    let Some((name, infos)) = parse_info_request(data) else {
+        send_err(
+            s,
+            option,
+            rep::ERR_INVALID,
+            "malformed NBD_OPT_INFO/NBD_OPT_GO data",
+        )?;
+        return Ok(Next::Read);
+    };
+    if quit.load(Ordering::Acquire) {
+        send_err(s, option, rep::ERR_SHUTDOWN, "the server is shutting down")?;
+        return Ok(Next::Read);
+    }
+    let export = match exports.get(&name) {
+        Ok(e) => e,
+        Err(reason) => {
+            send_err(s, option, rep::ERR_UNKNOWN, &reason)?;
+            return Ok(Next::Read);
+        }
+    };
+    let sizes = export.block_sizes();
+    if let Err(e) = sizes.check() {
+        send_err(
+            s,
+            option,
+            rep::ERR_UNKNOWN,
+            &format!("export {name:?}: {e}"),
+        )?;
+        return Ok(Next::Read);
+    }
+    let size = export.size();
+    let read_only = export.read_only();
+    let d = proto::info_export(size, transmission_flags(read_only, structured));
+    send_opt(s, option, rep::INFO, &d)?;
+    if infos.contains(&info::NAME) {
+        let mut d = info::NAME.to_be_bytes().to_vec();
+        d.extend_from_slice(cap_str(&name).as_bytes());
+        send_opt(s, option, rep::INFO, &d)?;
+    }
+    if infos.contains(&info::DESCRIPTION)
+        && let Some(desc) = exports.description(&name)
+    {
+        let mut d = info::DESCRIPTION.to_be_bytes().to_vec();
+        d.extend_from_slice(cap_str(&desc).as_bytes());
+        send_opt(s, option, rep::INFO, &d)?;
+    }
+    // Always sent: clients that did not ask may ignore it, and the server's
+    // minimum (512) is above the protocol's default of 1.
+    let d = proto::info_block_size(sizes.min, sizes.preferred, sizes.max);
+    send_opt(s, option, rep::INFO, &d)?;
+    if option == opt::GO {
+        chosen(&name);
+    }
+    send_opt(s, option, rep::ACK, &[])?;
+    if option != opt::GO {
+        return Ok(Next::Flush);
+    }
+    s.flush()?;
+    Ok(Next::Done(Step::Go(Negotiated {
+        export,
+        size,
+        sizes,
+        read_only,
+        structured,
+        block_status: structured && st.meta.as_deref() == Some(name.as_str()),
+        liberal: !infos.contains(&info::BLOCK_SIZE),
+    })))
 }
 
 /// `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`: the one context served is
