@@ -36,7 +36,8 @@ fn spans(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn rust_sources(dir: &Path, out: &mut String) {
+/// Every file of the repository below `dir`, outside `target` and dot folders.
+fn repo_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
@@ -47,9 +48,9 @@ fn rust_sources(dir: &Path, out: &mut String) {
             continue;
         }
         if p.is_dir() {
-            rust_sources(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+            repo_files(&p, out);
+        } else {
+            out.push(p);
         }
     }
 }
@@ -63,8 +64,13 @@ fn the_life_of_a_request_names_files_and_functions_that_exist() {
         life.contains("## Life of a READ") && life.contains("## Life of a WRITE"),
         "docs/ARCHITECTURE.md lost its Life of a READ / WRITE sections"
     );
-    let mut code = String::new();
-    rust_sources(&root, &mut code);
+    let mut files = Vec::new();
+    repo_files(&root, &mut files);
+    let code: String = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .collect();
     let (mut files, mut fns) = (0, 0);
     let mut missing = Vec::new();
     for s in spans(&life) {
@@ -99,25 +105,6 @@ fn the_life_of_a_request_names_files_and_functions_that_exist() {
     );
 }
 
-/// Every file of the repository (paths relative to the root), outside `target` and dot folders.
-fn repo_files(root: &Path, dir: &Path, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let p = e.path();
-        let name = e.file_name();
-        if name == "target" || name.to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if p.is_dir() {
-            repo_files(root, &p, out);
-        } else if let Ok(rel) = p.strip_prefix(root) {
-            out.push(rel.to_string_lossy().to_string());
-        }
-    }
-}
-
 /// The file maps of the docs (ARCHITECTURE's crate and module tables, TESTING's table of
 /// tests, the others' references) name files that exist: a `code span` that is a source file
 /// name (`*.rs`, `*.sh`; a `:line` suffix allowed) must be the end of some file's path in the
@@ -126,8 +113,13 @@ fn repo_files(root: &Path, dir: &Path, out: &mut Vec<String>) {
 #[test]
 fn the_docs_file_maps_name_files_that_exist() {
     let root = root();
-    let mut files = Vec::new();
-    repo_files(&root, &root, &mut files);
+    let mut paths = Vec::new();
+    repo_files(&root, &mut paths);
+    let files: Vec<String> = paths
+        .iter()
+        .filter_map(|p| p.strip_prefix(&root).ok())
+        .map(|p| p.to_string_lossy().to_string())
+        .collect();
     let mut checked = 0;
     let mut missing = Vec::new();
     for doc in [
